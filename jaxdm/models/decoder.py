@@ -176,20 +176,57 @@ def _out_and_mlp(lp: Params, config: ModelConfig, x: jax.Array, attn: jax.Array)
     return x + down
 
 
-def _softmax_attend(logits: jax.Array, mask: jax.Array) -> jax.Array:
-    logits = jnp.where(mask, logits, _MASK_VALUE)
-    return jax.nn.softmax(logits, axis=-1)
+def _attend(q: jax.Array, sources: list[tuple[jax.Array, jax.Array, jax.Array]]) -> jax.Array:
+    """Softmax attention of q [B, S, K, G, H] over the keys of one or more sources.
+
+    Each source is (k [Bk, T, K, H], v [Bk, T, K, H], mask [B, S, T] bool) with Bk = B, or
+    Bk = 1 for a cache shared by all B rows (contracted without a copy per row); one softmax
+    spans the keys of all sources (a cache plus the new tokens, say). Returns [B, S, N, H].
+
+    Layout and arithmetic chosen by measurement on CPU (SmolLM2 shape, 1,664 tokens: 2x faster
+    than scoring [B, K, G, S, T] straight from the [B, S, K, G, H] projections): queries are
+    regrouped once to [K, B, G*S, H] and keys/values to [K, .., T, H], so both contractions are
+    plain batched matmuls; the mask enters as an additive bias; the normalisation is applied
+    to the [.., H] output instead of the [.., T] probabilities. A fully masked row comes out
+    as the uniform average (finite), as before.
+    """
+    b, s, kh, g, hd = q.shape
+    # Everything in [K, B, G, S, T] order: the K axis is the matmul batch, and a shared cache
+    # sees all B*G*S query rows at once.
+    qq = jnp.transpose(q * (1.0 / math.sqrt(hd)), (2, 0, 3, 1, 4)).reshape(kh, b, g * s, hd)
+    scored = []
+    for k, v, mask in sources:
+        if k.shape[0] == 1 and b > 1:
+            kk, vv = jnp.transpose(k[0], (1, 0, 2)), jnp.transpose(v[0], (1, 0, 2))  # [K, T, H]
+            logits = jnp.einsum("KRH,KTH->KRT", qq.reshape(kh, b * g * s, hd), kk,
+                                preferred_element_type=jnp.float32)
+        else:
+            kk, vv = jnp.transpose(k, (2, 0, 1, 3)), jnp.transpose(v, (2, 0, 1, 3))  # [K,B,T,H]
+            logits = jnp.einsum("KBQH,KBTH->KBQT", qq, kk, preferred_element_type=jnp.float32)
+        t = kk.shape[-2]
+        bias = jnp.where(mask, 0.0, _MASK_VALUE).astype(jnp.float32)[None, :, None]
+        scored.append((logits.reshape(kh, b, g, s, t) + bias, vv))
+    top = functools.reduce(jnp.maximum, [lg.max(-1, keepdims=True) for lg, _ in scored])
+    top = jax.lax.stop_gradient(top)  # a constant shift: keeps exp finite, cancels exactly
+    out, denom = None, None
+    for logits, vv in scored:
+        p = jnp.exp(logits - top)
+        total = p.sum(-1, keepdims=True)
+        if vv.ndim == 3:
+            part = jnp.einsum("KRT,KTH->KRH", p.reshape(kh, b * g * s, -1).astype(vv.dtype), vv,
+                              preferred_element_type=jnp.float32).reshape(kh, b, g * s, hd)
+        else:
+            part = jnp.einsum("KBQT,KBTH->KBQH", p.reshape(kh, b, g * s, -1).astype(vv.dtype),
+                              vv, preferred_element_type=jnp.float32)
+        out = part if out is None else out + part
+        denom = total if denom is None else denom + total
+    out = (out.reshape(kh, b, g, s, hd) / denom).astype(q.dtype)
+    return jnp.transpose(out, (1, 3, 0, 2, 4)).reshape(b, s, kh * g, hd)
 
 
 def _self_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     """q [B, S, K, G, H], k/v [B, T, K, H], mask [B, S, T] bool -> [B, S, N, H]."""
-    b, s, kh, g, hd = q.shape
-    scale = 1.0 / math.sqrt(hd)
-    logits = jnp.einsum("BSKGH,BTKH->BKGST", q, k,
-                        preferred_element_type=jnp.float32) * scale
-    probs = _softmax_attend(logits, mask[:, None, None]).astype(v.dtype)
-    out = jnp.einsum("BKGST,BTKH->BSKGH", probs, v)
-    return out.reshape(b, s, kh * g, hd)
+    return _attend(q, [(k, v, mask)])
 
 
 def _embed(params: Params, tokens: jax.Array) -> jax.Array:
@@ -257,14 +294,18 @@ def _run_layers(params: Params, config: ModelConfig, x: jax.Array, positions: ja
 
 # ----------------------------------------------------------------------------- public entry points
 
-@functools.partial(jax.jit, static_argnames=("config", "attn_chunk"))
+@functools.partial(jax.jit, static_argnames=("config", "attn_chunk", "shared_segment_zero"))
 def forward(params: Params, config: ModelConfig, tokens: jax.Array, positions: jax.Array, *,
             segment_ids: jax.Array | None = None, attn_mask: jax.Array | None = None,
-            attn_chunk: int | None = DEFAULT_ATTN_CHUNK) -> jax.Array:
+            attn_chunk: int | None = DEFAULT_ATTN_CHUNK,
+            shared_segment_zero: bool = False) -> jax.Array:
     """Hidden states [B, S, D] (final RMSNorm applied) for tokens [B, S] at positions [B, S].
 
     segment_ids [B, S] (int): tokens attend causally only within their own segment, so several
       sequences packed in one row stay independent (positions restart per sequence).
+    shared_segment_zero: with segment_ids, tokens of segment 0 are also visible to every later
+      token of any segment: a shared context interleaved with continuations that each see the
+      part of it placed before them (``jaxdm.decision.shared_prefix``'s packed layout).
     attn_mask: [B, S] bool marks valid key tokens (ANDed with the causal/segment mask), or
       [B, S, S] bool gives the full query-by-key mask (True = may attend), used as is.
     attn_chunk: query block size for causal attention on long inputs (skips the masked upper
@@ -284,7 +325,12 @@ def forward(params: Params, config: ModelConfig, tokens: jax.Array, positions: j
             if segment_ids.shape != tokens.shape:
                 raise ValueError(f"forward: segment_ids shape {segment_ids.shape} != tokens "
                                  f"shape {tokens.shape}")
-            mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
+            same = segment_ids[:, :, None] == segment_ids[:, None, :]
+            if shared_segment_zero:
+                same = same | (segment_ids == 0)[:, None, :]
+            mask = mask & same
+        elif shared_segment_zero:
+            raise ValueError("forward: shared_segment_zero needs segment_ids")
         if attn_mask is not None:
             if attn_mask.shape != (b, s):
                 raise ValueError(f"forward: attn_mask must be [B, S]={b, s} or [B, S, S], got "
@@ -347,33 +393,14 @@ def forward_with_cache(params: Params, config: ModelConfig, tokens: jax.Array,
         raise ValueError(f"forward_with_cache: cache_mask must be [B, S, C]={(b, s, c)}, got "
                          f"{cache_mask.shape}")
     cos, sin = rope_cos_sin(config, positions)
-    self_mask = jnp.tril(jnp.ones((s, s), bool))
-    cache_mask = cache_mask.astype(bool)[:, None, None]  # [B, 1, 1, S, C]
-    scale = 1.0 / math.sqrt(hd)
-    shared = cb == 1 and b > 1
+    self_mask = jnp.broadcast_to(jnp.tril(jnp.ones((s, s), bool)), (b, s, s))
+    cache_mask = cache_mask.astype(bool)
 
     def layer(x, inputs):
         lp, ck, cv = inputs
         h = rms_norm(x, lp["attn_norm"], config.rms_norm_eps)
         q, k, v = _qkv(lp, config, h, cos, sin)
-        if shared:
-            cache_logits = jnp.einsum("BSKGH,CKH->BKGSC", q, ck[0],
-                                      preferred_element_type=jnp.float32)
-        else:
-            cache_logits = jnp.einsum("BSKGH,BCKH->BKGSC", q, ck,
-                                      preferred_element_type=jnp.float32)
-        new_logits = jnp.einsum("BSKGH,BTKH->BKGST", q, k, preferred_element_type=jnp.float32)
-        logits = jnp.concatenate([cache_logits, new_logits], axis=-1) * scale
-        mask = jnp.concatenate(
-            [cache_mask, jnp.broadcast_to(self_mask, (b, 1, 1, s, s))], axis=-1)
-        probs = _softmax_attend(logits, mask).astype(v.dtype)
-        p_cache, p_new = probs[..., :c], probs[..., c:]
-        if shared:
-            attn = jnp.einsum("BKGSC,CKH->BSKGH", p_cache, cv[0])
-        else:
-            attn = jnp.einsum("BKGSC,BCKH->BSKGH", p_cache, cv)
-        attn = attn + jnp.einsum("BKGST,BTKH->BSKGH", p_new, v)
-        attn = attn.reshape(b, s, config.num_heads, hd)
+        attn = _attend(q, [(ck, cv, cache_mask), (k, v, self_mask)])
         return _out_and_mlp(lp, config, x, attn), (k, v)
 
     x, (ks, vs) = jax.lax.scan(layer, _embed(params, tokens),
