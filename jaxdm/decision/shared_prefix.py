@@ -41,6 +41,11 @@ import numpy as np
 from jaxdm.models import decoder
 from jaxdm.models.config import ModelConfig
 
+# Device layouts of score_requests: "rows" = trunk prefilled into a KV cache, suffixes as
+# vmapped rows over it (score_batch); "packed" = trunk and suffixes interleaved in one causal
+# row per group (score_packed). Same numbers; see scoring_throughput.py for which is faster.
+LAYOUTS = ("packed", "rows")
+
 # Value of masked entries in score_batch's output: finite so masked sums stay finite.
 MASKED_LOGPROB = -1e9
 
@@ -124,15 +129,22 @@ def score_batch(params, config: ModelConfig, batch: ScoringBatch, *,
     hidden = jax.vmap(functools.partial(_group_hidden, params, config))(
         batch.trunk_tokens, batch.trunk_len, batch.suffix_tokens, batch.visible,
         batch.answer_index)                                                     # [G, N, A, D]
-    mask = batch.label_mask.astype(bool) & batch.answer_mask.astype(bool)[..., None]
+    return _readout(params, config, hidden, batch.answer_mask, batch.label_ids,
+                    batch.label_mask, full_vocab)
+
+
+def _readout(params, config: ModelConfig, hidden, answer_mask, label_ids, label_mask,
+             full_vocab: bool) -> jax.Array:
+    """hidden [G, N, A, D] at the answer slots -> log-probs [G, N, A, K] (see score_batch)."""
+    mask = label_mask.astype(bool) & answer_mask.astype(bool)[..., None]
     if full_vocab:
         full = decoder.lm_logits(params, config, hidden)                        # [G, N, A, V]
         lse = jax.nn.logsumexp(full, axis=-1, keepdims=True)
-        picked = jnp.take_along_axis(full, batch.label_ids, axis=-1)
+        picked = jnp.take_along_axis(full, label_ids, axis=-1)
         out = picked - lse
     else:
         head = decoder._head_matrix(params, config)                             # [V, D]
-        rows = jnp.take(head, batch.label_ids, axis=0)                          # [G,N,A,K,D]
+        rows = jnp.take(head, label_ids, axis=0)                                # [G,N,A,K,D]
         logits = jnp.einsum("GNAD,GNAKD->GNAK", hidden, rows,
                             preferred_element_type=jnp.float32)
         logits = jnp.where(mask, logits, -jnp.inf)
@@ -140,6 +152,72 @@ def score_batch(params, config: ModelConfig, batch: ScoringBatch, *,
         safe = jnp.where(mask.any(-1, keepdims=True), logits, 0.0)
         out = jax.nn.log_softmax(safe, axis=-1)
     return jnp.where(mask, out, MASKED_LOGPROB)
+
+
+class PackedScoringBatch(NamedTuple):
+    """G groups, each one interleaved sequence of its trunk and its N requests' suffixes.
+
+    A group's row holds the trunk cut at the requests' visible lengths, each suffix placed right
+    after the trunk tokens it may see: ``trunk[:v0] suffix_0 trunk[v0:v1] suffix_1 ...``
+    (requests sorted by visible length). Segment 0 is the trunk, visible to every later token;
+    segment r + 1 is request row r's suffix, visible only to itself; padding is segment -1.
+    Everything a token may attend to is before it, so causal attention that skips the upper
+    triangle applies, and no token is run twice or padded per request.
+
+    tokens    [G, L]   int32       positions [G, L] int32 (trunk: its index; suffix: vis + j)
+    segments  [G, L]   int32
+    answer_index [G, N, A] index into the row; answer_mask, label_ids, label_mask as in
+    ``ScoringBatch``.
+    """
+
+    tokens: Any
+    positions: Any
+    segments: Any
+    answer_index: Any
+    answer_mask: Any
+    label_ids: Any
+    label_mask: Any
+
+
+def _check_packed(batch: PackedScoringBatch) -> None:
+    g, l = batch.tokens.shape
+    for name in ("positions", "segments"):
+        if getattr(batch, name).shape != (g, l):
+            raise ValueError(f"PackedScoringBatch.{name} must be [G, L]={(g, l)}, got "
+                             f"{getattr(batch, name).shape}")
+    if batch.answer_index.ndim != 3 or batch.answer_index.shape[0] != g:
+        raise ValueError(f"answer_index must be [G={g}, N, A], got {batch.answer_index.shape}")
+    if batch.answer_mask.shape != batch.answer_index.shape:
+        raise ValueError(f"answer_mask must be {batch.answer_index.shape}, got "
+                         f"{batch.answer_mask.shape}")
+    if batch.label_ids.ndim != 4 or batch.label_ids.shape[:3] != batch.answer_index.shape:
+        raise ValueError(f"label_ids must be [G, N, A, K] with G, N, A = "
+                         f"{batch.answer_index.shape}, got {batch.label_ids.shape}")
+    if batch.label_mask.shape != batch.label_ids.shape:
+        raise ValueError(f"label_mask shape {batch.label_mask.shape} != label_ids shape "
+                         f"{batch.label_ids.shape}")
+    for name in ("tokens", "positions", "segments", "label_ids", "answer_index"):
+        if not jnp.issubdtype(getattr(batch, name).dtype, jnp.integer):
+            raise TypeError(f"PackedScoringBatch.{name} must be integer, got "
+                            f"{getattr(batch, name).dtype}")
+
+
+@functools.partial(jax.jit, static_argnames=("config", "full_vocab"))
+def score_packed(params, config: ModelConfig, batch: PackedScoringBatch, *,
+                 full_vocab: bool = False) -> jax.Array:
+    """``score_batch`` for the interleaved layout: log-probs [G, N, A, K], same semantics.
+
+    One causal forward per group row (segment 0 shared, see ``PackedScoringBatch``); hidden
+    states are read only at the answer slots. Pure and differentiable in params.
+    """
+    _check_packed(batch)
+    hidden = decoder.forward(params, config, batch.tokens, batch.positions,
+                             segment_ids=batch.segments, shared_segment_zero=True)  # [G, L, D]
+    g, n, a = batch.answer_index.shape
+    picked = jnp.take_along_axis(hidden, batch.answer_index.reshape(g, n * a)[..., None],
+                                 axis=1).reshape(g, n, a, -1)                   # [G, N, A, D]
+    return _readout(params, config, picked, batch.answer_mask, batch.label_ids,
+                    batch.label_mask, full_vocab)
 
 
 # ----------------------------------------------------------------------------- host side
@@ -294,7 +372,7 @@ def _trunk_bucket(n: int, minimum: int) -> int:
 class PackedBatch:
     """A ScoringBatch (numpy) plus where each request's rows are: (group slot, row)."""
 
-    batch: ScoringBatch
+    batch: "ScoringBatch | PackedScoringBatch"
     rows: dict[int, tuple[int, int]]
     unique_tokens: int
 
@@ -343,6 +421,62 @@ def pack_groups(requests: Sequence[Request], groups: Sequence[Group], *, pad_id:
     return PackedBatch(batch=batch, rows=rows, unique_tokens=unique)
 
 
+def _interleaved_length(requests, gr: Group) -> int:
+    return len(gr.trunk) + sum(len(requests[r].tokens) - v for r, v in zip(gr.members, gr.visible))
+
+
+def pack_interleaved(requests: Sequence[Request], groups: Sequence[Group], *, pad_id: int = 0,
+                     min_length: int = 64) -> PackedBatch:
+    """Lays groups out as a ``PackedScoringBatch`` (bucketed L, N, A, K).
+
+    Per group, requests are placed in order of visible length; before each suffix go the
+    trunk tokens it may see that are not placed yet. Unique tokens = the row's real length.
+    """
+    if not groups:
+        raise ValueError("pack_interleaved: no groups")
+    g = len(groups)
+    length = _trunk_bucket(max(_interleaved_length(requests, gr) for gr in groups), min_length)
+    n = bucket(max(len(gr.members) for gr in groups), 1, fine=4)
+    a = bucket(max(len(requests[r].answer_positions) for gr in groups for r in gr.members), 1)
+    k = bucket(max(len(c) for gr in groups for r in gr.members
+                   for c in requests[r].candidates), 1)
+    tokens = np.full((g, length), pad_id, np.int32)
+    positions = np.zeros((g, length), np.int32)
+    segments = np.full((g, length), -1, np.int32)
+    ans = np.zeros((g, n, a), np.int32)
+    ans_mask = np.zeros((g, n, a), bool)
+    labels = np.zeros((g, n, a, k), np.int32)
+    label_mask = np.zeros((g, n, a, k), bool)
+    rows = {}
+    unique = 0
+    for gi, gr in enumerate(groups):
+        cursor = placed = 0  # trunk tokens placed; row length so far
+        for ni in sorted(range(len(gr.members)), key=lambda j: gr.visible[j]):
+            rid, vis = gr.members[ni], gr.visible[ni]
+            req = requests[rid]
+            if vis > cursor:
+                tokens[gi, placed:placed + vis - cursor] = gr.trunk[cursor:vis]
+                positions[gi, placed:placed + vis - cursor] = np.arange(cursor, vis)
+                segments[gi, placed:placed + vis - cursor] = 0
+                placed += vis - cursor
+                cursor = vis
+            tail = req.tokens[vis:]
+            start = placed
+            tokens[gi, start:start + len(tail)] = tail
+            positions[gi, start:start + len(tail)] = np.arange(vis, vis + len(tail))
+            segments[gi, start:start + len(tail)] = ni + 1
+            placed += len(tail)
+            for ai, (p, cand) in enumerate(zip(req.answer_positions, req.candidates)):
+                ans[gi, ni, ai] = start + p - vis
+                ans_mask[gi, ni, ai] = True
+                labels[gi, ni, ai, :len(cand)] = cand
+                label_mask[gi, ni, ai, :len(cand)] = True
+            rows[rid] = (gi, ni)
+        unique += placed
+    batch = PackedScoringBatch(tokens, positions, segments, ans, ans_mask, labels, label_mask)
+    return PackedBatch(batch=batch, rows=rows, unique_tokens=unique)
+
+
 def _shape_key(requests, gr: Group, min_trunk: int, min_suffix: int) -> tuple:
     s = max(len(requests[r].tokens) - v for r, v in zip(gr.members, gr.visible))
     return (_trunk_bucket(len(gr.trunk), min_trunk), bucket(len(gr.members), 1, fine=4),
@@ -353,7 +487,7 @@ def score_requests(params, config: ModelConfig, requests: Sequence[Request], *,
                    full_vocab: bool = False, max_groups_per_call: int = 4,
                    min_shared_frac: float = 0.5, min_shared_tokens: int = 32,
                    max_group: int = 64, pad_id: int = 0, progress: bool = False,
-                   stats: dict | None = None) -> list[np.ndarray]:
+                   stats: dict | None = None, layout: str = "packed") -> list[np.ndarray]:
     """Scores requests with shared-prefix batching; returns per request [A_r, K_r] log-probs.
 
     Groups with the same (T, N, S) buckets are packed together, up to ``max_groups_per_call``
@@ -373,9 +507,13 @@ def score_requests(params, config: ModelConfig, requests: Sequence[Request], *,
                              f"of {config.vocab_size}")
     groups = plan_groups(requests, min_shared_frac=min_shared_frac,
                          min_shared_tokens=min_shared_tokens, max_group=max_group)
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     by_shape: dict[tuple, list[Group]] = {}
     for gr in groups:
-        by_shape.setdefault(_shape_key(requests, gr, 64, 8), []).append(gr)
+        key = (_shape_key(requests, gr, 64, 8) if layout == "rows" else
+               (_trunk_bucket(_interleaved_length(requests, gr), 64),))
+        by_shape.setdefault(key, []).append(gr)
     calls: list[list[Group]] = []
     for key in sorted(by_shape):
         pending = by_shape[key]
@@ -391,10 +529,15 @@ def score_requests(params, config: ModelConfig, requests: Sequence[Request], *,
         it = tqdm(calls, desc="shared-prefix scoring", unit="call")
     unique = 0
     for call in it:
-        packed = pack_groups(requests, call, pad_id=pad_id)
+        if layout == "rows":
+            packed = pack_groups(requests, call, pad_id=pad_id)
+            fn = score_batch
+        else:
+            packed = pack_interleaved(requests, call, pad_id=pad_id)
+            fn = score_packed
         unique += packed.unique_tokens
-        result = np.asarray(score_batch(params, config, jax.tree.map(jnp.asarray, packed.batch),
-                                        full_vocab=full_vocab))
+        result = np.asarray(fn(params, config, jax.tree.map(jnp.asarray, packed.batch),
+                               full_vocab=full_vocab))
         for rid, (gi, ni) in packed.rows.items():
             req = requests[rid]
             arr = np.full((len(req.answer_positions), max(len(c) for c in req.candidates)),
