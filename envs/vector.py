@@ -12,7 +12,8 @@ and use every host core. Design points:
   replaced, and the rest of its slice is re-sent, with the parent's states, to the
   replacement. Workers reply per episode, so the parent knows which one was interrupted.
 * **Overlap.** ``step_async(actions)`` returns at once and ``step_wait()`` collects, so a
-  trainer can run the policy on one half-batch while the other half's environments step.
+  trainer can run the policy on one half-batch while the other half's environments step
+  (a ``None`` action skips a slot: ``jaxdm.rl.rollout.rollout(..., pipeline=True)``).
 * **Processes, not threads**, started with ``spawn`` (or ``forkserver``): the parent may
   already run JAX threads, and forking those is unsafe.
 * **Group seeding.** Episode ``i`` starts task ``seed + i // group_size``, so the G members of
@@ -38,7 +39,9 @@ Info keys read from environments (``reset_info(state, params)`` at reset, ``info
 
 Info keys added by ``VectorEnv``: ``error`` (str or None), ``truncated`` (bool),
 ``episode_id`` (int), ``task_seed`` (int) and, when an episode ended and auto-reset started a
-new one in its slot, ``final_observation``, ``final_info`` and ``trajectory``.
+new one in its slot, ``final_observation``, ``final_info`` and ``trajectory``; ``skipped``
+(True: the slot's action was ``None``, so it did not step) and ``inactive`` (True: the slot's
+episode had already ended, so it did not step).
 """
 from __future__ import annotations
 
@@ -292,6 +295,17 @@ class BatchStep(NamedTuple):
     infos: list
 
 
+def _check_actions(actions: Any, num_envs: int) -> list:
+    """One action per slot (``None``: skip the slot); a string is not a batch of actions."""
+    if isinstance(actions, (str, bytes)) or not hasattr(actions, "__len__"):
+        raise TypeError(
+            f"actions must be a sequence of num_envs={num_envs} actions (None: skip the "
+            f"slot), got {type(actions).__name__}")
+    if len(actions) != num_envs:
+        raise ValueError(f"actions has length {len(actions)}, expected num_envs={num_envs}")
+    return list(actions)
+
+
 _LIVE: "weakref.WeakSet[VectorEnv]" = weakref.WeakSet()
 
 
@@ -326,6 +340,8 @@ class VectorEnv:
     rewards [B] float32, dones [B] bool, infos)``; finished episodes accumulate in
     ``trajectories`` (``pop_trajectories()`` drains them).
     """
+
+    steps_in_background = True  # between step_async and step_wait the workers step
 
     def __init__(
         self,
@@ -441,25 +457,33 @@ class VectorEnv:
 
     def step(self, actions: Sequence[Any]) -> BatchStep:
         """Apply one action per slot. Slots whose episode already ended (no auto-reset) are
-        skipped: their action is ignored and they report ``done=True``, ``inactive=True``."""
+        skipped: their action is ignored and they report ``done=True``, ``inactive=True``.
+        A ``None`` action leaves that slot's episode untouched this time (see
+        ``step_async``)."""
         self.step_async(actions)
         return self.step_wait()
 
     def step_async(self, actions: Sequence[Any]) -> None:
         """Send the actions to the workers and return at once, so the caller can work (e.g.
-        run the policy on another batch) while the environments step; then ``step_wait``."""
+        run the policy on another batch) while the environments step; then ``step_wait``.
+
+        ``actions[i] is None`` means "do not step slot ``i`` now": its episode stays as it
+        is, and ``step_wait`` reports it with ``infos[i]["skipped"] = True``, its current
+        observation, reward 0 and its current done flag. Per-step env keys depend only on a
+        slot's own task and step count, so skipping other slots never changes a slot's
+        trajectory. This is what a two-half pipeline steps with: half A's actions (``None``
+        for half B) go out, the policy runs on half B, then ``step_wait``, and so on. One
+        step is in flight at a time.
+        """
         self._check_open()
         if self._in_flight is not None:
             raise RuntimeError("step_async called twice without step_wait")
         if any(ep is None for ep in self._episodes):
             raise RuntimeError("VectorEnv.step called before reset()")
-        if len(actions) != self.num_envs:
-            raise ValueError(
-                f"actions has length {len(actions)}, expected num_envs={self.num_envs}")
-        actions = list(actions)
+        actions = _check_actions(actions, self.num_envs)
         jobs = {}
         for i, (ep, action) in enumerate(zip(self._episodes, actions)):
-            if not ep.done:
+            if not ep.done and action is not None:
                 key = ep.task_seed * 1_000_003 + len(ep.steps)  # deterministic per step
                 tag_before = self._tags[i]
                 jobs[i] = (i, tag_before, self._new_tag(i), action, key)
@@ -482,8 +506,13 @@ class VectorEnv:
         auto_jobs = {}
         for i, ep in enumerate(self._episodes):
             if i not in batch.jobs:
-                obs[i], dones[i] = ep.obs, True
-                infos[i] = {"inactive": True, "error": None, "episode_id": ep.episode_id}
+                obs[i], dones[i] = ep.obs, ep.done
+                infos[i] = {"error": None, "episode_id": ep.episode_id,
+                            "task_seed": ep.task_seed}
+                if actions[i] is None:
+                    infos[i]["skipped"] = True
+                if ep.done:
+                    infos[i]["inactive"] = True
                 continue
             obs[i], rewards[i], dones[i], infos[i] = self._advance(i, actions[i], results[i])
             if dones[i] and self.auto_reset:

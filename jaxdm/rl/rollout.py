@@ -8,6 +8,13 @@ policy saw and produced, their sampling log-prob, validity and the env's annotat
 Episodes end at their own time (done, or the action budget); the batch continues with the
 rest. An output without both ``<think>`` and ``<action>`` tags is invalid: the env receives
 ``INVALID_COMMAND`` and the action is marked for the invalid-action penalty.
+
+With ``pipeline=True`` the batch is split into two fixed halves that alternate: while one
+half's commands step in the env workers (``step_async``), the policy generates for the other
+half; a ``None`` action tells the pool to leave a slot alone. This hides env time behind
+generation (or the reverse) at the cost of two policy calls per turn instead of one, so it
+pays off when a turn's env step is not much cheaper than a half-batch policy call
+(``benchmarks/rl_rollout_pipeline.py`` measures both cases).
 """
 from __future__ import annotations
 
@@ -23,7 +30,8 @@ from jaxdm.rl.policy import ActionOut, TurnInput
 from jaxdm.rl.text import INVALID_COMMAND
 from jaxdm.trajectory import Step, Trajectory
 
-__all__ = ["LocalVectorEnv", "ActionRecord", "EpisodeRecord", "RolloutResult", "rollout"]
+__all__ = ["LocalVectorEnv", "ActionRecord", "EpisodeRecord", "RolloutResult", "rollout",
+           "pipeline_halves"]
 
 _ANNOTATION_KEYS = ("milestone", "no_op", "subgoal")
 
@@ -32,8 +40,13 @@ class LocalVectorEnv:
     """In-process stand-in for ``VectorEnv`` (same reset/step contract, no workers).
 
     Slot ``i`` starts task ``seed + i // group_size``; finished slots are skipped and report
-    ``inactive``. Useful for tests, tiny environments and JAX-native ones.
+    ``inactive``; a ``None`` action skips a slot (``skipped``), as in ``VectorEnv``.
+    ``step_async`` steps synchronously (there is nothing to overlap in-process) and
+    ``step_wait`` returns the result, so rollout code has one path for both pools. Useful for
+    tests, tiny environments and JAX-native ones.
     """
+
+    steps_in_background = False  # step_async does the work; VectorEnv's workers do not
 
     def __init__(self, env: Any, num_envs: int, *, group_size: int = 1, params: Any = None):
         if num_envs < 1 or group_size < 1 or num_envs % group_size:
@@ -42,14 +55,20 @@ class LocalVectorEnv:
         self.num_groups = num_envs // group_size
         self.params = params if params is not None else env.default_params
         self._states: list[Any] = [None] * num_envs
+        self._obs: list[Any] = [""] * num_envs
         self._done = np.zeros(num_envs, bool)
         self._steps = np.zeros(num_envs, int)
         self._seeds = [0] * num_envs
+        self._seed = 0
+        self._was_reset = False
+        self._pending: BatchStep | None = None
 
     def task_seed(self, slot: int) -> int:
         return self._seed + slot // self.group_size
 
     def reset(self, seed: int = 0):
+        if self._pending is not None:
+            raise RuntimeError("reset called while a step_async is in flight; call step_wait")
         self._seed = int(seed)
         obs, infos = [], []
         for i in range(self.num_envs):
@@ -58,31 +77,59 @@ class LocalVectorEnv:
             hook = getattr(self.env, "reset_info", None)
             info = dict(hook(st, self.params)) if callable(hook) else {}
             info.update(error=None, task_seed=s)
-            self._states[i], self._seeds[i] = st, s
+            self._states[i], self._seeds[i], self._obs[i] = st, s, o
             obs.append(o)
             infos.append(info)
         self._done[:] = False
         self._steps[:] = 0
+        self._was_reset = True
         return obs, infos
 
     def step(self, actions: Sequence[Any]) -> BatchStep:
+        """One action per slot (``None``: leave that slot as it is); see ``step_async``."""
+        self.step_async(actions)
+        return self.step_wait()
+
+    def step_async(self, actions: Sequence[Any]) -> None:
+        """Step every slot whose action is not ``None`` (synchronously); ``step_wait`` returns
+        the ``BatchStep``. The env key of a step depends only on the slot's task and step
+        count, so skipping other slots never changes a slot's trajectory."""
+        if self._pending is not None:
+            raise RuntimeError("step_async called twice without step_wait")
+        if not self._was_reset:
+            raise RuntimeError("LocalVectorEnv.step called before reset()")
+        if isinstance(actions, (str, bytes)) or not hasattr(actions, "__len__"):
+            raise TypeError(f"actions must be a sequence of num_envs={self.num_envs} actions "
+                            f"(None: skip the slot), got {type(actions).__name__}")
         if len(actions) != self.num_envs:
-            raise ValueError(f"actions has length {len(actions)}, expected {self.num_envs}")
+            raise ValueError(f"actions has length {len(actions)}, expected num_envs="
+                             f"{self.num_envs}")
         obs, infos = [None] * self.num_envs, [None] * self.num_envs
         rewards = np.zeros(self.num_envs, np.float32)
         dones = np.zeros(self.num_envs, bool)
         for i, a in enumerate(actions):
-            if self._done[i]:
-                obs[i], dones[i], infos[i] = "", True, {"inactive": True, "error": None}
+            if self._done[i] or a is None:
+                obs[i], dones[i] = self._obs[i], bool(self._done[i])
+                infos[i] = {"error": None, "task_seed": self._seeds[i]}
+                if a is None:
+                    infos[i]["skipped"] = True
+                if self._done[i]:
+                    infos[i]["inactive"] = True
                 continue
             key = self._seeds[i] * 1_000_003 + int(self._steps[i])
             o, st, r, d, info = self.env.step(key, self._states[i], a, self.params)
-            self._states[i] = st
+            self._states[i], self._obs[i] = st, o
             self._steps[i] += 1
             self._done[i] = bool(d)
             obs[i], rewards[i], dones[i] = o, float(r), bool(d)
             infos[i] = dict(info, error=None, task_seed=self._seeds[i])
-        return BatchStep(obs, rewards, dones, infos)
+        self._pending = BatchStep(obs, rewards, dones, infos)
+
+    def step_wait(self) -> BatchStep:
+        if self._pending is None:
+            raise RuntimeError("step_wait called without step_async")
+        out, self._pending = self._pending, None
+        return out
 
     def close(self) -> None:
         pass
@@ -123,25 +170,76 @@ class EpisodeRecord:
 
 @dataclasses.dataclass
 class RolloutResult:
+    """Episodes of one rollout plus where its time went.
+
+    ``generation_s``: time inside ``policy.act``. ``env_s``: time the rollout waited on the
+    env pool (inside ``step_async`` and ``step_wait``): all of the env time in a sequential
+    rollout, only the part not hidden behind generation in a pipelined one. ``overlap_s``:
+    time inside ``policy.act`` while an env step ran in the background (worker processes;
+    0 for a sequential rollout or an in-process pool). ``wall_s``: the whole call, reset
+    included, so ``wall_s - generation_s - env_s`` is reset and bookkeeping. ``turns``:
+    actions of the longest episode; ``policy_calls``: ``policy.act`` calls (one per turn,
+    two per turn when pipelined).
+    """
+
     episodes: list[EpisodeRecord]
     generation_s: float
     env_s: float
     turns: int
+    overlap_s: float = 0.0
+    wall_s: float = 0.0
+    policy_calls: int = 0
 
     def trajectories(self) -> list[Trajectory]:
         return [e.trajectory for e in self.episodes]
 
+    @property
+    def num_actions(self) -> int:
+        """Actions executed over all episodes."""
+        return sum(len(e.actions) for e in self.episodes)
+
+
+def pipeline_halves(num_envs: int) -> list[np.ndarray]:
+    """The fixed slot halves of a pipelined rollout: even slots, then odd slots.
+
+    Interleaving (rather than first/second half) gives every ``VectorEnv`` worker, which owns
+    a contiguous slice of slots, work in both halves, and puts members of every task group
+    in both, so the halves' episode lengths match. One slot: a single half (no pipeline).
+    """
+    if num_envs < 1:
+        raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+    halves = [np.arange(0, num_envs, 2), np.arange(1, num_envs, 2)]
+    return [h for h in halves if h.size]
+
 
 def rollout(policy: Any, params: Any, venv: Any, *, seed: int, key: jax.Array,
             max_actions: int, greedy: bool = False, group_of: Callable[[int], int] | None = None,
-            env_name: str = "") -> RolloutResult:
+            env_name: str = "", pipeline: bool = False) -> RolloutResult:
     """Run one batch of episodes (one per env slot) to the end; see module docstring.
 
     ``seed`` is the env pool's task seed (slot i plays task ``seed + i // group_size``),
-    ``key`` the sampling key (split once per turn), ``max_actions`` the action budget.
+    ``key`` the sampling key, ``max_actions`` the action budget.
+
+    ``pipeline=False``: each turn, one ``policy.act`` for all live episodes, then one env
+    step; the sampling key is split once per turn.
+
+    ``pipeline=True``: the slots form two fixed halves (``pipeline_halves``: even / odd
+    slots). While one half's commands step in the env (``venv.step_async``), ``policy.act``
+    runs on the other half; then ``venv.step_wait``. Generation on the accelerator thus
+    overlaps host env steps. Each half keeps its own key chain (``fold_in(key, half)``, split
+    once per turn of that half), so results are reproducible for a given key; with a
+    deterministic policy (greedy decoding) the episodes are identical to a sequential
+    rollout's. When one half has no live episode left, the other runs alone. It costs two
+    policy calls per turn instead of one, so it pays off when a half-batch env step costs
+    about as much as a half-batch policy call (``RolloutResult`` times show the split).
     """
     if max_actions < 1:
         raise ValueError(f"max_actions must be >= 1, got {max_actions}")
+    for method in ("step_async", "step_wait"):
+        if not callable(getattr(venv, method, None)):
+            raise TypeError(f"venv must provide {method}() (VectorEnv or LocalVectorEnv), got "
+                            f"{type(venv).__name__}")
+    t_start = time.perf_counter()
     b = venv.num_envs
     g = getattr(venv, "group_size", 1)
     group_of = group_of or (lambda i: i // g)
@@ -161,31 +259,61 @@ def rollout(policy: Any, params: Any, venv: Any, *, seed: int, key: jax.Array,
         if info.get("error"):
             live[i], eps[i].error, eps[i].truncated = False, str(info["error"]), True
     current_obs = list(obs)
-    gen_s = env_s = 0.0
-    turns = 0
-    while live.any() and turns < max_actions:
-        idx = np.flatnonzero(live)
+
+    halves = pipeline_halves(b) if pipeline else [np.arange(b)]
+    n_halves = len(halves)
+    # One key chain per half; a single half keeps the plain per-turn split of ``key``.
+    half_keys = [key] if n_halves == 1 else [jax.random.fold_in(key, h) for h in range(n_halves)]
+    half_turns = [0] * n_halves
+    pad_to = max(len(h) for h in halves)
+    timing = {"gen": 0.0, "env": 0.0, "overlap": 0.0}
+    in_flight: tuple | None = None  # (half, slots, outs, commands)
+    background = bool(getattr(venv, "steps_in_background", False))
+    ready: dict[int, tuple] = {}  # half -> (slots, outs, commands) generated, not yet sent
+
+    def live_slots(h: int) -> np.ndarray:
+        if half_turns[h] >= max_actions:
+            return halves[h][:0]
+        return halves[h][live[halves[h]]]
+
+    def generate(h: int) -> tuple:
+        idx = live_slots(h)
         states = [TurnInput(goal=eps[i].goal, observation=current_obs[i],
                             admissible=admissible[i],
                             history=tuple((a.observation, a.command) for a in eps[i].actions),
                             steps_taken=len(eps[i].actions), budget=eps[i].budget)
                   for i in idx]
-        key, sub = jax.random.split(key)
+        half_keys[h], sub = jax.random.split(half_keys[h])
         t0 = time.perf_counter()
-        outs = policy.act(params, states, sub, greedy=greedy, pad_to=b)
-        gen_s += time.perf_counter() - t0
-        commands = [""] * b
+        outs = policy.act(params, states, sub, greedy=greedy, pad_to=pad_to)
+        dt = time.perf_counter() - t0
+        timing["gen"] += dt
+        if in_flight is not None and background:
+            timing["overlap"] += dt
+        if len(outs) != len(idx):
+            raise RuntimeError(f"policy.act returned {len(outs)} actions for {len(idx)} states")
+        commands = [outs[j].action if outs[j].valid else INVALID_COMMAND
+                    for j in range(len(idx))]
+        return idx, outs, commands
+
+    def send(h: int) -> tuple:
+        idx, outs, commands = ready.pop(h)
+        actions: list[Any] = [None] * b
         for j, i in enumerate(idx):
-            commands[i] = outs[j].action if outs[j].valid else INVALID_COMMAND
+            actions[i] = commands[j]
         t0 = time.perf_counter()
-        res = venv.step(commands)
-        env_s += time.perf_counter() - t0
-        turns += 1
+        venv.step_async(actions)
+        timing["env"] += time.perf_counter() - t0
+        half_turns[h] += 1
+        return h, idx, outs, commands
+
+    def absorb(flight: tuple, res: BatchStep) -> None:
+        _, idx, outs, commands = flight
         for j, i in enumerate(idx):
             info = res.infos[i] or {}
             ep = eps[i]
             ep.actions.append(ActionRecord(
-                observation=current_obs[i], out=outs[j], command=commands[i],
+                observation=current_obs[i], out=outs[j], command=commands[j],
                 reward=float(res.rewards[i]),
                 annotations={k: info[k] for k in _ANNOTATION_KEYS if k in info},
                 env_valid=bool(info.get("valid", True))))
@@ -202,6 +330,33 @@ def rollout(policy: Any, params: Any, venv: Any, *, seed: int, key: jax.Array,
                     ep.reward = float(info["score"])
             elif len(ep.actions) >= ep.budget:
                 live[i], ep.truncated = False, True
+
+    try:
+        while True:
+            # Generate for the next half that is not stepping (while the other one steps).
+            first = 0 if in_flight is None else (in_flight[0] + 1) % n_halves
+            for h in [(first + k) % n_halves for k in range(n_halves)]:
+                if (in_flight is None or h != in_flight[0]) and h not in ready \
+                        and live_slots(h).size:
+                    ready[h] = generate(h)
+                    break
+            if in_flight is not None:
+                flight, in_flight = in_flight, None
+                t0 = time.perf_counter()
+                res = venv.step_wait()
+                timing["env"] += time.perf_counter() - t0
+                absorb(flight, res)
+            if ready:
+                in_flight = send(next(iter(ready)))
+            elif not any(live_slots(h).size for h in range(n_halves)):
+                break
+    except BaseException:
+        if in_flight is not None:  # leave the pool usable (nothing in flight) for the caller
+            try:
+                venv.step_wait()
+            except Exception:
+                pass
+        raise
     for i in np.flatnonzero(live):
         eps[i].truncated = True
     for i, ep in enumerate(eps):
@@ -213,4 +368,6 @@ def rollout(policy: Any, params: Any, venv: Any, *, seed: int, key: jax.Array,
             budget=ep.budget, task_type=ep.task_type, env=env_name, truncated=ep.truncated,
             error=ep.error, metadata={"id": f"seed{ep.task_seed}-slot{i}",
                                       "task_seed": ep.task_seed, "group": ep.group})
-    return RolloutResult(eps, gen_s, env_s, turns)
+    return RolloutResult(eps, timing["gen"], timing["env"], max(half_turns),
+                         overlap_s=timing["overlap"], wall_s=time.perf_counter() - t_start,
+                         policy_calls=sum(half_turns))

@@ -156,6 +156,9 @@ class TrainConfig:
     mesh_data: int = -1
     mesh_model: int = 1
     progress: bool = True
+    # Two-half rollout pipeline: generate for one half while the other half's envs step
+    # (jaxdm.rl.rollout.rollout(pipeline=True)); pays off when env steps are not cheap.
+    rollout_pipeline: bool = False
     model: ModelSection = ModelSection()
     env: EnvSection = EnvSection()
     policy: PolicySection = PolicySection()
@@ -531,7 +534,8 @@ class Trainer:
         self.key, k_roll = jax.random.split(self.key)
         seed = cfg.train_task_offset + self.cursor
         res = rollout(self.policy, self.params, self.venv, seed=seed, key=k_roll,
-                      max_actions=cfg.max_actions, env_name=cfg.env.name)
+                      max_actions=cfg.max_actions, env_name=cfg.env.name,
+                      pipeline=cfg.rollout_pipeline)
         self.cursor += cfg.tasks_per_iter
         eps = res.episodes
         trajs = res.trajectories()
@@ -569,6 +573,7 @@ class Trainer:
             "adv/max": float(a_exec.max()) if a_exec.size else 0.0,
             "adv/nonzero_frac": float((a_exec != 0).mean()) if a_exec.size else 0.0,
             "time/generation": res.generation_s, "time/env": res.env_s,
+            "time/env_overlapped": res.overlap_s,
             "time/teacher": teacher_s, "time/update": update_s,
             "time/iteration": time.perf_counter() - t_start,
         }
@@ -651,7 +656,7 @@ class Trainer:
             res = rollout(self.policy, self.params, self._eval_venv,
                           seed=cfg.eval_task_offset, key=jax.random.key(s),
                           max_actions=cfg.max_actions, greedy=cfg.eval_greedy,
-                          env_name=cfg.env.name)
+                          env_name=cfg.env.name, pipeline=cfg.rollout_pipeline)
             by_type: dict[str, list[bool]] = {}
             for e in res.episodes:
                 by_type.setdefault(e.task_type or "all", []).append(e.success)
