@@ -4,8 +4,8 @@ A role turns environment data into typed questions (``jaxdm.decision.types``):
 
 - **Actor** (``actor_request``): goal, past (observation, action) pairs, current observation and
   remaining budget; options are the admissible commands; question key ``next_action``.
-- **Judge / Teacher** (``judge_request`` / ``judge_requests``): goal + trajectory entries
-  ``{"observation", "action"}``. Prefix for target ``t`` shows entries ``0..t`` and ends with
+- **Judge / Teacher** (``judge_request`` / ``judge_requests``): the judging instructions, the
+  goal and the trajectory entries ``{"observation", "action"}``. Prefix for target ``t`` shows entries ``0..t`` and ends with
   the target action; Hindsight shows every entry plus a final observation-only entry whose
   action is ``null``. The question (Value or Progress) names the zero-based target index and
   is the same text under every context.
@@ -20,6 +20,9 @@ the context, and the context text of Prefix(t) is a character prefix of the Hind
 of the same trajectory (entries are one JSON object per line, nothing closes the list). So
 after tokenisation all judge requests of one trajectory share their leading tokens, up to at
 most one boundary token, and ``jaxdm.decision.shared_prefix`` finds and reuses that prefix.
+What follows the shared part is kept short: the fixed judging instructions open the context
+(v2; v1 repeated them in every question), so a Prefix request adds only its ~20-40-token
+question after the prefix it sees, and a Hindsight request only the target index and budget.
 
 Masking: no reward, success flag or hidden state enters a judge context (only observations
 and actions are serialised); a terminal WebShop purchase page becomes
@@ -36,7 +39,7 @@ from typing import Any, Mapping, Sequence
 from jaxdm.decision.types import MultipleChoice, YesNo
 from jaxdm.trajectory import Step, Trajectory
 
-PROMPT_VERSION = "jaxdm-prompts-v1"
+PROMPT_VERSION = "jaxdm-prompts-v2"
 
 QUESTIONS = ("progress", "value")
 CONTEXTS = ("prefix", "hindsight")
@@ -77,13 +80,11 @@ _TRAJECTORY_HEADER = (
     "with no action after it):"
 )
 _JUDGE_INSTRUCTIONS = (
-    "Judge one executed action of the trajectory above (the target action). The target "
-    "index is zero-based and refers to the trajectory entries shown."
+    "Judge one executed action (the target action) of the agent trajectory below. The "
+    "target index is zero-based and refers to the trajectory entries shown."
 )
 _PROGRESS_QUESTION = "Did the target action help achieve the goal?"
-_VALUE_QUESTION = (
-    "Counting the target action, will the task be completed successfully within the "
-    "remaining budget?")
+_VALUE_QUESTION = "Will the task be completed successfully within the remaining action budget?"
 _ACTOR_QUESTION = "Which of the available actions should the agent take next to achieve the goal?"
 DEPENDENCY_HINT = "Consider possible dependencies among task requirements."
 ORDERING_EXAMPLE = (
@@ -137,7 +138,8 @@ def _observation_after(traj: Trajectory, t: int) -> str:
 
 
 def judge_context(traj: Trajectory, last_action: int, *, with_final: bool) -> str:
-    """Goal + entries ``0..last_action``; ``with_final`` adds the next observation (action null).
+    """Instructions, goal, entries ``0..last_action``; ``with_final`` adds the next observation
+    (action null).
 
     Prefix(t) is ``judge_context(traj, t, with_final=False)``; Hindsight is
     ``judge_context(traj, T - 1, with_final=True)``. Every such string is a character prefix of
@@ -146,7 +148,7 @@ def judge_context(traj: Trajectory, last_action: int, *, with_final: bool) -> st
     _check_traj(traj)
     if not 0 <= last_action < len(traj.steps):
         raise ValueError(f"last_action {last_action} out of range for {len(traj.steps)} steps")
-    lines = [f"Goal: {traj.goal}", _TRAJECTORY_HEADER]
+    lines = [_JUDGE_INSTRUCTIONS, f"Goal: {traj.goal}", _TRAJECTORY_HEADER]
     lines += [_entry(s.observation, s.action) for s in traj.steps[:last_action + 1]]
     if with_final:
         lines.append(_entry(_observation_after(traj, last_action), None))
@@ -156,17 +158,18 @@ def judge_context(traj: Trajectory, last_action: int, *, with_final: bool) -> st
 def judge_question(question: str, target: int, *, remaining_budget: int | None) -> str:
     """The question text: identical under Prefix and Hindsight for the same target.
 
-    The fixed instructions come first and the target-specific part (index, budget) last, so
-    that requests for different targets of one trajectory share as many leading tokens as
-    possible (the action is named by its index only, as in seed 000 Appendix B.2).
+    The question first, the target-specific part (index, budget) last, so that requests for
+    different targets of one trajectory share as many leading tokens as possible (the action
+    is named by its index only, as in seed 000 Appendix B.2); the judging instructions are at
+    the start of the context, shared by all of them.
     """
     if question == "progress":
-        return (f"[progress] {_JUDGE_INSTRUCTIONS} {_PROGRESS_QUESTION}"
+        return (f"[progress] {_PROGRESS_QUESTION}"
                 f"\nTarget action index: {target}.")
     if question == "value":
         if remaining_budget is None:
             raise ValueError("the value question needs remaining_budget")
-        return (f"[value] {_JUDGE_INSTRUCTIONS} {_VALUE_QUESTION}"
+        return (f"[value] {_VALUE_QUESTION}"
                 f"\nTarget action index: {target}. Remaining action budget, counting the "
                 f"target action: {remaining_budget}.")
     raise ValueError(f"question must be one of {QUESTIONS}, got {question!r}")

@@ -13,8 +13,8 @@ from jaxdm.trajectory import Step, Trajectory
 HEADER = ("Trajectory (a JSON object per line, indexed from 0; each entry is an observation and "
           "the action the agent took after seeing it; an entry with \"action\": null is an "
           "observation with no action after it):")
-INSTR = ("Judge one executed action of the trajectory above (the target action). The target "
-         "index is zero-based and refers to the trajectory entries shown.")
+INSTR = ("Judge one executed action (the target action) of the agent trajectory below. The "
+         "target index is zero-based and refers to the trajectory entries shown.")
 E0 = ('{"observation": "You are in the middle of a room. You see a cabinet 1, a countertop 1 '
       'and a microwave 1.", "action": "go to countertop 1"}')
 E1 = ('{"observation": "You arrive at countertop 1. On the countertop 1, you see a mug 1.", '
@@ -22,25 +22,25 @@ E1 = ('{"observation": "You arrive at countertop 1. On the countertop 1, you see
 E2 = '{"observation": "You pick up the mug 1 from the countertop 1.", "action": "look"}'
 E3 = '{"observation": "You are facing the countertop 1.", "action": "go to microwave 1"}'
 EF = '{"observation": "You arrive at microwave 1. The microwave 1 is closed.", "action": null}'
-GOAL = "Goal: put a hot mug in cabinet"
+GOAL = f"{INSTR}\nGoal: put a hot mug in cabinet"
 
 
 def test_golden_prefix_progress():
     q = roles.judge_request(small_trajectory(), 1, question="progress", context="prefix")
     assert q.context == "\n".join([GOAL, HEADER, E0, E1])
-    assert q.question == (f"[progress] {INSTR} Did the target action help achieve the goal?"
+    assert q.question == ("[progress] Did the target action help achieve the goal?"
                           "\nTarget action index: 1.")
 
 
 def test_golden_hindsight_progress():
     q = roles.judge_request(small_trajectory(), 1, question="progress", context="hindsight")
     assert q.context == "\n".join([GOAL, HEADER, E0, E1, E2, E3, EF])
-    assert q.question == (f"[progress] {INSTR} Did the target action help achieve the goal?"
+    assert q.question == ("[progress] Did the target action help achieve the goal?"
                           "\nTarget action index: 1.")
 
 
-VALUE_Q = (f"[value] {INSTR} Counting the target action, will the task be completed "
-           "successfully within the remaining budget?\nTarget action index: 2. Remaining "
+VALUE_Q = ("[value] Will the task be completed successfully within the remaining action "
+           "budget?\nTarget action index: 2. Remaining "
            "action budget, counting the target action: 28.")
 
 
@@ -62,7 +62,7 @@ def test_golden_constrained_user_message():
     msgs = roles.render_messages(q, "constrained")
     assert msgs[0] == {"role": "system", "content": roles.SYSTEM_PROMPTS[("yesno", "constrained")]}
     assert msgs[1]["content"] == (f"Context:\n{GOAL}\n{HEADER}\n{E0}\n\nQuestion:\n[progress] "
-                                  f"{INSTR} Did the target action help achieve the goal?\n"
+                                  "Did the target action help achieve the goal?\n"
                                   "Target action index: 0.\n\nAnswer:")
     assert not roles.render_messages(q, "prompted")[1]["content"].endswith("Answer:")
 
@@ -76,7 +76,7 @@ def test_question_identical_across_contexts_and_entries_are_json():
             texts |= {roles.judge_request(tr, t, question=question, context="prefix",
                                           expansion=e).question for e in roles.EXPANSIONS}
             assert len(texts) == 1
-    hind = roles.judge_request(tr, 0, context="hindsight").context.split("\n")[2:]
+    hind = roles.judge_request(tr, 0, context="hindsight").context.split("\n")[3:]
     entries = [json.loads(line) for line in hind]
     assert [e["action"] for e in entries] == [s.action for s in tr.steps] + [None]
 
@@ -125,7 +125,7 @@ def test_context_expansion_variants():
     n_entries = {}
     for e in roles.EXPANSIONS:
         q = roles.judge_request(tr, 0, context="prefix", expansion=e)
-        lines = q.context.split("\n")[2:]
+        lines = q.context.split("\n")[3:]
         n_entries[e] = len(lines)
         assert json.loads(lines[-1])["action"] is None
         assert q.meta["context"] == ("fb" if e == "fb" else f"expand_{float(e)}")
@@ -161,7 +161,7 @@ def test_actor_request_and_variants():
     base = roles.actor_request_at(tr, 1, opts, oracle_answer=opts[0])
     assert isinstance(base, MultipleChoice) and base.options == tuple(opts)
     assert base.context == "\n".join([
-        GOAL, "History (a JSON object per line, oldest first; each entry is an observation and "
+        "Goal: put a hot mug in cabinet", "History (a JSON object per line, oldest first; each entry is an observation and "
         "the action the agent took after seeing it):", E0,
         "Current observation: You arrive at countertop 1. On the countertop 1, you see a mug 1.",
         "Remaining action budget: 29"])
