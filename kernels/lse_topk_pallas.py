@@ -15,6 +15,9 @@ the kernel, reading LM-head blocks from global memory.
 ``"grid"`` (TPU Mosaic; the default on TPU): the reduction is the last, sequential
 ("arbitrary") grid axis and the running statistics / gradient accumulators are output blocks
 that stay resident across it, so each step holds one [bt, d] and one [d, bv] tile in VMEM.
+For bf16 (any non-float32) inputs the gradient accumulators are float32 VMEM scratch tiles and
+the output blocks are written once, in the input dtype, at the last reduction step: no
+float32 [d, V] gradient is ever allocated.
   forward            grid (T/bt, V/bv)
   backward, hidden   grid (T/bt, V/bv)   accumulate dh over V
   backward, lm_head  grid (V/bv, T/bt)   accumulate dW over T
@@ -247,12 +250,33 @@ def _forward_linear_grid_kernel(h_ref, w_ref, max_ref, sum_ref, values_ref, ids_
     _update_stats(block, max_ref, sum_ref, values_ref, ids_ref, **static)
 
 
+def _grid_accumulator(out_ref, scratch):
+    """The float32 accumulator of a grid-layout backward kernel.
+
+    A float32 output block stays resident across the reduction axis and accumulates in place.
+    For a bf16/f16 output, accumulating there would round every partial sum, and a float32
+    output would be a full-size float32 copy of the gradient (a [d, V] LM-head gradient); so
+    the kernel accumulates in a float32 VMEM scratch tile and writes the block once, converted,
+    at the last reduction step (``_finish_grid_accumulator``).
+    """
+    return scratch[0] if scratch else out_ref
+
+
+def _finish_grid_accumulator(out_ref, scratch) -> None:
+    if scratch:
+        @pl.when(pl.program_id(1) == pl.num_programs(1) - 1)
+        def _():
+            out_ref[...] = scratch[0][...].astype(out_ref.dtype)
+
+
 def _backward_hidden_grid_kernel(h_ref, w_ref, lse_ref, ids_ref, g_lse_ref, g_values_ref,
-                                 dh_ref, *, block_v: int, vocab_size: int):
-    # Grid (T tiles, V blocks); dh_ref [bt, d] float32 accumulates over the V axis.
+                                 dh_ref, *scratch, block_v: int, vocab_size: int):
+    # Grid (T tiles, V blocks); dh [bt, d] accumulates in float32 over the V axis.
+    acc_ref = _grid_accumulator(dh_ref, scratch)
+
     @pl.when(pl.program_id(1) == 0)
     def _():
-        dh_ref[...] = jnp.zeros(dh_ref.shape, jnp.float32)
+        acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
 
     w_block = w_ref[...]
     block = jnp.dot(h_ref[...], w_block, preferred_element_type=jnp.float32)
@@ -261,18 +285,21 @@ def _backward_hidden_grid_kernel(h_ref, w_ref, lse_ref, ids_ref, g_lse_ref, g_va
         block, ids, ids < vocab_size, lse_ref[...], ids_ref[...], g_lse_ref[...],
         g_values_ref[...],
     )
-    dh_ref[...] += jax.lax.dot_general(
+    acc_ref[...] += jax.lax.dot_general(
         d_block, w_block.astype(jnp.float32), (((1,), (1,)), ((), ())),
         preferred_element_type=jnp.float32,
     )
+    _finish_grid_accumulator(dh_ref, scratch)
 
 
 def _backward_head_grid_kernel(h_ref, w_ref, lse_ref, ids_ref, g_lse_ref, g_values_ref,
-                               dw_ref, *, block_v: int, vocab_size: int):
-    # Grid (V blocks, T tiles); dw_ref [d, bv] float32 accumulates over the T axis.
+                               dw_ref, *scratch, block_v: int, vocab_size: int):
+    # Grid (V blocks, T tiles); dW [d, bv] accumulates in float32 over the T axis.
+    acc_ref = _grid_accumulator(dw_ref, scratch)
+
     @pl.when(pl.program_id(1) == 0)
     def _():
-        dw_ref[...] = jnp.zeros(dw_ref.shape, jnp.float32)
+        acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
 
     hidden = h_ref[...]
     block = jnp.dot(hidden, w_ref[...], preferred_element_type=jnp.float32)
@@ -281,10 +308,11 @@ def _backward_head_grid_kernel(h_ref, w_ref, lse_ref, ids_ref, g_lse_ref, g_valu
         block, ids, ids < vocab_size, lse_ref[...], ids_ref[...], g_lse_ref[...],
         g_values_ref[...],
     )
-    dw_ref[...] += jax.lax.dot_general(
+    acc_ref[...] += jax.lax.dot_general(
         hidden.astype(jnp.float32), d_block, (((0,), (0,)), ((), ())),
         preferred_element_type=jnp.float32,
     )
+    _finish_grid_accumulator(dw_ref, scratch)
 
 
 # ------------------------------------------------------------------------ pallas_call glue
@@ -302,6 +330,15 @@ def _compiler_params(layout: str, interpret: bool):
     from jax.experimental.pallas import tpu as pltpu
 
     return pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"))
+
+
+def _f32_scratch(shape: tuple[int, int], out_dtype) -> list:
+    """A float32 VMEM accumulator tile for a grid-layout output that is not float32."""
+    if jnp.dtype(out_dtype) == jnp.float32:
+        return []
+    from jax.experimental.pallas import tpu as pltpu
+
+    return [pltpu.VMEM(shape, jnp.float32)]
 
 
 def _row_specs(bt: int, k: int, row_block):
@@ -477,7 +514,8 @@ def _backward_linear(hidden, lm_head, lse, indices, g_lse, g_values, k, sizes, l
                       pl.BlockSpec((dim, bv), lambda i, j: (0, j))]
             + _row_specs(bt, k, lambda i, j: i),
             out_specs=pl.BlockSpec((bt, dim), lambda i, j: (i, 0)),
-            out_dtype=jnp.float32,  # accumulated across the grid
+            out_dtype=hidden.dtype,
+            scratch=_f32_scratch((bt, dim), hidden.dtype),
         )
         head_call = dict(
             kernel=functools.partial(_backward_head_grid_kernel, block_v=bv,
@@ -487,7 +525,8 @@ def _backward_linear(hidden, lm_head, lse, indices, g_lse, g_values, k, sizes, l
                       pl.BlockSpec((dim, bv), lambda j, i: (0, j))]
             + _row_specs(bt, k, lambda j, i: i),
             out_specs=pl.BlockSpec((dim, bv), lambda j, i: (0, j)),
-            out_dtype=jnp.float32,
+            out_dtype=lm_head.dtype,
+            scratch=_f32_scratch((dim, bv), lm_head.dtype),
         )
     d_hidden, d_head = (
         pl.pallas_call(
@@ -496,6 +535,7 @@ def _backward_linear(hidden, lm_head, lse, indices, g_lse, g_values, k, sizes, l
             grid=call["grid"],
             in_specs=call["in_specs"],
             out_specs=call["out_specs"],
+            scratch_shapes=call.get("scratch", ()),
             interpret=interpret,
             compiler_params=params,
             name=f"lse_topk_linear_bwd_{name}_{layout}",
@@ -505,8 +545,8 @@ def _backward_linear(hidden, lm_head, lse, indices, g_lse, g_values, k, sizes, l
             (head_call, (dim, vocab_p), "head"),
         )
     )
-    return (d_hidden[:n_rows].astype(hidden.dtype),
-            d_head[:, :vocab_size].astype(lm_head.dtype))
+    # Both layouts return the gradients in the input dtypes (float32 accumulation inside).
+    return d_hidden[:n_rows], d_head[:, :vocab_size]
 
 
 # ------------------------------------------------------------------------------ custom_vjp
