@@ -17,10 +17,17 @@ so Prefix requests of every length are covered) and its rate is questions / seco
 scores the whole workload every round. Rounds alternate baseline / jaxdm; medians reported.
 The scores of the questions both sides answered are compared (max |diff|).
 
-FLOP floor: 2 x (non-embedding parameters) x (unique tokens jaxdm actually runs, i.e. trunk +
-suffix tokens without padding) + the LM-head work at the answer positions, divided by the
-fp32 matmul rate measured here with XLA ([1300 x 576] @ [576 x 1536]). Attention FLOPs are not
-in the floor, so the floor is a lower bound.
+FLOP floor (issue #3): 2 x params x (unique tokens jaxdm actually runs, i.e. trunk + suffix
+tokens without padding), divided by the fp32 matmul rate measured here with XLA
+([1300 x 576] @ [576 x 1536]). Two versions are printed: with all 134.5M parameters (the
+issue's definition) and a stricter one with the 106.2M non-embedding parameters plus the
+LM-head work at the answer positions only (jaxdm never computes other logits). Attention FLOPs
+are in neither, so both are lower bounds.
+
+Layouts (``jaxdm.decision.shared_prefix.LAYOUTS``): "packed" (default; each trajectory's
+context and its questions interleaved in one causal row) and "rows" (context prefilled into a
+KV cache, questions as vmapped rows over it). Both run in every round; the
+``<workload>_packed_vs_rows`` RESULT line is the packed layout's speed over the rows layout.
 
 Caveat: on an oversubscribed machine (many processes on 2 cores) torch's multi-threaded CPU
 kernels can run several times slower than with one thread (measured here: a 600-token forward
@@ -35,19 +42,29 @@ machine torch's matmuls are about 1.2-1.6x faster than XLA's (SPEC, offline fact
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
 import numpy as np
 
 
+@functools.cache
+def _jitted_matmul():
+    import jax
+    return jax.jit(lambda x, y: x @ y)
+
+
 def matmul_rate_gflops(repeats: int = 7) -> float:
-    """Measured XLA fp32 matmul rate on this machine (GFLOP/s, median)."""
+    """Measured XLA fp32 matmul rate on this machine (GFLOP/s, median).
+
+    Measured again in every round, next to the timed scoring, so that the floor of a round
+    and its time see the same machine load."""
     import jax
     import jax.numpy as jnp
     a = jnp.asarray(np.random.default_rng(0).standard_normal((1300, 576)), jnp.float32)
     b = jnp.asarray(np.random.default_rng(1).standard_normal((576, 1536)), jnp.float32)
-    f = jax.jit(lambda x, y: x @ y)
+    f = _jitted_matmul()
     f(a, b).block_until_ready()
     times = []
     for _ in range(repeats):
@@ -120,6 +137,8 @@ def main() -> None:
     parser.add_argument("--baseline-per-round", type=int, default=None)
     parser.add_argument("--workloads", default="hindsight_progress,prefix_value,actor_options")
     parser.add_argument("--torch-threads", type=int, default=None)
+    parser.add_argument("--layouts", default="packed,rows",
+                        help="jaxdm layouts to time; the first is the headline")
     args = parser.parse_args()
     n_traj = args.trajectories or (1 if args.quick else 4)
     n_act = args.actions or (6 if args.quick else 30)
@@ -151,8 +170,11 @@ def main() -> None:
           f"load {time.perf_counter() - t_load:.1f} s")
 
     trajs = [alfworld_like_trajectory(100 + i, n_act) for i in range(n_traj)]
-    readout = LocalReadout(pre, max_groups_per_call=1)
-    likelihood = LocalLikelihood(pre, max_groups_per_call=1)
+    layouts = [x for x in args.layouts.split(",") if x]
+    readouts = {lay: LocalReadout(pre, max_groups_per_call=1, layout=lay) for lay in layouts}
+    likelihoods = {lay: LocalLikelihood(pre, max_groups_per_call=1, layout=lay)
+                   for lay in layouts}
+    readout, likelihood = readouts[layouts[0]], likelihoods[layouts[0]]
     results = []
 
     for name in workloads:
@@ -163,8 +185,8 @@ def main() -> None:
             reqs = readout._yesno_requests(questions)
             unit, n_items = "actions/s", len(questions)
 
-            def run_jaxdm():
-                return np.array([r.score for r in readout.score(questions)])
+            def run_jaxdm(lay):
+                return np.array([r.score for r in readouts[lay].score(questions)])
 
             def run_baseline(idx):
                 return np.array([torch_scorer.readout(reqs[i].tokens,
@@ -173,7 +195,7 @@ def main() -> None:
 
             n_head = n_items  # one answer position, K=2 label rows each
             head_flops = 2 * d * 2 * n_head
-            backend = readout
+            backends = readouts
         elif name == "actor_options":
             rng = np.random.default_rng(0)
             questions = []
@@ -186,8 +208,8 @@ def main() -> None:
             opt_reqs = [likelihood.option_requests(x) for x in questions]
             unit, n_items = "states/s", len(questions)
 
-            def run_jaxdm():
-                return [np.array(r.probs) for r in likelihood.choose(questions)]
+            def run_jaxdm(lay):
+                return [np.array(r.probs) for r in likelihoods[lay].choose(questions)]
 
             def run_baseline(idx):
                 out = []
@@ -201,42 +223,58 @@ def main() -> None:
 
             n_head = sum(len(r.answer_positions) for rs in opt_reqs for r in rs)
             head_flops = 2 * d * v * n_head
-            backend = likelihood
+            backends = likelihoods
         else:
             raise SystemExit(f"unknown workload {name!r}")
 
         # Warm-up (compilation) outside the timed rounds; it also records unique tokens.
-        backend.stats.clear()
-        t0 = time.perf_counter()
-        jax_scores = run_jaxdm()
-        warm = time.perf_counter() - t0
-        unique = backend.stats["unique_tokens"]
-        request_tokens = backend.stats["request_tokens"]
+        warm = {}
+        for lay in layouts:
+            backends[lay].stats.clear()
+            t0 = time.perf_counter()
+            run_jaxdm(lay)
+            warm[lay] = time.perf_counter() - t0
+        stats = backends[layouts[0]].stats
+        unique, request_tokens = stats["unique_tokens"], stats["request_tokens"]
         floor_s = (2 * non_embed * unique + head_flops) / (rate * 1e9)
-        base_rates, jax_rates, jax_times, diffs = [], [], [], []
+        floor_all_s = 2 * cfg.num_params() * unique / (rate * 1e9)
+        base_rates, diffs, floor_ratios = [], [], []
+        jax_times = {lay: [] for lay in layouts}
         for r in range(rounds):
+            round_rate = matmul_rate_gflops(repeats=5)
             idx = _spread(n_items, base_k, r)
             t0 = time.perf_counter()
             base = run_baseline(idx)
             base_rates.append(len(idx) / (time.perf_counter() - t0))
-            t0 = time.perf_counter()
-            jax_scores = run_jaxdm()
-            dt = time.perf_counter() - t0
-            jax_times.append(dt)
-            jax_rates.append(n_items / dt)
-            for i, b in zip(idx, base):
-                diffs.append(float(np.max(np.abs(np.asarray(jax_scores[i]) - b))))
-        b_med, j_med, t_med = (statistics.median(base_rates), statistics.median(jax_rates),
-                               statistics.median(jax_times))
+            for lay in layouts:
+                t0 = time.perf_counter()
+                jax_scores = run_jaxdm(lay)
+                jax_times[lay].append(time.perf_counter() - t0)
+                if lay == layouts[0]:
+                    floor_ratios.append(jax_times[lay][-1] * round_rate * 1e9
+                                        / (2 * cfg.num_params() * unique))
+                for i, b in zip(idx, base):
+                    diffs.append(float(np.max(np.abs(np.asarray(jax_scores[i]) - b))))
+        b_med = statistics.median(base_rates)
+        t_med = {lay: statistics.median(ts) for lay, ts in jax_times.items()}
+        head = layouts[0]
         print(f"[{name}] {n_items} items, {request_tokens} request tokens one-by-one, "
               f"{unique} unique tokens run by jaxdm ({request_tokens / unique:.1f}x fewer); "
-              f"warm-up {warm:.1f} s; baseline rounds {[round(x, 3) for x in base_rates]} "
-              f"{unit}, jaxdm rounds {[round(x, 3) for x in jax_rates]} {unit}; "
+              f"warm-up (compile) {', '.join(f'{k} {w:.1f} s' for k, w in warm.items())}; "
+              f"baseline rounds {[round(x, 3) for x in base_rates]} {unit}; jaxdm seconds per "
+              f"round {({k: [round(x, 2) for x in v] for k, v in jax_times.items()})}; "
               f"max |jaxdm - torch| = {max(diffs):.2e}")
-        print(f"FLOOR {name}: jaxdm {t_med:.2f} s, floor {floor_s:.2f} s "
-              f"(2 x {non_embed / 1e6:.1f}M x {unique} tokens + LM head at {n_head} answer "
-              f"positions, at {rate:.1f} GFLOP/s) -> {t_med / floor_s:.2f}x the floor")
-        results.append((name, b_med, j_med, unit))
+        print(f"FLOOR {name}: jaxdm ({head}) {t_med[head]:.2f} s; floor {floor_all_s:.2f} s "
+              f"(2 x {cfg.num_params() / 1e6:.1f}M params x {unique} tokens at {rate:.1f} "
+              f"GFLOP/s) -> {t_med[head] / floor_all_s:.2f}x the floor; strict floor "
+              f"{floor_s:.2f} s (2 x {non_embed / 1e6:.1f}M non-embedding x {unique} tokens + LM "
+              f"head at {n_head} answer positions) -> {t_med[head] / floor_s:.2f}x; median over "
+              f"rounds of time / floor at that round's matmul rate: "
+              f"{statistics.median(floor_ratios):.2f}x")
+        results.append((name, b_med, n_items / t_med[head], unit))
+        for lay in layouts[1:]:
+            results.append((f"{name}_{head}_vs_{lay}", n_items / t_med[lay],
+                            n_items / t_med[head], unit))
 
     for name, b, j, unit in results:
         print(f"RESULT {name}: baseline {b:.3f} {unit}, jaxdm {j:.3f} {unit}, ratio {j / b:.2f}x")

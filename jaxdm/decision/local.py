@@ -62,7 +62,10 @@ def _check_finite(arr: np.ndarray, where: str) -> None:
 
 class _LocalBase:
     def __init__(self, pretrained: Any, *, max_groups_per_call: int = 4,
-                 min_shared_frac: float = 0.5, progress: bool = False, name: str | None = None):
+                 min_shared_frac: float = 0.5, progress: bool = False, name: str | None = None,
+                 layout: str = "packed"):
+        if layout not in shared_prefix.LAYOUTS:
+            raise ValueError(f"layout must be one of {shared_prefix.LAYOUTS}, got {layout!r}")
         for attr in ("params", "config", "tokenizer"):
             if not hasattr(pretrained, attr):
                 raise TypeError(f"pretrained must have .params, .config and .tokenizer (a "
@@ -76,6 +79,7 @@ class _LocalBase:
         self.max_groups_per_call = int(max_groups_per_call)
         self.min_shared_frac = float(min_shared_frac)
         self.progress = progress
+        self.layout = layout
         self.stats: dict[str, int] = {}
         path = getattr(pretrained, "path", None)
         self._model_name = name or (getattr(path, "name", None) or "local")
@@ -95,7 +99,7 @@ class _LocalBase:
             self.params, self.config, requests, full_vocab=full_vocab,
             max_groups_per_call=self.max_groups_per_call,
             min_shared_frac=self.min_shared_frac, pad_id=self.pad_id, progress=self.progress,
-            stats=self.stats)
+            stats=self.stats, layout=self.layout)
 
     def _yesno_requests(self, questions: Sequence[YesNo]) -> list[shared_prefix.Request]:
         reqs = []

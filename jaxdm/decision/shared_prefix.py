@@ -25,8 +25,22 @@ candidates, i.e. constrained readout) or into full-vocabulary log-probabilities 
 ids (``full_vocab=True``: option likelihood); the [S, V] logits are never built. Shapes are
 bucketed (``bucket_*``) so one compilation serves many batches.
 
-The RL engineer's option-scoring policy can call ``score_batch`` directly: gradients flow to
-``params`` through the trunk prefill and the suffix pass.
+Two device layouts compute these same numbers (``score_requests(layout=...)``):
+
+- ``"packed"`` (default, ``score_packed`` over a ``PackedScoringBatch``): per group one row
+  that interleaves the trunk with the suffixes, each suffix placed right after the trunk
+  tokens it may see (``trunk[:v0] suffix_0 trunk[v0:v1] suffix_1 ...``). Trunk tokens are
+  segment 0 and visible to every later token; a suffix sees only segment 0 and itself. All
+  that a token may see is before it, so the decoder's causal attention that skips the upper
+  triangle applies, nothing is padded per request, and a Prefix suffix attends only over the
+  context before it instead of the whole cache. Measured on the 2-core CPU
+  (``benchmarks/scoring_throughput.py``, ``*_packed_vs_rows``) it is faster than ``"rows"``.
+- ``"rows"`` (``score_batch`` above): the trunk prefilled into a KV cache, the suffixes as
+  padded rows over it.
+
+The RL option-scoring policy calls ``score_batch`` directly (its options are short and of
+similar length, so the rows layout pads little): gradients flow to ``params`` through the
+trunk prefill and the suffix pass; ``score_packed`` is differentiable the same way.
 """
 from __future__ import annotations
 
@@ -269,13 +283,17 @@ def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def plan_groups(requests: Sequence[Request], *, min_shared_frac: float = 0.5,
-                min_shared_tokens: int = 32, max_group: int = 64) -> list[Group]:
+                min_shared_tokens: int = 32, max_group: int = 64,
+                layout: str = "packed") -> list[Group]:
     """Groups requests by shared token prefix and picks each group's trunk.
 
     Neighbours in sorted order join a group when their LCP is at least ``min_shared_tokens``
     and at least ``min_shared_frac`` of the shorter one (so requests that share only a
-    system prompt are not forced together). A run longer than ``max_group`` is split.
+    system prompt are not forced together). A run longer than ``max_group`` is split. A run
+    is also split where that costs fewer tokens in ``layout`` (see ``_plan_run``).
     """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if not requests:
         return []
     order = sorted(range(len(requests)), key=lambda i: requests[i].tokens)
@@ -290,19 +308,20 @@ def plan_groups(requests: Sequence[Request], *, min_shared_frac: float = 0.5,
             runs.append([cur])
     groups: list[Group] = []
     for run in runs:
-        groups.extend(_plan_run(requests, run))
+        groups.extend(_plan_run(requests, run, layout))
     return groups
 
 
-def _plan_run(requests: Sequence[Request], run: list[int], depth: int = 0) -> list[Group]:
+def _plan_run(requests: Sequence[Request], run: list[int], layout: str,
+              depth: int = 0) -> list[Group]:
     """Trunk + visible lengths for one run (sorted request ids), split where that is cheaper.
 
-    All suffixes of a group are padded to the longest one, so a member whose suffix is much
-    longer than the others (e.g. an Actor state that shares only its early history with
-    another state) makes every row pay for it. The planner compares the padded cost of the
-    whole run (trunk + rows x longest suffix) with keeping only members whose suffix is at
-    most a threshold and planning the rest again as their own group(s), and keeps the
-    cheaper plan (thresholds tried: quartiles of the suffix lengths).
+    A member that shares only part of the trunk (e.g. an Actor state that shares only its
+    early history with another state) carries everything after that part in its own suffix,
+    once per request; in the rows layout every row is also padded to the longest suffix. The
+    planner compares the cost of the whole run (``_plan_cost``) with keeping only members
+    whose suffix is at most a threshold and planning the rest again as their own group(s),
+    and keeps the cheaper plan (thresholds tried: quartiles of the suffix lengths).
     """
     seqs = [requests[i].tokens for i in run]
     m = len(run)
@@ -326,7 +345,7 @@ def _plan_run(requests: Sequence[Request], run: list[int], depth: int = 0) -> li
                for i, rid in enumerate(run)]
     tails = [len(seqs[i]) - visible[i] for i in range(m)]
     whole = [Group(trunk=tuple(trunk[:max(visible)]), members=list(run), visible=visible)]
-    best_plan, best_cost = whole, _plan_cost(requests, whole)
+    best_plan, best_cost = whole, _plan_cost(requests, whole, layout)
     if depth < 4 and m > 1:
         for tau in sorted({int(np.quantile(tails, q)) for q in (0.25, 0.5, 0.75)}):
             keep = [i for i in range(m) if tails[i] <= tau or i == best]
@@ -336,18 +355,22 @@ def _plan_run(requests: Sequence[Request], run: list[int], depth: int = 0) -> li
             vis = [visible[i] for i in keep]
             plan = [Group(trunk=tuple(trunk[:max(vis)]), members=[run[i] for i in keep],
                           visible=vis)]
-            plan += _plan_run(requests, [run[i] for i in range(m) if i not in kept], depth + 1)
-            cost = _plan_cost(requests, plan)
+            plan += _plan_run(requests, [run[i] for i in range(m) if i not in kept], layout,
+                              depth + 1)
+            cost = _plan_cost(requests, plan, layout)
             if cost < best_cost:
                 best_plan, best_cost = plan, cost
     return best_plan
 
 
-def _plan_cost(requests: Sequence[Request], groups: Sequence[Group]) -> int:
-    """Tokens run after padding suffixes within each group: trunk + rows x longest suffix."""
-    return sum(len(g.trunk) + len(g.members) * max(len(requests[r].tokens) - v
-                                                   for r, v in zip(g.members, g.visible))
-               for g in groups)
+def _plan_cost(requests: Sequence[Request], groups: Sequence[Group], layout: str) -> int:
+    """Tokens run: trunk + rows x longest suffix (rows: suffixes padded within a group) or
+    trunk + the suffixes (packed)."""
+    total = 0
+    for g in groups:
+        tails = [len(requests[r].tokens) - v for r, v in zip(g.members, g.visible)]
+        total += len(g.trunk) + (len(tails) * max(tails) if layout == "rows" else sum(tails))
+    return total
 
 
 def bucket(n: int, minimum: int = 8, *, fine: int = 0, fine_limit: int | None = None) -> int:
@@ -505,10 +528,11 @@ def score_requests(params, config: ModelConfig, requests: Sequence[Request], *,
         if bad:
             raise ValueError(f"requests[{i}]: candidate ids {bad[:5]} outside the vocabulary "
                              f"of {config.vocab_size}")
-    groups = plan_groups(requests, min_shared_frac=min_shared_frac,
-                         min_shared_tokens=min_shared_tokens, max_group=max_group)
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    groups = plan_groups(requests, min_shared_frac=min_shared_frac,
+                         min_shared_tokens=min_shared_tokens, max_group=max_group,
+                         layout=layout)
     by_shape: dict[tuple, list[Group]] = {}
     for gr in groups:
         key = (_shape_key(requests, gr, 64, 8) if layout == "rows" else

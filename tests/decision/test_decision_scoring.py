@@ -56,9 +56,10 @@ def test_grouping_per_trajectory_and_trunk_choice():
             assert len(reqs[rid].tokens) - vis <= 90
 
 
-def test_readout_equals_one_by_one_tiny():
+@pytest.mark.parametrize("layout", sp.LAYOUTS)
+def test_readout_equals_one_by_one_tiny(layout):
     pre = tiny_pretrained()
-    rd = LocalReadout(pre, max_groups_per_call=2)
+    rd = LocalReadout(pre, max_groups_per_call=2, layout=layout)
     trajs = [small_trajectory(), alfworld_like_trajectory(3, 5)]
     qs = [q for tr in trajs for question, context in
           [("progress", "hindsight"), ("value", "prefix"), ("progress", "prefix")]
@@ -104,19 +105,24 @@ def test_readout_choose_and_likelihood_equal_one_by_one_tiny():
         assert ll.option_requests(qs[0])[3].candidates[-1] == (pre.tokenizer.eos_token_id,)
 
 
-def test_score_batch_gradients_match_one_by_one():
-    """score_batch is differentiable end to end; its gradient equals the one-by-one gradient."""
+@pytest.mark.parametrize("layout", sp.LAYOUTS)
+def test_score_batch_gradients_match_one_by_one(layout):
+    """score_batch / score_packed are differentiable end to end; their gradients equal the
+    one-by-one gradient (Prefix requests: suffixes see different parts of the trunk)."""
     pre = tiny_pretrained()
     rd = LocalReadout(pre)
-    qs = roles.judge_requests(small_trajectory(), "progress", "hindsight")[:2]
+    qs = roles.judge_requests(small_trajectory(), "progress", "prefix")[1:3]
     reqs = _judge_reqs(rd, qs)
-    groups = sp.plan_groups(reqs)
-    packed = sp.pack_groups(reqs, groups)
+    groups = sp.plan_groups(reqs, layout=layout)
+    assert len(groups) == 1
+    pack, score = ((sp.pack_groups, sp.score_batch) if layout == "rows" else
+                   (sp.pack_interleaved, sp.score_packed))
+    packed = pack(reqs, groups)
     batch = jax.tree.map(jnp.asarray, packed.batch)
     rows = [packed.rows[i] for i in range(len(reqs))]
 
     def batched_loss(params):
-        lp = sp.score_batch(params, pre.config, batch)
+        lp = score(params, pre.config, batch)
         return sum(lp[g, n, 0, 0] for g, n in rows)
 
     def single_loss(params):
@@ -150,6 +156,21 @@ def test_score_batch_shape_errors():
     with pytest.raises(TypeError, match="integer"):
         sp.score_batch(pre.params, pre.config, b._replace(
             visible=np.zeros((1, 2), np.int32), label_ids=np.zeros((1, 2, 1, 2), np.float32)))
+
+
+def test_score_packed_shape_errors():
+    pre = tiny_pretrained()
+    b = sp.PackedScoringBatch(np.zeros((1, 8), np.int32), np.zeros((1, 8), np.int32),
+                              np.zeros((1, 7), np.int32), np.zeros((1, 2, 1), np.int32),
+                              np.ones((1, 2, 1), bool), np.zeros((1, 2, 1, 2), np.int32),
+                              np.ones((1, 2, 1, 2), bool))
+    with pytest.raises(ValueError, match=r"segments must be \[G, L\]"):
+        sp.score_packed(pre.params, pre.config, b)
+    with pytest.raises(TypeError, match="integer"):
+        sp.score_packed(pre.params, pre.config, b._replace(
+            segments=np.zeros((1, 8), np.int32), positions=np.zeros((1, 8), np.float32)))
+    with pytest.raises(ValueError, match="layout"):
+        sp.score_requests(pre.params, pre.config, [], layout="tree")
 
 
 def test_bad_input_errors():
@@ -244,6 +265,23 @@ def test_plan_and_pack_reconstruct_every_request():
                 assert b.answer_mask[gi, ni, ai]
                 assert b.suffix_tokens[gi, ni, b.answer_index[gi, ni, ai]] == r.tokens[p]
         assert packed.unique_tokens <= sum(len(r.tokens) for r in reqs)
+        # The interleaved row: what each request's suffix tokens may see (segment 0 before
+        # them, then their own segment) is exactly the request, at the right positions.
+        groups = sp.plan_groups(reqs, min_shared_tokens=1, min_shared_frac=0.3, max_group=3,
+                                layout="packed")
+        inter = sp.pack_interleaved(reqs, groups)
+        b = inter.batch
+        for rid, (gi, ni) in inter.rows.items():
+            r = reqs[rid]
+            own = np.flatnonzero(b.segments[gi] == ni + 1)
+            seen = [j for j in range(own[0]) if b.segments[gi, j] == 0] + list(own)
+            assert [int(b.tokens[gi, j]) for j in seen] == list(r.tokens)
+            assert [int(b.positions[gi, j]) for j in seen] == list(range(len(r.tokens)))
+            for ai, p in enumerate(r.answer_positions):
+                assert b.answer_mask[gi, ni, ai] and b.answer_index[gi, ni, ai] == seen[p]
+        trunk_total = sum(len(g.trunk) for g in groups)
+        assert inter.unique_tokens == trunk_total + sum(
+            len(reqs[r].tokens) - v for g in groups for r, v in zip(g.members, g.visible))
 
     check()
 
