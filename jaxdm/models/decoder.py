@@ -251,61 +251,77 @@ def _check_params(params: Params, config: ModelConfig) -> None:
                          f"for this config, got {got}")
 
 
-def _causal_chunked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
-                              chunk: int) -> jax.Array:
-    """Self-attention for a mask contained in the causal one, skipping the upper triangle.
+# An attention plan: per query block (q_start, q_end), the key ranges [(k_start, k_end), ...]
+# it may need; everything outside them is masked anyway, so it is never computed.
+AttentionPlan = tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...]
 
-    Query block [i*chunk, (i+1)*chunk) only meets keys [0, (i+1)*chunk): about half the
-    attention FLOPs and logits memory of the full [S, S] product on long sequences.
-    """
-    s = q.shape[1]
-    outs = []
-    for start in range(0, s, chunk):
+
+def causal_plan(s: int, chunk: int) -> AttentionPlan:
+    """Query block [i*chunk, (i+1)*chunk) meets keys [0, (i+1)*chunk): about half the FLOPs and
+    logits memory of the full [S, S] product on long sequences (masks within the causal one)."""
+    return tuple((start, min(s, start + chunk), ((0, min(s, start + chunk)),))
+                 for start in range(0, s, chunk))
+
+
+def trunk_suffix_plan(s: int, trunk: int, window: int, chunk: int) -> AttentionPlan:
+    """Rows that hold a shared context in [0, trunk) and continuations after it, each at most
+    ``window`` tokens long and seeing (part of) the context and its own earlier tokens: context
+    blocks are causal; a continuation block meets the context and only the ``window`` tokens
+    before it, never the other continuations further back."""
+    plan = [blk for blk in causal_plan(trunk, chunk)]
+    for start in range(trunk, s, chunk):
         end = min(s, start + chunk)
-        outs.append(_self_attention(q[:, start:end], k[:, :end], v[:, :end],
-                                    mask[:, start:end, :end]))
+        plan.append((start, end, ((0, trunk), (max(trunk, start - window), end))))
+    return tuple(plan)
+
+
+def _planned_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask_fn: Any,
+                       plan: AttentionPlan) -> jax.Array:
+    """Self-attention computed only over the key ranges of ``plan``; mask_fn(qs, qe, ks, ke)
+    gives the [B, qe - qs, ke - ks] bool mask of that block."""
+    outs = []
+    for qs, qe, ranges in plan:
+        sources = [(k[:, ks:ke], v[:, ks:ke], mask_fn(qs, qe, ks, ke)) for ks, ke in ranges]
+        outs.append(_attend(q[:, qs:qe], sources))
     return jnp.concatenate(outs, axis=1)
 
 
 def _run_layers(params: Params, config: ModelConfig, x: jax.Array, positions: jax.Array,
-                mask: jax.Array, causal_chunk: int | None = None
+                mask_fn: Any, plan: AttentionPlan | None = None
                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Runs all layers with one [B, S, T] mask; returns (x, k [L,B,S,K,H], v [L,B,S,K,H]).
+    """Runs all layers; returns (x, k [L,B,S,K,H], v [L,B,S,K,H]).
 
-    causal_chunk: when set (and the mask is known to be within the causal mask), attention is
-    computed in query blocks of that size over only the keys each block can see.
+    mask_fn(qs, qe, ks, ke) -> [B, qe - qs, ke - ks] bool (True = may attend). plan: which
+    key ranges each query block needs (None: one block, all keys).
     """
     cos, sin = rope_cos_sin(config, positions)
     s = x.shape[1]
-    chunked = causal_chunk is not None and s > causal_chunk
+    plan = plan if plan is not None else ((0, s, ((0, s),)),)
 
     def layer(x, lp):
         h = rms_norm(x, lp["attn_norm"], config.rms_norm_eps)
         q, k, v = _qkv(lp, config, h, cos, sin)
-        if chunked:
-            attn = _causal_chunked_attention(q, k, v, mask, causal_chunk)
-        else:
-            attn = _self_attention(q, k, v, mask)
+        attn = _planned_attention(q, k, v, mask_fn, plan)
         return _out_and_mlp(lp, config, x, attn), (k, v)
 
     x, (ks, vs) = jax.lax.scan(layer, x, params["layers"], unroll=SCAN_UNROLL)
     return x, ks, vs
 
 
+def _sliced(mask: jax.Array):
+    return lambda qs, qe, ks, ke: mask[:, qs:qe, ks:ke]
+
+
 # ----------------------------------------------------------------------------- public entry points
 
-@functools.partial(jax.jit, static_argnames=("config", "attn_chunk", "shared_segment_zero"))
+@functools.partial(jax.jit, static_argnames=("config", "attn_chunk"))
 def forward(params: Params, config: ModelConfig, tokens: jax.Array, positions: jax.Array, *,
             segment_ids: jax.Array | None = None, attn_mask: jax.Array | None = None,
-            attn_chunk: int | None = DEFAULT_ATTN_CHUNK,
-            shared_segment_zero: bool = False) -> jax.Array:
+            attn_chunk: int | None = DEFAULT_ATTN_CHUNK) -> jax.Array:
     """Hidden states [B, S, D] (final RMSNorm applied) for tokens [B, S] at positions [B, S].
 
     segment_ids [B, S] (int): tokens attend causally only within their own segment, so several
       sequences packed in one row stay independent (positions restart per sequence).
-    shared_segment_zero: with segment_ids, tokens of segment 0 are also visible to every later
-      token of any segment: a shared context interleaved with continuations that each see the
-      part of it placed before them (``jaxdm.decision.shared_prefix``'s packed layout).
     attn_mask: [B, S] bool marks valid key tokens (ANDed with the causal/segment mask), or
       [B, S, S] bool gives the full query-by-key mask (True = may attend), used as is.
     attn_chunk: query block size for causal attention on long inputs (skips the masked upper
@@ -325,20 +341,15 @@ def forward(params: Params, config: ModelConfig, tokens: jax.Array, positions: j
             if segment_ids.shape != tokens.shape:
                 raise ValueError(f"forward: segment_ids shape {segment_ids.shape} != tokens "
                                  f"shape {tokens.shape}")
-            same = segment_ids[:, :, None] == segment_ids[:, None, :]
-            if shared_segment_zero:
-                same = same | (segment_ids == 0)[:, None, :]
-            mask = mask & same
-        elif shared_segment_zero:
-            raise ValueError("forward: shared_segment_zero needs segment_ids")
+            mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
         if attn_mask is not None:
             if attn_mask.shape != (b, s):
                 raise ValueError(f"forward: attn_mask must be [B, S]={b, s} or [B, S, S], got "
                                  f"{attn_mask.shape}")
             mask = mask & attn_mask.astype(bool)[:, None, :]
         mask = jnp.broadcast_to(mask, (b, s, s))
-    x, _, _ = _run_layers(params, config, _embed(params, tokens), positions, mask,
-                          causal_chunk)
+    plan = causal_plan(s, causal_chunk) if causal_chunk and s > causal_chunk else None
+    x, _, _ = _run_layers(params, config, _embed(params, tokens), positions, _sliced(mask), plan)
     return rms_norm(x, params["final_norm"], config.rms_norm_eps)
 
 
@@ -361,8 +372,9 @@ def prefill(params: Params, config: ModelConfig, tokens: jax.Array, positions: j
                          f"S={s}")
     valid = jnp.arange(s)[None, :] < lengths[:, None]
     mask = jnp.tril(jnp.ones((s, s), bool))[None] & valid[:, None, :]
-    x, ks, vs = _run_layers(params, config, _embed(params, tokens), positions, mask,
-                            attn_chunk)
+    plan = causal_plan(s, attn_chunk) if attn_chunk and s > attn_chunk else None
+    x, ks, vs = _run_layers(params, config, _embed(params, tokens), positions, _sliced(mask),
+                            plan)
     pad = [(0, 0), (0, 0), (0, cache_size - s), (0, 0), (0, 0)]
     ks = jnp.pad(ks * valid[None, :, :, None, None].astype(ks.dtype), pad)
     vs = jnp.pad(vs * valid[None, :, :, None, None].astype(vs.dtype), pad)
@@ -406,6 +418,45 @@ def forward_with_cache(params: Params, config: ModelConfig, tokens: jax.Array,
     x, (ks, vs) = jax.lax.scan(layer, _embed(params, tokens),
                                (params["layers"], cache.k, cache.v), unroll=SCAN_UNROLL)
     return rms_norm(x, params["final_norm"], config.rms_norm_eps), ks, vs
+
+
+@functools.partial(jax.jit, static_argnames=("config", "trunk", "window", "attn_chunk"))
+def forward_trunk_suffixes(params: Params, config: ModelConfig, tokens: jax.Array,
+                           positions: jax.Array, segments: jax.Array, visible: jax.Array, *,
+                           trunk: int, window: int,
+                           attn_chunk: int = DEFAULT_ATTN_CHUNK) -> jax.Array:
+    """Hidden states [B, S, D] of rows holding a shared context and continuations of it.
+
+    Row layout: slots [0, trunk) hold the context (segment 0; its padding segment -1), the
+    rest continuations packed back to back (segment r >= 1 each; padding -1), each at most
+    ``window`` tokens. A context token at slot j sees context slots <= j; a continuation token
+    sees context slots < visible[b, i] and the earlier tokens of its own segment. positions
+    are the model positions (a continuation that sees v context tokens starts at v). Attention
+    follows ``trunk_suffix_plan``: continuations never meet each other's keys.
+    """
+    _check_params(params, config)
+    _check_tokens("forward_trunk_suffixes", tokens, positions)
+    b, s = tokens.shape
+    for name, arr in (("segments", segments), ("visible", visible)):
+        if arr.shape != (b, s):
+            raise ValueError(f"forward_trunk_suffixes: {name} must be [B, S]={(b, s)}, got "
+                             f"{arr.shape}")
+    if not 0 < trunk <= s or window < 1:
+        raise ValueError(f"forward_trunk_suffixes: need 0 < trunk={trunk} <= S={s} and "
+                         f"window={window} >= 1")
+    idx = jnp.arange(s)
+    # A context token sees the context up to itself; padding sees nothing.
+    sees = jnp.where(segments == 0, idx[None] + 1, jnp.where(segments > 0, visible, 0))
+
+    def mask_fn(qs, qe, ks, ke):
+        qseg, kseg = segments[:, qs:qe, None], segments[:, None, ks:ke]
+        context = (kseg == 0) & (idx[None, None, ks:ke] < sees[:, qs:qe, None])
+        own = (kseg == qseg) & (qseg > 0) & (idx[None, None, ks:ke] <= idx[None, qs:qe, None])
+        return context | own
+
+    plan = trunk_suffix_plan(s, trunk, window, attn_chunk)
+    x, _, _ = _run_layers(params, config, _embed(params, tokens), positions, mask_fn, plan)
+    return rms_norm(x, params["final_norm"], config.rms_norm_eps)
 
 
 def _head_matrix(params: Params, config: ModelConfig) -> jax.Array:

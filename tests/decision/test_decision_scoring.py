@@ -1,6 +1,8 @@
 """Shared-prefix batched scoring: equivalence with one-by-one scoring, gradients, bad input."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -115,9 +117,11 @@ def test_score_batch_gradients_match_one_by_one(layout):
     reqs = _judge_reqs(rd, qs)
     groups = sp.plan_groups(reqs, layout=layout)
     assert len(groups) == 1
-    pack, score = ((sp.pack_groups, sp.score_batch) if layout == "rows" else
-                   (sp.pack_interleaved, sp.score_packed))
-    packed = pack(reqs, groups)
+    if layout == "rows":
+        packed, score = sp.pack_groups(reqs, groups), sp.score_batch
+    else:
+        packed, window = sp.pack_suffixes(reqs, groups)
+        score = functools.partial(sp.score_packed, window=window)
     batch = jax.tree.map(jnp.asarray, packed.batch)
     rows = [packed.rows[i] for i in range(len(reqs))]
 
@@ -160,15 +164,15 @@ def test_score_batch_shape_errors():
 
 def test_score_packed_shape_errors():
     pre = tiny_pretrained()
-    b = sp.PackedScoringBatch(np.zeros((1, 8), np.int32), np.zeros((1, 8), np.int32),
-                              np.zeros((1, 7), np.int32), np.zeros((1, 2, 1), np.int32),
-                              np.ones((1, 2, 1), bool), np.zeros((1, 2, 1, 2), np.int32),
-                              np.ones((1, 2, 1, 2), bool))
-    with pytest.raises(ValueError, match=r"segments must be \[G, L\]"):
-        sp.score_packed(pre.params, pre.config, b)
+    z = np.zeros((1, 8), np.int32)
+    b = sp.PackedScoringBatch(z, np.ones((1,), np.int32), z, z, np.zeros((1, 7), np.int32), z,
+                              np.zeros((1, 2, 1), np.int32), np.ones((1, 2, 1), bool),
+                              np.zeros((1, 2, 1, 2), np.int32), np.ones((1, 2, 1, 2), bool))
+    with pytest.raises(ValueError, match=r"suffix_segments must be \[G, P\]"):
+        sp.score_packed(pre.params, pre.config, b, window=8)
     with pytest.raises(TypeError, match="integer"):
         sp.score_packed(pre.params, pre.config, b._replace(
-            segments=np.zeros((1, 8), np.int32), positions=np.zeros((1, 8), np.float32)))
+            suffix_segments=z, suffix_positions=z.astype(np.float32)), window=8)
     with pytest.raises(ValueError, match="layout"):
         sp.score_requests(pre.params, pre.config, [], layout="tree")
 
@@ -265,22 +269,24 @@ def test_plan_and_pack_reconstruct_every_request():
                 assert b.answer_mask[gi, ni, ai]
                 assert b.suffix_tokens[gi, ni, b.answer_index[gi, ni, ai]] == r.tokens[p]
         assert packed.unique_tokens <= sum(len(r.tokens) for r in reqs)
-        # The interleaved row: what each request's suffix tokens may see (segment 0 before
-        # them, then their own segment) is exactly the request, at the right positions.
+        # The packed row: the trunk tokens a request's suffix sees, then its own segment, are
+        # exactly the request, at the right positions, and its suffix fits the window.
         groups = sp.plan_groups(reqs, min_shared_tokens=1, min_shared_frac=0.3, max_group=3,
                                 layout="packed")
-        inter = sp.pack_interleaved(reqs, groups)
-        b = inter.batch
-        for rid, (gi, ni) in inter.rows.items():
+        pk, window = sp.pack_suffixes(reqs, groups)
+        b = pk.batch
+        for rid, (gi, ni) in pk.rows.items():
             r = reqs[rid]
-            own = np.flatnonzero(b.segments[gi] == ni + 1)
-            seen = [j for j in range(own[0]) if b.segments[gi, j] == 0] + list(own)
-            assert [int(b.tokens[gi, j]) for j in seen] == list(r.tokens)
-            assert [int(b.positions[gi, j]) for j in seen] == list(range(len(r.tokens)))
+            own = np.flatnonzero(b.suffix_segments[gi] == ni + 1)
+            vis = int(b.suffix_visible[gi, own[0]])
+            assert np.all(b.suffix_visible[gi, own] == vis) and len(own) <= window
+            assert vis <= int(b.trunk_len[gi])
+            seen = list(b.trunk_tokens[gi, :vis]) + [int(b.suffix_tokens[gi, j]) for j in own]
+            assert seen == list(r.tokens)
+            assert list(b.suffix_positions[gi, own]) == list(range(vis, len(r.tokens)))
             for ai, p in enumerate(r.answer_positions):
-                assert b.answer_mask[gi, ni, ai] and b.answer_index[gi, ni, ai] == seen[p]
-        trunk_total = sum(len(g.trunk) for g in groups)
-        assert inter.unique_tokens == trunk_total + sum(
+                assert b.answer_mask[gi, ni, ai] and b.answer_index[gi, ni, ai] == own[p - vis]
+        assert pk.unique_tokens == sum(len(g.trunk) for g in groups) + sum(
             len(reqs[r].tokens) - v for g in groups for r, v in zip(g.members, g.visible))
 
     check()

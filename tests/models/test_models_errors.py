@@ -144,3 +144,34 @@ def test_entry_point_shape_errors():
         generate(params, cfg, None, [[1, 2]], max_new_tokens=2)
     with pytest.raises(ValueError, match="prompt 1 is empty"):
         generate(params, cfg, None, [[1], []], max_new_tokens=2, greedy=True)
+
+
+def test_forward_trunk_suffixes_equals_forward_and_checks_shapes():
+    """Two continuations packed after a shared context give the hidden states a plain forward
+    of each full sequence gives; bad shapes and a bad trunk/window are named."""
+    from jaxdm.models.decoder import forward_trunk_suffixes
+    cfg = TINY_LLAMA
+    params = init_params(cfg, jax.random.key(0))
+    ctx = [5, 6, 7, 8, 9, 10]
+    conts = [(3, [20, 21]), (6, [30, 31, 32])]   # (context tokens seen, own tokens)
+    tokens = ctx + [0, 0] + [t for _, c in conts for t in c]   # trunk slots 0..7 (2 padding)
+    segs = [0] * 6 + [-1, -1] + [1, 1, 2, 2, 2]
+    vis = [0] * 8 + [3, 3, 6, 6, 6]
+    pos = list(range(8)) + [3, 4, 6, 7, 8]
+    arr = lambda x: jnp.asarray([x], jnp.int32)  # noqa: E731
+    hidden = forward_trunk_suffixes(params, cfg, arr(tokens), arr(pos), arr(segs), arr(vis),
+                                    trunk=8, window=3, attn_chunk=4)[0]
+    start = 8
+    for v, own in conts:
+        full = ctx[:v] + own
+        ref = forward(params, cfg, arr(full), arr(list(range(len(full)))))[0]
+        np.testing.assert_allclose(hidden[start:start + len(own)], ref[v:], atol=1e-5)
+        start += len(own)
+    np.testing.assert_allclose(hidden[:6], forward(params, cfg, arr(ctx), arr(list(range(6))))[0],
+                               atol=1e-5)
+    with pytest.raises(ValueError, match=r"visible must be \[B, S\]=\(1, 13\)"):
+        forward_trunk_suffixes(params, cfg, arr(tokens), arr(pos), arr(segs), arr(vis[:-1]),
+                               trunk=8, window=3)
+    with pytest.raises(ValueError, match="trunk=20"):
+        forward_trunk_suffixes(params, cfg, arr(tokens), arr(pos), arr(segs), arr(vis),
+                               trunk=20, window=3)
