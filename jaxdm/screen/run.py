@@ -440,7 +440,7 @@ def run(cfg: ScreenConfig) -> dict:
     if result["levels"]:
         print("\nMean rank shift vs Prefix (Progress):")
         print(shift_table(result))
-    print("\nRanking (Hindsight + Progress):", ", ".join(f"{i + 1}. {j} ({_fmt(s)})"
+    print("\nRanking (Hindsight + Progress; mean of Recall@R and 1 - no-op miss):", ", ".join(f"{i + 1}. {j} ({_fmt(s)})"
                                                         for i, (j, s) in enumerate(result["ranking"])))
     print(f"Report, scores and figures in {Path(cfg.out_dir).resolve()}/")
     return result
