@@ -94,7 +94,7 @@ def test_cli_end_to_end_writes_every_output(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert [r[0] for r in summary["ranking"]][0] == "oracle"
     printed = capsys.readouterr().out
-    assert "Ranking (Hindsight + Progress): 1. oracle" in printed
+    assert "Ranking (Hindsight + Progress; mean of Recall@R and 1 - no-op miss): 1. oracle" in printed
 
 
 def test_bad_input(tmp_path, capsys):
