@@ -89,31 +89,40 @@ class ScoringBatch(NamedTuple):
     label_mask: Any
 
 
-def _check_batch(batch: ScoringBatch) -> None:
-    g, t = batch.trunk_tokens.shape
+def _check_common(batch: Any, n: int | None, integer_fields: Sequence[str]) -> None:
+    """Checks shared by both batch layouts: trunk [G, T] / trunk_len [G], answer and label
+    slots [G, N, A(, K)] (N = ``n`` when given), and integer dtypes."""
+    kind = type(batch).__name__
+    if batch.trunk_tokens.ndim != 2:
+        raise ValueError(f"{kind}.trunk_tokens must be [G, T], got {batch.trunk_tokens.shape}")
+    g = batch.trunk_tokens.shape[0]
     if batch.trunk_len.shape != (g,):
         raise ValueError(f"trunk_len must be [G]={g}, got {batch.trunk_len.shape}")
-    if batch.suffix_tokens.ndim != 3 or batch.suffix_tokens.shape[0] != g:
-        raise ValueError(f"suffix_tokens must be [G={g}, N, S], got {batch.suffix_tokens.shape}")
-    _, n, s = batch.suffix_tokens.shape
-    if batch.visible.shape != (g, n):
-        raise ValueError(f"visible must be [G, N]={(g, n)}, got {batch.visible.shape}")
-    if batch.answer_index.ndim != 3 or batch.answer_index.shape[:2] != (g, n):
-        raise ValueError(f"answer_index must be [G, N, A] with G, N = {(g, n)}, got "
-                         f"{batch.answer_index.shape}")
-    a = batch.answer_index.shape[2]
-    if batch.answer_mask.shape != (g, n, a):
-        raise ValueError(f"answer_mask must be {(g, n, a)}, got {batch.answer_mask.shape}")
-    if batch.label_ids.ndim != 4 or batch.label_ids.shape[:3] != (g, n, a):
-        raise ValueError(f"label_ids must be [G, N, A, K] with G, N, A = {(g, n, a)}, got "
+    shape = batch.answer_index.shape
+    if len(shape) != 3 or shape[0] != g or (n is not None and shape[1] != n):
+        want = f"G, N = {(g, n)}" if n is not None else f"G = {g}"
+        raise ValueError(f"answer_index must be [G, N, A] with {want}, got {shape}")
+    if batch.answer_mask.shape != shape:
+        raise ValueError(f"answer_mask must be {shape}, got {batch.answer_mask.shape}")
+    if batch.label_ids.ndim != 4 or batch.label_ids.shape[:3] != shape:
+        raise ValueError(f"label_ids must be [G, N, A, K] with G, N, A = {shape}, got "
                          f"{batch.label_ids.shape}")
     if batch.label_mask.shape != batch.label_ids.shape:
         raise ValueError(f"label_mask shape {batch.label_mask.shape} != label_ids shape "
                          f"{batch.label_ids.shape}")
-    for name in ("trunk_tokens", "suffix_tokens", "label_ids", "answer_index"):
+    for name in integer_fields:
         if not jnp.issubdtype(getattr(batch, name).dtype, jnp.integer):
-            raise TypeError(f"ScoringBatch.{name} must be integer, got "
-                            f"{getattr(batch, name).dtype}")
+            raise TypeError(f"{kind}.{name} must be integer, got {getattr(batch, name).dtype}")
+
+
+def _check_batch(batch: ScoringBatch) -> None:
+    g = batch.trunk_tokens.shape[0]
+    if batch.suffix_tokens.ndim != 3 or batch.suffix_tokens.shape[0] != g:
+        raise ValueError(f"suffix_tokens must be [G={g}, N, S], got {batch.suffix_tokens.shape}")
+    n = batch.suffix_tokens.shape[1]
+    if batch.visible.shape != (g, n):
+        raise ValueError(f"visible must be [G, N]={(g, n)}, got {batch.visible.shape}")
+    _check_common(batch, n, ("trunk_tokens", "suffix_tokens", "label_ids", "answer_index"))
 
 
 def _group_hidden(params, config: ModelConfig, trunk_tokens, trunk_len, suffix_tokens,
@@ -198,9 +207,7 @@ class PackedScoringBatch(NamedTuple):
 
 
 def _check_packed(batch: PackedScoringBatch) -> None:
-    g, t = batch.trunk_tokens.shape
-    if batch.trunk_len.shape != (g,):
-        raise ValueError(f"trunk_len must be [G]={g}, got {batch.trunk_len.shape}")
+    g = batch.trunk_tokens.shape[0]
     if batch.suffix_tokens.ndim != 2 or batch.suffix_tokens.shape[0] != g:
         raise ValueError(f"suffix_tokens must be [G={g}, P], got {batch.suffix_tokens.shape}")
     p = batch.suffix_tokens.shape[1]
@@ -208,22 +215,9 @@ def _check_packed(batch: PackedScoringBatch) -> None:
         if getattr(batch, name).shape != (g, p):
             raise ValueError(f"PackedScoringBatch.{name} must be [G, P]={(g, p)}, got "
                              f"{getattr(batch, name).shape}")
-    if batch.answer_index.ndim != 3 or batch.answer_index.shape[0] != g:
-        raise ValueError(f"answer_index must be [G={g}, N, A], got {batch.answer_index.shape}")
-    if batch.answer_mask.shape != batch.answer_index.shape:
-        raise ValueError(f"answer_mask must be {batch.answer_index.shape}, got "
-                         f"{batch.answer_mask.shape}")
-    if batch.label_ids.ndim != 4 or batch.label_ids.shape[:3] != batch.answer_index.shape:
-        raise ValueError(f"label_ids must be [G, N, A, K] with G, N, A = "
-                         f"{batch.answer_index.shape}, got {batch.label_ids.shape}")
-    if batch.label_mask.shape != batch.label_ids.shape:
-        raise ValueError(f"label_mask shape {batch.label_mask.shape} != label_ids shape "
-                         f"{batch.label_ids.shape}")
-    for name in ("trunk_tokens", "suffix_tokens", "suffix_positions", "suffix_segments",
-                 "suffix_visible", "label_ids", "answer_index"):
-        if not jnp.issubdtype(getattr(batch, name).dtype, jnp.integer):
-            raise TypeError(f"PackedScoringBatch.{name} must be integer, got "
-                            f"{getattr(batch, name).dtype}")
+    _check_common(batch, None, ("trunk_tokens", "suffix_tokens", "suffix_positions",
+                                "suffix_segments", "suffix_visible", "label_ids",
+                                "answer_index"))
 
 
 @functools.partial(jax.jit, static_argnames=("config", "window", "full_vocab"))
@@ -418,6 +412,26 @@ class PackedBatch:
     unique_tokens: int
 
 
+def _answer_slots(requests: Sequence[Request], groups: Sequence[Group], n: int):
+    """Empty answer/label slots [G, N, A] / [G, N, A, K] (A, K bucketed) for a batch."""
+    g = len(groups)
+    a = bucket(max(len(requests[r].answer_positions) for gr in groups for r in gr.members), 1)
+    k = bucket(max(len(c) for gr in groups for r in gr.members
+                   for c in requests[r].candidates), 1)
+    return (np.zeros((g, n, a), np.int32), np.zeros((g, n, a), bool),
+            np.zeros((g, n, a, k), np.int32), np.zeros((g, n, a, k), bool))
+
+
+def _put_answers(slots, gi: int, ni: int, req: Request, shift: int) -> None:
+    """Fills row (gi, ni): answer slot = answer position + shift, and its candidates."""
+    ans, ans_mask, labels, label_mask = slots
+    for ai, (pos, cand) in enumerate(zip(req.answer_positions, req.candidates)):
+        ans[gi, ni, ai] = pos + shift
+        ans_mask[gi, ni, ai] = True
+        labels[gi, ni, ai, :len(cand)] = cand
+        label_mask[gi, ni, ai, :len(cand)] = True
+
+
 def pack_groups(requests: Sequence[Request], groups: Sequence[Group], *, pad_id: int = 0,
                 min_trunk: int = 64, min_suffix: int = 8) -> PackedBatch:
     """Pads groups into one ScoringBatch with bucketed T, N, S, A, K."""
@@ -428,17 +442,11 @@ def pack_groups(requests: Sequence[Request], groups: Sequence[Group], *, pad_id:
     n = bucket(max(len(gr.members) for gr in groups), 1, fine=4)
     s = bucket(max(len(requests[r].tokens) - v for gr in groups
                    for r, v in zip(gr.members, gr.visible)), min_suffix, fine=8)
-    a = bucket(max(len(requests[r].answer_positions) for gr in groups for r in gr.members), 1)
-    k = bucket(max(len(c) for gr in groups for r in gr.members
-                   for c in requests[r].candidates), 1)
     trunk_tokens = np.full((g, t), pad_id, np.int32)
     trunk_len = np.zeros((g,), np.int32)
     suffix = np.full((g, n, s), pad_id, np.int32)
     visible = np.zeros((g, n), np.int32)
-    ans = np.zeros((g, n, a), np.int32)
-    ans_mask = np.zeros((g, n, a), bool)
-    labels = np.zeros((g, n, a, k), np.int32)
-    label_mask = np.zeros((g, n, a, k), bool)
+    ans, ans_mask, labels, label_mask = _answer_slots(requests, groups, n)
     rows = {}
     unique = 0
     for gi, gr in enumerate(groups):
@@ -451,11 +459,7 @@ def pack_groups(requests: Sequence[Request], groups: Sequence[Group], *, pad_id:
             suffix[gi, ni, :len(tail)] = tail
             unique += len(tail)
             visible[gi, ni] = vis
-            for ai, (p, cand) in enumerate(zip(req.answer_positions, req.candidates)):
-                ans[gi, ni, ai] = p - vis
-                ans_mask[gi, ni, ai] = True
-                labels[gi, ni, ai, :len(cand)] = cand
-                label_mask[gi, ni, ai, :len(cand)] = True
+            _put_answers((ans, ans_mask, labels, label_mask), gi, ni, req, -vis)
             rows[rid] = (gi, ni)
     batch = ScoringBatch(trunk_tokens, trunk_len, suffix, visible, ans, ans_mask, labels,
                          label_mask)
@@ -483,19 +487,13 @@ def pack_suffixes(requests: Sequence[Request], groups: Sequence[Group], *, pad_i
     keys = [_packed_key(requests, gr, min_trunk) for gr in groups]
     t, p, window = (max(k[i] for k in keys) for i in range(3))
     n = bucket(max(len(gr.members) for gr in groups), 1, fine=4)
-    a = bucket(max(len(requests[r].answer_positions) for gr in groups for r in gr.members), 1)
-    k = bucket(max(len(c) for gr in groups for r in gr.members
-                   for c in requests[r].candidates), 1)
     trunk_tokens = np.full((g, t), pad_id, np.int32)
     trunk_len = np.zeros((g,), np.int32)
     tokens = np.full((g, p), pad_id, np.int32)
     positions = np.zeros((g, p), np.int32)
     segments = np.full((g, p), -1, np.int32)
     visible = np.zeros((g, p), np.int32)
-    ans = np.zeros((g, n, a), np.int32)
-    ans_mask = np.zeros((g, n, a), bool)
-    labels = np.zeros((g, n, a, k), np.int32)
-    label_mask = np.zeros((g, n, a, k), bool)
+    ans, ans_mask, labels, label_mask = _answer_slots(requests, groups, n)
     rows = {}
     unique = 0
     for gi, gr in enumerate(groups):
@@ -510,11 +508,7 @@ def pack_suffixes(requests: Sequence[Request], groups: Sequence[Group], *, pad_i
             positions[gi, placed:end] = np.arange(vis, vis + len(tail))
             segments[gi, placed:end] = ni + 1
             visible[gi, placed:end] = vis
-            for ai, (pos, cand) in enumerate(zip(req.answer_positions, req.candidates)):
-                ans[gi, ni, ai] = placed + pos - vis
-                ans_mask[gi, ni, ai] = True
-                labels[gi, ni, ai, :len(cand)] = cand
-                label_mask[gi, ni, ai, :len(cand)] = True
+            _put_answers((ans, ans_mask, labels, label_mask), gi, ni, req, placed - vis)
             rows[rid] = (gi, ni)
             placed = end
         unique += len(gr.trunk) + placed
