@@ -32,7 +32,9 @@ Two device layouts compute these same numbers (``score_requests(layout=...)``):
   (``jaxdm.models.decoder.forward_trunk_suffixes``). A suffix token attends to the trunk
   tokens its request sees (its visible length) and to its own earlier tokens; trunk blocks are
   causal, and a suffix block meets the trunk plus only the ``window`` tokens before it, so
-  suffixes never meet each other's keys and nothing is padded per request. Measured on the
+  suffixes never meet each other's keys and nothing is padded per request. Suffixes are placed
+  in order of visible length, and a block whose suffixes see only the start of the trunk
+  skips the rest of it (a run-time choice among 8 static cuts; Prefix judging 8 % faster). Measured on the
   2-core CPU (``benchmarks/scoring_throughput.py``, ``*_packed_vs_rows``) it is faster than
   ``"rows"`` for Hindsight, Prefix and Actor workloads. (Interleaving each suffix right after
   the trunk tokens it sees, in one causal row, was 6 % slower on Prefix judging: trunk tokens
@@ -500,7 +502,10 @@ def pack_suffixes(requests: Sequence[Request], groups: Sequence[Group], *, pad_i
         trunk_tokens[gi, :len(gr.trunk)] = gr.trunk
         trunk_len[gi] = len(gr.trunk)
         placed = 0
-        for ni, (rid, vis) in enumerate(zip(gr.members, gr.visible)):
+        # In order of visible length: a block of suffixes that see only the start of the
+        # trunk then skips the rest of it (decoder.trunk_suffix_plan's context cuts).
+        for ni in sorted(range(len(gr.members)), key=lambda j: gr.visible[j]):
+            rid, vis = gr.members[ni], gr.visible[ni]
             req = requests[rid]
             tail = req.tokens[vis:]
             end = placed + len(tail)

@@ -263,31 +263,51 @@ def causal_plan(s: int, chunk: int) -> AttentionPlan:
                  for start in range(0, s, chunk))
 
 
-def trunk_suffix_plan(s: int, trunk: int, window: int, chunk: int) -> AttentionPlan:
+def trunk_suffix_plan(s: int, trunk: int, window: int, chunk: int,
+                      context_cuts: int = 8) -> AttentionPlan:
     """Rows that hold a shared context in [0, trunk) and continuations after it, each at most
     ``window`` tokens long and seeing (part of) the context and its own earlier tokens: context
     blocks are causal; a continuation block meets the context and only the ``window`` tokens
-    before it, never the other continuations further back."""
+    before it, never the other continuations further back. Continuations that see only the
+    start of the context (Prefix judging) skip the rest: the context range of a continuation
+    block is cut, at run time, at the first of ``context_cuts`` static bounds that covers what
+    its tokens see (4th element of the block's entry)."""
     plan = [blk for blk in causal_plan(trunk, chunk)]
+    step = -(-trunk // max(1, context_cuts))
+    cuts = tuple(sorted({min(trunk, step * (i + 1)) for i in range(max(1, context_cuts))}))
     for start in range(trunk, s, chunk):
         end = min(s, start + chunk)
-        plan.append((start, end, ((0, trunk), (max(trunk, start - window), end))))
+        plan.append((start, end, ((0, trunk), (max(trunk, start - window), end)), cuts))
     return tuple(plan)
 
 
 def _planned_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask_fn: Any,
-                       plan: AttentionPlan) -> jax.Array:
+                       plan: AttentionPlan, need_fn: Any = None) -> jax.Array:
     """Self-attention computed only over the key ranges of ``plan``; mask_fn(qs, qe, ks, ke)
-    gives the [B, qe - qs, ke - ks] bool mask of that block."""
+    gives the [B, qe - qs, ke - ks] bool mask of that block. An entry with cuts (4th element)
+    has its first range ending at the smallest cut >= need_fn(qs, qe) (the number of leading
+    keys its queries may see), chosen at run time with ``lax.switch``."""
     outs = []
-    for qs, qe, ranges in plan:
-        sources = [(k[:, ks:ke], v[:, ks:ke], mask_fn(qs, qe, ks, ke)) for ks, ke in ranges]
-        outs.append(_attend(q[:, qs:qe], sources))
+    for entry in plan:
+        qs, qe, ranges = entry[:3]
+        cuts = entry[3] if len(entry) > 3 and need_fn is not None else ()
+
+        def block(q, k, v, ranges=ranges, qs=qs, qe=qe):
+            sources = [(k[:, ks:ke], v[:, ks:ke], mask_fn(qs, qe, ks, ke)) for ks, ke in ranges]
+            return _attend(q[:, qs:qe], sources)
+
+        if len(cuts) < 2:
+            outs.append(block(q, k, v))
+            continue
+        (ks0, _), rest = ranges[0], ranges[1:]
+        branches = [functools.partial(block, ranges=((ks0, c),) + rest) for c in cuts]
+        index = jnp.clip(jnp.searchsorted(jnp.asarray(cuts), need_fn(qs, qe)), 0, len(cuts) - 1)
+        outs.append(jax.lax.switch(index, branches, q, k, v))
     return jnp.concatenate(outs, axis=1)
 
 
 def _run_layers(params: Params, config: ModelConfig, x: jax.Array, positions: jax.Array,
-                mask_fn: Any, plan: AttentionPlan | None = None
+                mask_fn: Any, plan: AttentionPlan | None = None, need_fn: Any = None
                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Runs all layers; returns (x, k [L,B,S,K,H], v [L,B,S,K,H]).
 
@@ -301,7 +321,7 @@ def _run_layers(params: Params, config: ModelConfig, x: jax.Array, positions: ja
     def layer(x, lp):
         h = rms_norm(x, lp["attn_norm"], config.rms_norm_eps)
         q, k, v = _qkv(lp, config, h, cos, sin)
-        attn = _planned_attention(q, k, v, mask_fn, plan)
+        attn = _planned_attention(q, k, v, mask_fn, plan, need_fn)
         return _out_and_mlp(lp, config, x, attn), (k, v)
 
     x, (ks, vs) = jax.lax.scan(layer, x, params["layers"], unroll=SCAN_UNROLL)
@@ -420,11 +440,12 @@ def forward_with_cache(params: Params, config: ModelConfig, tokens: jax.Array,
     return rms_norm(x, params["final_norm"], config.rms_norm_eps), ks, vs
 
 
-@functools.partial(jax.jit, static_argnames=("config", "trunk", "window", "attn_chunk"))
+@functools.partial(jax.jit, static_argnames=("config", "trunk", "window", "attn_chunk",
+                                             "context_cuts"))
 def forward_trunk_suffixes(params: Params, config: ModelConfig, tokens: jax.Array,
                            positions: jax.Array, segments: jax.Array, visible: jax.Array, *,
-                           trunk: int, window: int,
-                           attn_chunk: int = DEFAULT_ATTN_CHUNK) -> jax.Array:
+                           trunk: int, window: int, attn_chunk: int = DEFAULT_ATTN_CHUNK,
+                           context_cuts: int = 8) -> jax.Array:
     """Hidden states [B, S, D] of rows holding a shared context and continuations of it.
 
     Row layout: slots [0, trunk) hold the context (segment 0; its padding segment -1), the
@@ -454,8 +475,12 @@ def forward_trunk_suffixes(params: Params, config: ModelConfig, tokens: jax.Arra
         own = (kseg == qseg) & (qseg > 0) & (idx[None, None, ks:ke] <= idx[None, qs:qe, None])
         return context | own
 
-    plan = trunk_suffix_plan(s, trunk, window, attn_chunk)
-    x, _, _ = _run_layers(params, config, _embed(params, tokens), positions, mask_fn, plan)
+    def need_fn(qs, qe):
+        return jnp.max(sees[:, qs:qe])
+
+    plan = trunk_suffix_plan(s, trunk, window, attn_chunk, context_cuts)
+    x, _, _ = _run_layers(params, config, _embed(params, tokens), positions, mask_fn, plan,
+                          need_fn)
     return rms_norm(x, params["final_norm"], config.rms_norm_eps)
 
 
