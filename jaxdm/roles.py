@@ -5,10 +5,10 @@ A role turns environment data into typed questions (``jaxdm.decision.types``):
 - **Actor** (``actor_request``): goal, past (observation, action) pairs, current observation and
   remaining budget; options are the admissible commands; question key ``next_action``.
 - **Judge / Teacher** (``judge_request`` / ``judge_requests``): the judging instructions, the
-  goal and the trajectory entries ``{"observation", "action"}``. Prefix for target ``t`` shows entries ``0..t`` and ends with
-  the target action; Hindsight shows every entry plus a final observation-only entry whose
-  action is ``null``. The question (Value or Progress) names the zero-based target index and
-  is the same text under every context.
+  goal and the trajectory entries ``{"observation", "action"}``. Prefix for target ``t`` shows
+  entries ``0..t`` and ends with the target action; Hindsight shows every entry plus a final
+  observation-only entry whose action is ``null``. The question (Value or Progress) names the
+  zero-based target index and is the same text under every context.
 
 A backend then *renders* a question for its interface (``render_messages``): a system prompt
 saying how to answer plus one user message with a Context section, a Question section, the
@@ -21,8 +21,9 @@ of the same trajectory (entries are one JSON object per line, nothing closes the
 after tokenisation all judge requests of one trajectory share their leading tokens, up to at
 most one boundary token, and ``jaxdm.decision.shared_prefix`` finds and reuses that prefix.
 What follows the shared part is kept short: the fixed judging instructions open the context
-(v2; v1 repeated them in every question), so a Prefix request adds only its ~20-40-token
-question after the prefix it sees, and a Hindsight request only the target index and budget.
+(v2; v1 repeated them in every question), so a Prefix request adds only its ~30-50-token
+question (with the chat template's tail) after the prefix it sees, and a Hindsight request
+only the target index and budget.
 
 Masking: no reward, success flag or hidden state enters a judge context (only observations
 and actions are serialised); a terminal WebShop purchase page becomes

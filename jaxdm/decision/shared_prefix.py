@@ -34,11 +34,11 @@ Two device layouts compute these same numbers (``score_requests(layout=...)``):
   causal, and a suffix block meets the trunk plus only the ``window`` tokens before it, so
   suffixes never meet each other's keys and nothing is padded per request. Suffixes are placed
   in order of visible length, and a block whose suffixes see only the start of the trunk
-  skips the rest of it (a run-time choice among 8 static cuts; Prefix judging 8 % faster). Measured on the
-  2-core CPU (``benchmarks/scoring_throughput.py``, ``*_packed_vs_rows``) it is faster than
-  ``"rows"`` for Hindsight, Prefix and Actor workloads. (Interleaving each suffix right after
-  the trunk tokens it sees, in one causal row, was 6 % slower on Prefix judging: trunk tokens
-  then meet the suffix keys placed among them.)
+  skips the rest of it (a run-time choice among 8 static cuts; Prefix judging 8 % faster).
+  Measured on the 2-core CPU (``benchmarks/scoring_throughput.py``, ``*_packed_vs_rows``) it
+  is faster than ``"rows"`` for Hindsight, Prefix and Actor workloads. (Interleaving each
+  suffix right after the trunk tokens it sees, in one causal row, was 6 % slower on Prefix
+  judging: trunk tokens then meet the suffix keys placed among them.)
 - ``"rows"`` (``score_batch`` above): the trunk prefilled into a KV cache, the suffixes as
   padded rows over it.
 
@@ -377,12 +377,17 @@ def _plan_run(requests: Sequence[Request], run: list[int], layout: str,
     return best_plan
 
 
+def _suffix_lengths(requests: Sequence[Request], gr: Group) -> list[int]:
+    """Tokens each member runs after the trunk part it sees."""
+    return [len(requests[r].tokens) - v for r, v in zip(gr.members, gr.visible)]
+
+
 def _plan_cost(requests: Sequence[Request], groups: Sequence[Group], layout: str) -> int:
     """Tokens run: trunk + rows x longest suffix (rows: suffixes padded within a group) or
     trunk + the suffixes (packed)."""
     total = 0
     for g in groups:
-        tails = [len(requests[r].tokens) - v for r, v in zip(g.members, g.visible)]
+        tails = _suffix_lengths(requests, g)
         total += len(g.trunk) + (len(tails) * max(tails) if layout == "rows" else sum(tails))
     return total
 
@@ -414,6 +419,14 @@ class PackedBatch:
     unique_tokens: int
 
 
+def _trunk_rows(groups: Sequence[Group], t: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """trunk_tokens [G, T] (right-padded) and trunk_len [G] of a batch."""
+    tokens = np.full((len(groups), t), pad_id, np.int32)
+    for gi, gr in enumerate(groups):
+        tokens[gi, :len(gr.trunk)] = gr.trunk
+    return tokens, np.array([len(gr.trunk) for gr in groups], np.int32)
+
+
 def _answer_slots(requests: Sequence[Request], groups: Sequence[Group], n: int):
     """Empty answer/label slots [G, N, A] / [G, N, A, K] (A, K bucketed) for a batch."""
     g = len(groups)
@@ -442,18 +455,14 @@ def pack_groups(requests: Sequence[Request], groups: Sequence[Group], *, pad_id:
     g = len(groups)
     t = _trunk_bucket(max(len(gr.trunk) for gr in groups), min_trunk)
     n = bucket(max(len(gr.members) for gr in groups), 1, fine=4)
-    s = bucket(max(len(requests[r].tokens) - v for gr in groups
-                   for r, v in zip(gr.members, gr.visible)), min_suffix, fine=8)
-    trunk_tokens = np.full((g, t), pad_id, np.int32)
-    trunk_len = np.zeros((g,), np.int32)
+    s = bucket(max(n for gr in groups for n in _suffix_lengths(requests, gr)), min_suffix, fine=8)
+    trunk_tokens, trunk_len = _trunk_rows(groups, t, pad_id)
     suffix = np.full((g, n, s), pad_id, np.int32)
     visible = np.zeros((g, n), np.int32)
     ans, ans_mask, labels, label_mask = _answer_slots(requests, groups, n)
     rows = {}
     unique = 0
     for gi, gr in enumerate(groups):
-        trunk_tokens[gi, :len(gr.trunk)] = gr.trunk
-        trunk_len[gi] = len(gr.trunk)
         unique += len(gr.trunk)
         for ni, (rid, vis) in enumerate(zip(gr.members, gr.visible)):
             req = requests[rid]
@@ -466,10 +475,6 @@ def pack_groups(requests: Sequence[Request], groups: Sequence[Group], *, pad_id:
     batch = ScoringBatch(trunk_tokens, trunk_len, suffix, visible, ans, ans_mask, labels,
                          label_mask)
     return PackedBatch(batch=batch, rows=rows, unique_tokens=unique)
-
-
-def _suffix_lengths(requests, gr: Group) -> list[int]:
-    return [len(requests[r].tokens) - v for r, v in zip(gr.members, gr.visible)]
 
 
 def _packed_key(requests, gr: Group, min_trunk: int = 64) -> tuple[int, int, int]:
@@ -489,8 +494,7 @@ def pack_suffixes(requests: Sequence[Request], groups: Sequence[Group], *, pad_i
     keys = [_packed_key(requests, gr, min_trunk) for gr in groups]
     t, p, window = (max(k[i] for k in keys) for i in range(3))
     n = bucket(max(len(gr.members) for gr in groups), 1, fine=4)
-    trunk_tokens = np.full((g, t), pad_id, np.int32)
-    trunk_len = np.zeros((g,), np.int32)
+    trunk_tokens, trunk_len = _trunk_rows(groups, t, pad_id)
     tokens = np.full((g, p), pad_id, np.int32)
     positions = np.zeros((g, p), np.int32)
     segments = np.full((g, p), -1, np.int32)
@@ -499,8 +503,6 @@ def pack_suffixes(requests: Sequence[Request], groups: Sequence[Group], *, pad_i
     rows = {}
     unique = 0
     for gi, gr in enumerate(groups):
-        trunk_tokens[gi, :len(gr.trunk)] = gr.trunk
-        trunk_len[gi] = len(gr.trunk)
         placed = 0
         # In order of visible length: a block of suffixes that see only the start of the
         # trunk then skips the rest of it (decoder.trunk_suffix_plan's context cuts).
@@ -523,7 +525,7 @@ def pack_suffixes(requests: Sequence[Request], groups: Sequence[Group], *, pad_i
 
 
 def _shape_key(requests, gr: Group, min_trunk: int, min_suffix: int) -> tuple:
-    s = max(len(requests[r].tokens) - v for r, v in zip(gr.members, gr.visible))
+    s = max(_suffix_lengths(requests, gr))
     return (_trunk_bucket(len(gr.trunk), min_trunk), bucket(len(gr.members), 1, fine=4),
             bucket(s, min_suffix, fine=8))
 

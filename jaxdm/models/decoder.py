@@ -252,14 +252,15 @@ def _check_params(params: Params, config: ModelConfig) -> None:
 
 
 # An attention plan: per query block (q_start, q_end), the key ranges [(k_start, k_end), ...]
-# it may need; everything outside them is masked anyway, so it is never computed.
-AttentionPlan = tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...]
+# it may need (everything outside them is masked anyway, so it is never computed) and cuts:
+# static candidate ends for its first range, one picked at run time (empty: no choice).
+AttentionPlan = tuple[tuple[int, int, tuple[tuple[int, int], ...], tuple[int, ...]], ...]
 
 
 def causal_plan(s: int, chunk: int) -> AttentionPlan:
     """Query block [i*chunk, (i+1)*chunk) meets keys [0, (i+1)*chunk): about half the FLOPs and
     logits memory of the full [S, S] product on long sequences (masks within the causal one)."""
-    return tuple((start, min(s, start + chunk), ((0, min(s, start + chunk)),))
+    return tuple((start, min(s, start + chunk), ((0, min(s, start + chunk)),), ())
                  for start in range(0, s, chunk))
 
 
@@ -271,7 +272,7 @@ def trunk_suffix_plan(s: int, trunk: int, window: int, chunk: int,
     before it, never the other continuations further back. Continuations that see only the
     start of the context (Prefix judging) skip the rest: the context range of a continuation
     block is cut, at run time, at the first of ``context_cuts`` static bounds that covers what
-    its tokens see (4th element of the block's entry)."""
+    its tokens see."""
     plan = [blk for blk in causal_plan(trunk, chunk)]
     step = -(-trunk // max(1, context_cuts))
     cuts = tuple(sorted({min(trunk, step * (i + 1)) for i in range(max(1, context_cuts))}))
@@ -284,13 +285,11 @@ def trunk_suffix_plan(s: int, trunk: int, window: int, chunk: int,
 def _planned_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask_fn: Any,
                        plan: AttentionPlan, need_fn: Any = None) -> jax.Array:
     """Self-attention computed only over the key ranges of ``plan``; mask_fn(qs, qe, ks, ke)
-    gives the [B, qe - qs, ke - ks] bool mask of that block. An entry with cuts (4th element)
-    has its first range ending at the smallest cut >= need_fn(qs, qe) (the number of leading
-    keys its queries may see), chosen at run time with ``lax.switch``."""
+    gives the [B, qe - qs, ke - ks] bool mask of that block. An entry with cuts has its first
+    range ending at the smallest cut >= need_fn(qs, qe) (the number of leading keys its
+    queries may see), chosen at run time with ``lax.switch``."""
     outs = []
-    for entry in plan:
-        qs, qe, ranges = entry[:3]
-        cuts = entry[3] if len(entry) > 3 and need_fn is not None else ()
+    for qs, qe, ranges, cuts in plan:
 
         def block(q, k, v, ranges=ranges, qs=qs, qe=qe):
             sources = [(k[:, ks:ke], v[:, ks:ke], mask_fn(qs, qe, ks, ke)) for ks, ke in ranges]
@@ -316,7 +315,7 @@ def _run_layers(params: Params, config: ModelConfig, x: jax.Array, positions: ja
     """
     cos, sin = rope_cos_sin(config, positions)
     s = x.shape[1]
-    plan = plan if plan is not None else ((0, s, ((0, s),)),)
+    plan = plan if plan is not None else ((0, s, ((0, s),), ()),)
 
     def layer(x, lp):
         h = rms_norm(x, lp["attn_norm"], config.rms_norm_eps)
