@@ -1,0 +1,1 @@
+"""Training decision models: packed SFT with the mixed target, LoRA, HF export."""
