@@ -136,15 +136,49 @@ def _env_reset_info(env, state, params) -> dict:
     return {k: getattr(state, k) for k in ("goal", "task_type", "budget") if hasattr(state, k)}
 
 
+def build_worker_env(env_factory: Callable[[], Any]) -> Any:
+    """Build the environment inside a worker (any backend) and run its optional ``warm_up``:
+    one-off preparation (indexes, NLP models) done before the first timed step, so a slow
+    first step cannot trip step_timeout."""
+    env = env_factory()
+    warm_up = getattr(env, "warm_up", None)
+    if callable(warm_up):
+        warm_up()
+    return env
+
+
+def run_job(env, params, held: dict, kind: str, job: tuple) -> tuple:
+    """Run one ``reset`` or ``step`` job inside a worker (any backend).
+
+    ``held`` maps slot -> (tag, latest state): a worker keeps the latest state of each of its
+    slots, so the parent only re-sends a state after a worker was replaced (this also keeps
+    any caches an env attaches to its state objects warm). Returns ``("ok", slot, payload)``
+    or ``("error", slot, traceback)``.
+    """
+    idx = job[0]
+    try:
+        if kind == "reset":
+            _, tag, seed = job
+            obs, state = env.reset(seed, params)
+            held[idx] = (tag, state)
+            return ("ok", idx, (obs, state, _env_reset_info(env, state, params)))
+        _, tag_before, tag_after, state, action, key = job
+        if state is None:
+            have_tag, state = held.get(idx, (None, None))
+            if have_tag != tag_before:
+                raise RuntimeError(f"worker lost the state of slot {idx}")
+        held.pop(idx, None)
+        obs, new_state, reward, done, info = env.step(key, state, action, params)
+        held[idx] = (tag_after, new_state)
+        return ("ok", idx, (obs, new_state, float(reward), bool(done), dict(info)))
+    except Exception:
+        return ("error", idx, traceback.format_exc(limit=8))
+
+
 def _worker_main(conn, env_factory, params, parent_pid: int) -> None:
     threading.Thread(target=_parent_watchdog, args=(parent_pid,), daemon=True).start()
     try:
-        env = env_factory()
-        # Optional one-off preparation (indexes, NLP models) done before the first timed step,
-        # so a slow first step cannot trip step_timeout.
-        warm_up = getattr(env, "warm_up", None)
-        if callable(warm_up):
-            warm_up()
+        env = build_worker_env(env_factory)
     except BaseException:
         conn.send(("init_error", traceback.format_exc()))
         conn.close()
@@ -161,35 +195,15 @@ def _worker_main(conn, env_factory, params, parent_pid: int) -> None:
             conn.close()
             return
         # One reply per job, sent as soon as it is done, so the parent knows which job a
-        # crash or a hang interrupted. The worker also keeps the latest state of each of its
-        # slots (tagged), so the parent only re-sends a state after a worker was replaced;
-        # this also keeps any caches an env attaches to its state objects warm.
+        # crash or a hang interrupted.
         for job in msg[1]:
-            idx = job[0]
-            try:
-                if kind == "reset":
-                    _, tag, seed = job
-                    obs, state = env.reset(seed, params)
-                    held[idx] = (tag, state)
-                    reply = ("ok", idx, (obs, state, _env_reset_info(env, state, params)))
-                else:
-                    _, tag_before, tag_after, state, action, key = job
-                    if state is None:
-                        have_tag, state = held.get(idx, (None, None))
-                        if have_tag != tag_before:
-                            raise RuntimeError(f"worker lost the state of slot {idx}")
-                    held.pop(idx, None)
-                    obs, new_state, reward, done, info = env.step(key, state, action, params)
-                    held[idx] = (tag_after, new_state)
-                    reply = ("ok", idx, (obs, new_state, float(reward), bool(done), dict(info)))
-            except Exception:
-                reply = ("error", idx, traceback.format_exc(limit=8))
+            reply = run_job(env, params, held, kind, job)
             try:
                 conn.send(reply)
             except Exception:  # unpicklable result: report it instead of dying
-                held.pop(idx, None)
+                held.pop(job[0], None)
                 message = "result could not be pickled:\n" + traceback.format_exc(limit=4)
-                conn.send(("error", idx, message))
+                conn.send(("error", job[0], message))
 
 
 class _Worker:
@@ -254,6 +268,26 @@ class _Worker:
                 self.conn.close()
             except OSError:
                 pass
+
+
+# Worker backends: name -> "module:Class" of the parent-side worker handle, imported on first
+# use (so an optional engine such as Ray is needed only when chosen). A handle is built as
+# ``Class(ctx, env_factory, params, slots, **backend_options)`` and offers ``_Worker``'s
+# interface: ``conn`` (send/poll/recv of the job protocol of ``run_job``), ``proc``
+# (sentinel, is_alive, join, exitcode), ``pid``, ``wait_ready``, ``kill``, ``request_close``,
+# ``close``.
+WORKER_BACKENDS: dict[str, str] = {
+    "process": "jaxdm.envs.vector:_Worker",
+    "ray": "jaxdm.envs.ray_workers:RayWorker",
+}
+
+
+def worker_backend(name: str) -> type:
+    """The worker handle class of backend ``name`` (see ``WORKER_BACKENDS``)."""
+    if name not in WORKER_BACKENDS:
+        raise ValueError(f"backend must be one of {sorted(WORKER_BACKENDS)}, got {name!r}")
+    module_name, attr = WORKER_BACKENDS[name].split(":")
+    return getattr(importlib.import_module(module_name), attr)
 
 
 # ---------------------------------------------------------------------------------------
@@ -335,6 +369,10 @@ class VectorEnv:
       start_method: ``"spawn"`` (default) or ``"forkserver"``; never ``fork``.
       start_timeout: seconds a worker may take to build (and warm up) its environment.
       env_name: recorded as ``Trajectory.env`` unless the env's ``reset_info`` gives "env".
+      backend: ``"process"`` (local worker processes) or ``"ray"`` (Ray actors, possibly on
+        other machines; ``pip install jaxdm[ray]``); see ``WORKER_BACKENDS``.
+      backend_options: keyword arguments of the backend's worker (Ray: ``num_cpus``,
+        ``actor_options``); none for ``"process"``.
 
     ``reset(seed) -> (observations, infos)``; ``step(actions) -> BatchStep(observations,
     rewards [B] float32, dones [B] bool, infos)``; finished episodes accumulate in
@@ -357,6 +395,8 @@ class VectorEnv:
         start_method: str = "spawn",
         start_timeout: float = 120.0,
         env_name: str = "",
+        backend: str = "process",
+        backend_options: Mapping[str, Any] | None = None,
     ):
         if not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
@@ -391,6 +431,10 @@ class VectorEnv:
         except Exception as e:
             raise TypeError(f"params cannot be pickled for worker processes: {e}") from None
         self._ctx = mp.get_context(start_method)
+        self._worker_cls = worker_backend(backend)
+        if backend == "process" and backend_options:
+            raise ValueError(f"backend 'process' takes no backend_options, got {backend_options!r}")
+        self._backend_options = dict(backend_options or {})
         self._start_timeout = start_timeout
         self._closed = False
         self._episodes: list[_Episode | None] = [None] * num_envs
@@ -409,7 +453,8 @@ class VectorEnv:
         self._workers: list[_Worker] = []
         try:
             # Start every worker first, then wait: environments build in parallel.
-            self._workers = [_Worker(self._ctx, self._factory, self.params, r)
+            self._workers = [self._worker_cls(self._ctx, self._factory, self.params, r,
+                                              **self._backend_options)
                              for r in self._slot_ranges]
             deadline = time.monotonic() + self._start_timeout
             for w in self._workers:
@@ -566,7 +611,8 @@ class VectorEnv:
             raise RuntimeError("VectorEnv is closed")
 
     def _new_worker(self, slots: range) -> _Worker:
-        worker = _Worker(self._ctx, self._factory, self.params, slots)
+        worker = self._worker_cls(self._ctx, self._factory, self.params, slots,
+                                  **self._backend_options)
         return worker.wait_ready(time.monotonic() + self._start_timeout)
 
     def _new_tag(self, slot: int) -> int:
