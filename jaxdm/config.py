@@ -12,11 +12,17 @@ Rules (one definition used by every jaxdm job):
   a float field, nothing else is coerced (the string "3" is not an int, 1 is not a bool).
 - Overrides ``a.b=value`` parse ``value`` as YAML (``3``, ``1e-4``, ``true``, ``[1, 2]``,
   ``null``) and are applied in order after the file.
+- A list is accepted for a tuple field (YAML has no tuples); the value becomes a tuple.
+- Non-finite numbers (``.nan``, ``.inf``, also inside lists and free-form mappings) are
+  rejected naming the key: a NaN learning rate is never a setting.
+- Values of secret-looking keys (``api_key``, ``token``, ``secret``, ``password``, ...) are
+  never echoed in an error; secrets belong in environment variables named by ``api_key_env``.
 """
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -26,13 +32,51 @@ from typing import Any, Mapping, Sequence, TypeVar
 import yaml
 
 __all__ = ["ConfigError", "from_dict", "load_config", "apply_overrides", "parse_override",
-           "to_dict", "dump_yaml", "config_from_argv"]
+           "to_dict", "dump_yaml", "config_from_argv", "check_finite", "is_secret_key", "shown",
+           "shown_override", "SECRET_HINT"]
 
 C = TypeVar("C")
 
 
 class ConfigError(ValueError):
     """A config file or override does not fit the schema (message names the key)."""
+
+
+# Key names whose values must never appear in a message (matched per dotted part).
+# "token" and "auth" only as whole words of a snake_case name: max_tokens, author are fine.
+_SECRET_KEY = re.compile(r"api[_-]?key|secret|passw(or)?d|passwd|credential|private[_-]?key|"
+                         r"(^|[_-])(token|auth|bearer)($|[_-])", re.I)
+SECRET_HINT = ("secrets do not belong in configs: put the key in an environment variable and "
+               "name that variable with api_key_env")
+
+
+def is_secret_key(key: str) -> bool:
+    """True when any part of dotted ``key`` looks like it names a secret (api_key, token...).
+    ``api_key_env`` (the *name* of an environment variable) is not a secret."""
+    parts = re.split(r"[.\[\]]", str(key))
+    return any(_SECRET_KEY.search(p) and not p.endswith("_env") for p in parts if p)
+
+
+def shown(key: str, value: Any) -> str:
+    """``repr(value)`` for messages, or a placeholder when ``key`` names a secret."""
+    return "<value hidden>" if is_secret_key(key) else repr(value)
+
+
+def _typed(key: str, value: Any) -> str:
+    return f"{type(value).__name__} {shown(key, value)}"
+
+
+def check_finite(value: Any, key: str) -> None:
+    """Raise ConfigError naming ``key`` if ``value`` holds a NaN/inf float (lists and mappings
+    are searched)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key}: non-finite number {value!r} is not allowed")
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            check_finite(v, f"{key}.{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            check_finite(v, f"{key}[{i}]")
 
 
 class _Loader(yaml.SafeLoader):
@@ -69,7 +113,13 @@ def _type_name(tp) -> str:
 def _check_value(value: Any, tp: Any, key: str) -> Any:
     """Validate ``value`` against annotation ``tp``; returns the (possibly converted) value."""
     if tp is Any:
+        check_finite(value, key)
         return value
+    if tp in (tuple, list):  # a bare ``tuple`` field: YAML and overrides give lists
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {_typed(key, value)}")
+        check_finite(value, key)
+        return tuple(value)
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
@@ -85,15 +135,18 @@ def _check_value(value: Any, tp: Any, key: str) -> Any:
                 return _check_value(value, arg, key)
             except ConfigError as e:
                 errors.append(str(e))
-        raise ConfigError(f"{key}: {value!r} fits none of {_type_name(tp)}")
+        for e in errors:  # a non-finite number is the whole story, not a type mismatch
+            if "non-finite" in e:
+                raise ConfigError(e)
+        raise ConfigError(f"{key}: {shown(key, value)} fits none of {_type_name(tp)}")
     if origin is typing.Literal:
         allowed = typing.get_args(tp)
         if value not in allowed:
-            raise ConfigError(f"{key}: {value!r} is not one of {list(allowed)}")
+            raise ConfigError(f"{key}: {shown(key, value)} is not one of {list(allowed)}")
         return value
     if origin in (tuple, list, Sequence):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{key}: expected a list, got {_typed(key, value)}")
         args = typing.get_args(tp)
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(args) != len(value):
@@ -105,29 +158,36 @@ def _check_value(value: Any, tp: Any, key: str) -> Any:
     if origin in (dict, Mapping) or tp in (dict, Mapping):
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
+        check_finite(value, key)
         return dict(value)
     if _is_dataclass_type(tp):
         if isinstance(value, tp):
             return value
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key}: expected a mapping for {tp.__name__}, "
-                              f"got {type(value).__name__} {value!r}")
+                              f"got {_typed(key, value)}")
         return _build(tp, value, key + ".")
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true/false, got {value!r}")
+            raise ConfigError(f"{key}: expected true/false, got {shown(key, value)}")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an int, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{key}: expected an int, got {_typed(key, value)}")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}: expected a number, got {type(value).__name__} {value!r}")
+            hint = ""
+            if isinstance(value, str) and value.strip().lower().lstrip("+-.") in ("nan", "inf",
+                                                                                 "infinity"):
+                hint = " (non-finite numbers are not allowed)"
+            raise ConfigError(f"{key}: expected a number, got {_typed(key, value)}{hint}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}: non-finite number {value!r} is not allowed")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{key}: expected a string, got {_typed(key, value)}")
         return value
     if isinstance(tp, type):
         if not isinstance(value, tp):
@@ -144,6 +204,8 @@ def _build(cls, data: Mapping[str, Any], prefix: str = ""):
         k = unknown[0]
         close = difflib.get_close_matches(str(k), list(fields), n=1)
         hint = f" (did you mean {prefix}{close[0]!s}?)" if close else ""
+        if is_secret_key(f"{prefix}{k!s}"):
+            hint += f"; {SECRET_HINT}"
         raise ConfigError(f"unknown config key {prefix}{k!s}{hint}; valid keys under "
                           f"{prefix or 'the top level'}: {sorted(fields)}")
     kwargs = {name: _check_value(value, hints[name], prefix + name)
@@ -182,6 +244,12 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return plain(cfg)
 
 
+def shown_override(text: str) -> str:
+    """An override for messages: ``'a.api_key=<value hidden>'`` when its key names a secret."""
+    key, eq, _ = str(text).partition("=")
+    return repr(f"{key}=<value hidden>") if eq and is_secret_key(key.strip()) else repr(text)
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``"a.b=3"`` → (["a", "b"], 3); the value is parsed as YAML."""
     if "=" not in text:
@@ -189,11 +257,12 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key, raw = text.split("=", 1)
     key = key.strip()
     if not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"override {text!r} has an empty key")
+        raise ConfigError(f"override {shown_override(text)} has an empty key")
     try:
         value = _yaml_load(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
-        raise ConfigError(f"override {text!r}: value is not valid YAML ({e})") from None
+        why = "" if is_secret_key(key) else f" ({e})"
+        raise ConfigError(f"override {shown_override(text)}: value is not valid YAML{why}") from None
     return key.split("."), value
 
 
@@ -205,7 +274,10 @@ def _set_path(data: dict, cls, path: list[str], value: Any, full: str) -> None:
         if part not in names:
             close = difflib.get_close_matches(part, list(names), n=1)
             hint = f" (did you mean {'.'.join(path[:depth] + [close[0]])}?)" if close else ""
-            raise ConfigError(f"unknown config key {dotted} in override {full!r}{hint}")
+            if is_secret_key(dotted):
+                hint += f"; {SECRET_HINT}"
+            raise ConfigError(f"unknown config key {dotted} in override "
+                              f"{shown_override(full)}{hint}")
         if depth == len(path) - 1:
             node[part] = value
             return
@@ -218,13 +290,15 @@ def _set_path(data: dict, cls, path: list[str], value: Any, full: str) -> None:
             for key in path[depth + 1:-1]:
                 nxt = child.get(key)
                 if nxt is not None and not isinstance(nxt, Mapping):
-                    raise ConfigError(f"override {full!r}: {key} is a value, not a mapping")
+                    raise ConfigError(f"override {shown_override(full)}: {key} is a value, "
+                                      "not a mapping")
                 child[key] = {} if nxt is None else dict(nxt)
                 child = child[key]
             child[path[-1]] = value
             return
         if not _is_dataclass_type(sub_cls):
-            raise ConfigError(f"override {full!r}: {dotted} is a value, not a section")
+            raise ConfigError(f"override {shown_override(full)}: {dotted} is a value, "
+                              "not a section")
         child = node.get(part)
         if not isinstance(child, dict):
             child = {} if child is None else dict(child)
