@@ -160,20 +160,38 @@ def teacher_advantages(outcome_advantages, scores, group_ids, mask, *, num_group
 # ---------------------------------------------------------------------------------------
 # LVRL step advantages from value differences (seed 001).
 # ---------------------------------------------------------------------------------------
-def lvrl_advantages(values, rewards, group_ids, mask, *, num_groups: int):
-    """Step advantages A_t = V(s_{t+1}) − V(s_t) with LVRL's anchored values.
+# Step-advantage normalisations of lvrl_advantages ("none": raw differences).
+LVRL_NORMALIZATIONS = ("none", "rms")
+
+
+def lvrl_advantages(values, rewards, group_ids, mask, *, num_groups: int,
+                    normalize: str = "none", value_rows=None, eps: float = 1e-6):
+    """Step advantages A_t = V(s_{t+1}) − V(s_t) with LVRL's anchored values (seed 001 §3.2).
 
     The anchors replace the model's estimates at the two ends: V(s_0) = p̂_u, the mean
     reward of the group's trajectories (its success rate for 0/1 rewards), and
     V(s_{T_i}) = R_i, the trajectory's observed reward, where T_i = number of executed
-    actions. So each row telescopes to Σ_t A_t = R_i − p̂_u. When every rollout of a group
-    fails both anchors are 0 but interior values still give a signal.
+    actions (a truncated episode is anchored to its observed reward like any other). So each
+    row telescopes to Σ_t A_t = R_i − p̂_u. When every rollout of a group fails both anchors
+    are 0 but interior values still give a signal. A single-action episode gets R_i − p̂_u.
+
+    Normalisation (the seed says "normalized consecutive value differences" without a
+    formula; ours): ``"none"`` keeps the raw differences; ``"rms"`` divides every step
+    advantage by one positive batch scalar, the root mean square of the step advantages over
+    executed actions of the rows in ``value_rows`` (the batch std *without centring*), plus
+    ``eps``. A positive scale keeps the sign of every step and of every row's total, and the
+    telescoping sum becomes (R_i − p̂_u) / scale.
 
     Args:
-      values: [B, T + 1] float, V(s_0)..V(s_T) (slots past T_i are ignored).
+      values: [B, T + 1] float, V(s_0)..V(s_T) (slots past T_i are ignored, as are the two
+        anchored slots 0 and T_i).
       rewards: [B] float, R_i.
       group_ids: [B] int; mask: [B, T] bool executed actions, a prefix of each row;
       num_groups: static.
+      normalize: "none" | "rms" (static).
+      value_rows: [B] bool, the rows whose values are real (default: all); only they enter
+        the "rms" scale (rows without values fall back to another estimator upstream).
+      eps: added to the "rms" scale.
 
     Returns:
       [B, T] float32 step advantages, 0 where ``mask`` is False.
@@ -185,6 +203,14 @@ def lvrl_advantages(values, rewards, group_ids, mask, *, num_groups: int):
         raise ValueError(f"values must have shape [B, T+1]={[b, t + 1]}, got {list(values.shape)}")
     if rewards.shape != (b,):
         raise ValueError(f"rewards must have shape [B]={[b]}, got {list(rewards.shape)}")
+    if normalize not in LVRL_NORMALIZATIONS:
+        raise ValueError(f"normalize must be one of {LVRL_NORMALIZATIONS}, got {normalize!r}")
+    if value_rows is None:
+        value_rows = jnp.ones((b,), bool)
+    value_rows = jnp.asarray(value_rows)
+    if value_rows.shape != (b,) or value_rows.dtype != jnp.bool_:
+        raise ValueError(f"value_rows must be bool [B]=[{b}], got {value_rows.dtype} "
+                         f"{list(value_rows.shape)}")
     rewards = rewards.astype(jnp.float32)
     ones = jnp.ones((b,), bool)
     _, p_hat, _, _, _ = group_stats(rewards, group_ids, ones, num_groups)
@@ -193,8 +219,13 @@ def lvrl_advantages(values, rewards, group_ids, mask, *, num_groups: int):
     v = values.astype(jnp.float32)
     v = jnp.where(slot == 0, p_hat[group_ids][:, None], v)
     v = jnp.where(slot == lengths[:, None], rewards[:, None], v)  # terminal anchor wins at T_i=0
-    adv = v[:, 1:] - v[:, :-1]
-    return jnp.where(mask, adv, 0.0)
+    adv = jnp.where(mask, v[:, 1:] - v[:, :-1], 0.0)
+    if normalize == "rms":
+        counted = mask & value_rows[:, None]
+        n = jnp.maximum(counted.sum(), 1)
+        rms = jnp.sqrt(jnp.sum(jnp.where(counted, adv * adv, 0.0)) / n)
+        adv = adv / (rms + eps)
+    return adv
 
 
 # ---------------------------------------------------------------------------------------
