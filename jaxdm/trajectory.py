@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any, Iterable, Iterator, Mapping
 
 ACTION_TYPES = ("milestone", "other", "no_op")
@@ -90,7 +91,9 @@ class Trajectory:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], *, where: str = "trajectory") -> "Trajectory":
-        """Build from a dict; unknown or missing keys raise a ValueError naming ``where``."""
+        """Build from a dict, checking every field's type (nothing is coerced: the string
+        "false" is not a bool, "1.0" is not a reward); unknown, missing or mistyped keys raise
+        a ValueError naming ``where`` and the field (e.g. ``steps[2].annotations.milestone``)."""
         if not isinstance(d, Mapping):
             raise ValueError(f"{where}: expected a JSON object, got {type(d).__name__}")
         fields = {f.name for f in dataclasses.fields(cls)}
@@ -102,6 +105,9 @@ class Trajectory:
                 raise ValueError(f"{where}: missing key {key!r}")
         if not isinstance(d["steps"], list):
             raise ValueError(f"{where}: 'steps' must be a list")
+        for key, value in d.items():
+            if key != "steps":
+                _check_field(_TRAJECTORY_FIELDS[key], value, key, where)
         step_fields = {f.name for f in dataclasses.fields(Step)}
         steps = []
         for i, s in enumerate(d["steps"]):
@@ -111,12 +117,49 @@ class Trajectory:
             if bad:
                 raise ValueError(f"{where}: steps[{i}] has unknown key(s) {sorted(bad)}")
             for key in ("observation", "action"):
-                if not isinstance(s.get(key), str):
-                    raise ValueError(f"{where}: steps[{i}].{key} must be a string")
+                if key not in s:
+                    raise ValueError(f"{where}: steps[{i}] is missing key {key!r}")
+            for key, value in s.items():
+                _check_field(_STEP_FIELDS[key], value, f"steps[{i}].{key}", where)
+            for key, value in s.get("annotations", {}).items():
+                if key in _ANNOTATION_FIELDS:
+                    _check_field(_ANNOTATION_FIELDS[key], value,
+                                 f"steps[{i}].annotations.{key}", where)
             steps.append(Step(**s))
         kw = dict(d)
         kw["steps"] = tuple(steps)
         return cls(**kw)
+
+
+# Field kinds checked when reading (``_check_field``). Annotations are free-form apart from
+# the ones judges and metrics read.
+_TRAJECTORY_FIELDS = {
+    "goal": "str", "final_observation": "str", "reward": "number", "success": "bool",
+    "budget": "count", "task_type": "str", "env": "str", "final_observation_terminal": "bool",
+    "truncated": "bool", "error": "str?", "metadata": "object",
+}
+_STEP_FIELDS = {"observation": "str", "action": "str", "valid": "bool", "annotations": "object"}
+_ANNOTATION_FIELDS = {"milestone": "bool", "no_op": "bool", "subgoal": "str?"}
+_KIND_TEXT = {"str": "a string", "str?": "a string or null", "bool": "true or false",
+              "number": "a finite number", "count": "a non-negative integer",
+              "object": "a JSON object"}
+
+
+def _check_field(kind: str, value: Any, field: str, where: str) -> None:
+    if kind == "str?" and value is None:
+        return
+    ok = {
+        "str": isinstance(value, str), "str?": isinstance(value, str),
+        "bool": isinstance(value, bool),
+        "number": isinstance(value, (int, float)) and not isinstance(value, bool)
+        and math.isfinite(value),
+        "count": isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+        "object": isinstance(value, Mapping),
+    }[kind]
+    if not ok:
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        raise ValueError(f"{where}: field {field} must be {_KIND_TEXT[kind]}, got "
+                         f"{type(value).__name__} {shown}")
 
 
 def write_jsonl(path, trajectories: Iterable[Trajectory]) -> int:
