@@ -701,7 +701,9 @@ class VectorEnv:
                     self._restart_and_resend(batch, w_idx)
             now = time.monotonic()
             for w_idx in list(pending):
-                if now >= batch.deadlines[w_idx]:
+                # A reply that arrived while this loop was busy (e.g. replacing another
+                # worker) is read first: only a worker that has not answered is hung.
+                if now >= batch.deadlines[w_idx] and not self._workers[w_idx].conn.poll():
                     self._fail_head(batch, w_idx,
                                     f"env {kind} exceeded step_timeout={self.step_timeout}s; "
                                     f"worker (pid {self._workers[w_idx].pid}) killed")
