@@ -1,7 +1,7 @@
 """Local decision models on a jaxdm model: constrained readout and option likelihood.
 
 Both tokenise every request exactly as a one-by-one chat API call would (the chat template of
-``jaxdm.roles.render_messages`` applied as text, then tokenised without extra special
+``jaxdm.decision.render.render_messages`` applied as text, then tokenised without extra special
 tokens) and score all requests of a batch with ``shared_prefix.score_requests``, so each
 answer equals what scoring that request alone gives (tests check max |diff| <= 1e-3 fp32).
 
@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from jaxdm import roles
+from jaxdm.decision import render
 from jaxdm.decision import shared_prefix
 from jaxdm.decision.types import (ChoiceResult, Cost, MultipleChoice, ScoreResult, YesNo,
                                   choice_ok, score_ok)
@@ -85,8 +85,8 @@ class _LocalBase:
         self._model_name = name or (getattr(path, "name", None) or "local")
         pad = getattr(pretrained.config, "pad_token_id", None)
         self.pad_id = int(pad) if pad is not None else 0
-        self.yes_id = single_token_id(self.tokenizer, roles.YES_NO[0])
-        self.no_id = single_token_id(self.tokenizer, roles.YES_NO[1])
+        self.yes_id = single_token_id(self.tokenizer, render.YES_NO[0])
+        self.no_id = single_token_id(self.tokenizer, render.YES_NO[1])
 
     def _check_length(self, n_tokens: int, where: str) -> None:
         limit = self.config.max_position_embeddings
@@ -106,7 +106,7 @@ class _LocalBase:
         for i, q in enumerate(questions):
             if not isinstance(q, YesNo):
                 raise TypeError(f"questions[{i}] is {type(q).__name__}, expected YesNo")
-            toks = encode_messages(self.tokenizer, roles.render_messages(q, "constrained"))
+            toks = encode_messages(self.tokenizer, render.render_messages(q, "constrained"))
             self._check_length(len(toks), f"questions[{i}]")
             reqs.append(shared_prefix.Request(tuple(toks), (len(toks) - 1,),
                                               ((self.yes_id, self.no_id),)))
@@ -133,7 +133,7 @@ class LocalReadout(_LocalBase):
 
     def __init__(self, pretrained: Any, **kwargs):
         super().__init__(pretrained, **kwargs)
-        self.label_ids = tuple(single_token_id(self.tokenizer, lab) for lab in roles.LABELS)
+        self.label_ids = tuple(single_token_id(self.tokenizer, lab) for lab in render.LABELS)
         self.name = f"local_readout({self._model_name})"
 
     def choose(self, questions: Sequence[MultipleChoice]) -> list[ChoiceResult]:
@@ -147,7 +147,7 @@ class LocalReadout(_LocalBase):
                 raise ValueError(f"questions[{i}] has {len(q.options)} options, more than the "
                                  f"{len(self.label_ids)} single-token labels; use "
                                  "LocalLikelihood or split the options")
-            toks = encode_messages(self.tokenizer, roles.render_messages(q, "constrained"))
+            toks = encode_messages(self.tokenizer, render.render_messages(q, "constrained"))
             self._check_length(len(toks), f"questions[{i}]")
             reqs.append(shared_prefix.Request(tuple(toks), (len(toks) - 1,),
                                               (self.label_ids[:len(q.options)],)))
@@ -185,7 +185,7 @@ class LocalLikelihood(_LocalBase):
     def option_requests(self, q: MultipleChoice, where: str = "question"
                         ) -> list[shared_prefix.Request]:
         """One request per option: the shared prompt followed by the option's tokens."""
-        prompt = encode_messages(self.tokenizer, roles.render_messages(q, "likelihood"))
+        prompt = encode_messages(self.tokenizer, render.render_messages(q, "likelihood"))
         reqs = []
         for j, opt in enumerate(q.options):
             opt_ids = list(self.tokenizer(opt, add_special_tokens=False)["input_ids"])

@@ -1,6 +1,6 @@
 """Prompted: a local jaxdm model writes a JSON answer, which is parsed and validated.
 
-The system prompt (``jaxdm.roles.SYSTEM_PROMPTS[(kind, "prompted")]``) asks for
+The system prompt (``jaxdm.decision.render.SYSTEM_PROMPTS[(kind, "prompted")]``) asks for
 ``{"choice": "B", "probabilities": {...}}`` or ``{"score": 0.7}``. Generation is greedy by
 default (``jaxdm.models.generate``, batched, stopping at the end-of-turn token). Output that
 does not parse or validate is returned as a failed result with the raw text and counted in
@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
-from jaxdm import roles
+from jaxdm.decision import render
 from jaxdm.decision.local import encode_messages
 from jaxdm.decision.parsing import parse_choice, parse_score
 from jaxdm.decision.types import ChoiceResult, Cost, MultipleChoice, ScoreResult, YesNo
@@ -53,7 +53,7 @@ class Prompted:
             if not isinstance(q, kind):
                 raise TypeError(f"questions[{i}] is {type(q).__name__}, expected {kind.__name__}")
         prompts = [encode_messages(self.pretrained.tokenizer,
-                                   roles.render_messages(q, "prompted")) for q in questions]
+                                   render.render_messages(q, "prompted")) for q in questions]
         limit = self.pretrained.config.max_position_embeddings
         for i, p in enumerate(prompts):
             if len(p) + self.max_new_tokens > limit:
@@ -83,9 +83,9 @@ class Prompted:
     def choose(self, questions: Sequence[MultipleChoice]) -> list[ChoiceResult]:
         for i, q in enumerate(questions):
             if isinstance(q, MultipleChoice):
-                roles.labels_for(len(q.options))
+                render.labels_for(len(q.options))
         return self._answer(questions, MultipleChoice, lambda q, text, cost: parse_choice(
-            text, roles.labels_for(len(q.options)), cost))
+            text, render.labels_for(len(q.options)), cost))
 
     def score(self, questions: Sequence[YesNo]) -> list[ScoreResult]:
         return self._answer(questions, YesNo, lambda q, text, cost: parse_score(text, cost))

@@ -11,13 +11,23 @@ Two interfaces over ``/v1/chat/completions`` (``endpoint="chat"``) or ``/v1/comp
   failure.
 - ``"prompted"``: the model writes JSON, validated by ``jaxdm.decision.parsing``.
 
+``base_url`` is the server's address with or without the OpenAI client's ``/v1`` suffix:
+``http://127.0.0.1:8000`` and ``http://127.0.0.1:8000/v1`` both post to
+``http://127.0.0.1:8000/v1/chat/completions`` (``normalize_base_url``). Anything that is not an
+``http(s)://host[:port][/path]`` URL is a ValueError naming it.
+
 Robustness: at most ``concurrency`` requests in flight (a thread pool over one httpx client);
 each request has a ``timeout``; timeouts, connection errors, 429 and 5xx are retried up to
 ``max_retries`` times with exponential backoff (``backoff * 2**attempt`` seconds, honouring a
 numeric Retry-After up to ``max_backoff``); anything that still fails, and any malformed
 response, becomes a failed result with the reason, so a batch never raises because of the
-server. The API key is read from the environment variable named ``api_key_env`` when each
-request is sent; it is never stored on the object, logged or put into results.
+server. After ``down_after`` consecutive connection failures or timeouts (attempts, across
+all threads, with no HTTP answer in between) the backend is marked down (``down`` holds the
+reason) and every later request fails at once without contacting the server, so a dead
+server costs a few attempts, not ``max_retries`` backoffs per question for the rest of a job
+(``down_after=0`` never marks it down). The API key is read from the environment variable
+named ``api_key_env`` when each request is sent; it is never stored on the object, logged or
+put into results.
 
 Cost: tokens from the response's ``usage`` (prompt/completion tokens), money from
 ``price_per_1k_in``/``price_per_1k_out`` when set, wall seconds per request (with retries).
@@ -29,11 +39,12 @@ import math
 import os
 import threading
 import time
+import urllib.parse
 from typing import Any, Mapping, Sequence
 
 import httpx
 
-from jaxdm import roles
+from jaxdm.decision import render
 from jaxdm.decision.parsing import parse_choice, parse_score
 from jaxdm.decision.types import (ChoiceResult, Cost, MultipleChoice, ScoreResult, YesNo,
                                   choice_failed, choice_ok, score_failed, score_ok)
@@ -49,6 +60,33 @@ class _Failure(Exception):
         self.raw = raw
 
 
+def normalize_base_url(base_url: str) -> str:
+    """The API root of an OpenAI-compatible server: ``base_url`` without a trailing ``/`` or
+    ``/v1`` (requests then go to ``<root>/v1/...``). Raises ValueError for anything that is
+    not ``http(s)://host[:port][/path]`` (no query or fragment)."""
+    if not isinstance(base_url, str) or not base_url.strip():
+        raise ValueError(f"Remote base_url must be a non-empty http(s) URL, got {base_url!r}")
+    text = base_url.strip()
+    try:
+        parts = urllib.parse.urlsplit(text)
+        port = parts.port  # raises ValueError for a non-numeric or out-of-range port
+    except ValueError as e:
+        raise ValueError(f"Remote base_url {text!r} is not a valid URL ({e})") from None
+    del port
+    shown = parts._replace(netloc=parts.hostname or "").geturl() if parts.username else text
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"Remote base_url {shown!r} must start with http:// or https:// "
+                         f"(e.g. http://127.0.0.1:8000/v1)")
+    if not parts.hostname:
+        raise ValueError(f"Remote base_url {shown!r} has no host (e.g. http://127.0.0.1:8000/v1)")
+    if parts.query or parts.fragment:
+        raise ValueError(f"Remote base_url {shown!r} must not have a query or fragment")
+    path = parts.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[:-len("/v1")]
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
 class Remote:
     """OpenAI-compatible endpoint used for constrained readout or prompted JSON."""
 
@@ -58,7 +96,7 @@ class Remote:
                  concurrency: int = 8, timeout: float = 30.0, max_retries: int = 3,
                  backoff: float = 0.5, max_backoff: float = 30.0, top_logprobs: int = 20,
                  max_tokens: int = 256, tokenizer: Any = None, label_match: str = "strip",
-                 progress: bool = False):
+                 progress: bool = False, down_after: int = 5):
         if interface not in ("constrained", "prompted"):
             raise ValueError(f"Remote interface must be 'constrained' or 'prompted', "
                              f"got {interface!r}")
@@ -68,9 +106,15 @@ class Remote:
             raise ValueError(f"environment variable {api_key_env!r} (api_key_env) is not set")
         if label_match not in ("strip", "exact"):
             raise ValueError(f"label_match must be 'strip' or 'exact', got {label_match!r}")
-        if concurrency < 1 or max_retries < 0 or timeout <= 0:
-            raise ValueError("concurrency >= 1, max_retries >= 0 and timeout > 0 are required")
-        self.base_url = base_url.rstrip("/")
+        if concurrency < 1 or max_retries < 0 or not timeout > 0 or down_after < 0:
+            raise ValueError("concurrency >= 1, max_retries >= 0, timeout > 0 and down_after >= 0 "
+                             "are required")
+        for key, val in (("timeout", timeout), ("backoff", backoff), ("max_backoff", max_backoff),
+                         ("price_per_1k_in", price_per_1k_in),
+                         ("price_per_1k_out", price_per_1k_out)):
+            if val is not None and not math.isfinite(val):
+                raise ValueError(f"Remote {key} must be a finite number, got {val!r}")
+        self.base_url = normalize_base_url(base_url)
         self.model = model
         self.interface = interface
         self.endpoint = endpoint
@@ -89,7 +133,11 @@ class Remote:
         self.label_match = label_match
         self.progress = progress
         self.name = f"remote({model},{interface},{endpoint})"
-        self.stats = {"requests": 0, "retries": 0, "failures": 0, "parse_failures": 0}
+        self.stats = {"requests": 0, "retries": 0, "failures": 0, "parse_failures": 0,
+                      "connection_failures": 0}
+        self.down_after = int(down_after)
+        self.down: str | None = None  # reason, once marked down
+        self._consecutive = 0  # connection failures since the last HTTP answer
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:  # never shows a key (there is none stored), only its env name
@@ -113,7 +161,7 @@ class Remote:
             prompt = self.tokenizer.apply_chat_template(messages, tokenize=False,
                                                         add_generation_prompt=True)
         else:
-            prompt = roles.render_plain(messages)
+            prompt = render.render_plain(messages)
         body["prompt"] = prompt
         if self.interface == "constrained":
             body["logprobs"] = self.top_logprobs
@@ -132,6 +180,8 @@ class Remote:
         """POST with retries; returns the parsed JSON body or raises _Failure."""
         last = "no attempt"
         for attempt in range(self.max_retries + 1):
+            if self.down is not None:
+                raise _Failure(self.down)
             if attempt:
                 with self._lock:
                     self.stats["retries"] += 1
@@ -141,9 +191,13 @@ class Remote:
                                    timeout=self.timeout)
             except httpx.TimeoutException:
                 last = f"timeout after {self.timeout:g} s"
+                self._connection_failed(last)
             except httpx.TransportError as e:
                 last = f"connection error ({type(e).__name__})"
+                self._connection_failed(last)
             else:
+                with self._lock:
+                    self._consecutive = 0
                 if resp.status_code == 200:
                     try:
                         data = resp.json()
@@ -161,9 +215,17 @@ class Remote:
                         wait = min(max(float(retry_after), wait), self.max_backoff)
                 except ValueError:
                     pass
-            if attempt < self.max_retries:
+            if attempt < self.max_retries and self.down is None:
                 time.sleep(wait)
         raise _Failure(f"{last} (gave up after {self.max_retries + 1} attempts)")
+
+    def _connection_failed(self, reason: str) -> None:
+        with self._lock:
+            self.stats["connection_failures"] += 1
+            self._consecutive += 1
+            if self.down is None and self.down_after and self._consecutive >= self.down_after:
+                self.down = (f"server {self.base_url} marked down after {self._consecutive} "
+                             f"consecutive connection failures (last: {reason})")
 
     # ---- response reading ----------------------------------------------------------------
     def _cost(self, data: Mapping, seconds: float) -> Cost:
@@ -226,8 +288,8 @@ class Remote:
         with self._lock:
             self.stats["requests"] += 1
         try:
-            labels = roles.labels_for(len(q.options)) if is_choice else roles.YES_NO
-            path, body = self._payload(roles.render_messages(q, self.interface))
+            labels = render.labels_for(len(q.options)) if is_choice else render.YES_NO
+            path, body = self._payload(render.render_messages(q, self.interface))
             data = self._post(client, path, body)
             cost = self._cost(data, time.perf_counter() - t0)
             if self.interface == "constrained":
@@ -254,7 +316,7 @@ class Remote:
             if not isinstance(q, kind):
                 raise TypeError(f"questions[{i}] is {type(q).__name__}, expected {kind.__name__}")
             if kind is MultipleChoice:
-                roles.labels_for(len(q.options))  # too many options: a clear error up front
+                render.labels_for(len(q.options))  # too many options: a clear error up front
         results: list = [None] * len(questions)
         limits = httpx.Limits(max_connections=self.concurrency,
                               max_keepalive_connections=self.concurrency)

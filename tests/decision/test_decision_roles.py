@@ -232,3 +232,84 @@ def test_prefix_is_token_prefix_of_hindsight_stream():
         assert full[:len(ctx_tokens)] == ctx_tokens
         assert shared >= len(ctx_tokens) - 1
         assert hind[:shared] == full[:shared]
+
+
+# ---- import graph: roles, the decision backends and the envs form no cycle ----------------
+
+def _module_graph():
+    """Module-level (import-time) jaxdm imports of every module under jaxdm/ and envs/.
+
+    Importing ``a.b.c`` first runs the packages ``a`` and ``a.b``, so an import adds edges to
+    the target's parent packages too, except to the importer's own ancestors (those are
+    already being initialised when it runs).
+    """
+    import ast
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parents[2]
+    files = {}
+    for pkg, folder in (("jaxdm", root / "jaxdm"), ("jaxdm.envs", root / "envs")):
+        for path in folder.rglob("*.py"):
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            files[".".join([pkg, *parts])] = path
+    graph = {}
+    for name, path in files.items():
+        ancestors = {name.rsplit(".", i)[0] for i in range(1, name.count(".") + 1)}
+        deps = set()
+        for node in ast.parse(path.read_text()).body:  # top level only: lazy imports excluded
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            for t in targets:
+                while t and t not in files:
+                    t = t.rpartition(".")[0]
+                while t:
+                    if t != name and t not in ancestors:
+                        deps.add(t)
+                    t = t.rpartition(".")[0]
+        graph[name] = deps
+    return graph
+
+
+def _cycle_through(graph, start):
+    """A cycle through ``start`` as a list of modules, or None."""
+    stack, seen = [(start, [start])], set()
+    while stack:
+        node, path = stack.pop()
+        for dep in graph.get(node, ()):
+            if dep == start:
+                return path + [start]
+            if dep not in seen:
+                seen.add(dep)
+                stack.append((dep, path + [dep]))
+    return None
+
+
+def test_roles_and_decision_have_no_import_cycle():
+    graph = _module_graph()
+    mods = [m for m in graph if m.startswith(("jaxdm.roles", "jaxdm.decision"))]
+    assert "jaxdm.roles.actor" in mods and "jaxdm.decision.render" in mods
+    for m in mods:
+        cycle = _cycle_through(graph, m)
+        assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
+    # the backends reach the prompt texts only through decision.render, never through roles
+    for backend in ("jaxdm.decision.local", "jaxdm.decision.prompted", "jaxdm.decision.remote"):
+        assert "jaxdm.decision.render" in graph[backend]
+        assert not any(d.startswith("jaxdm.roles") for d in graph[backend])
+
+
+def test_each_module_imports_fresh_in_a_subprocess():
+    import subprocess
+    import sys
+    code = ("import importlib, sys\n"
+            "for m in sys.argv[1:]:\n"
+            "    for k in [k for k in sys.modules if k.startswith('jaxdm')]: del sys.modules[k]\n"
+            "    importlib.import_module(m)\n")
+    mods = ["jaxdm.decision.remote", "jaxdm.decision.render", "jaxdm.roles.judge",
+            "jaxdm.roles.actor", "jaxdm.roles.value", "jaxdm.roles", "jaxdm.decision.oracle"]
+    out = subprocess.run([sys.executable, "-c", code, *mods], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
