@@ -1,4 +1,4 @@
-"""The `jaxdm` console command: `jaxdm screen ...` and `jaxdm demo`."""
+"""The `jaxdm` console command: `jaxdm screen ...`, `jaxdm demo` and `jaxdm decide ...`."""
 from __future__ import annotations
 
 import argparse
@@ -32,7 +32,11 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _screen_parser(sub)
     sub.add_parser("demo", help=DEMO_HELP, description=DEMO_HELP)
+    from jaxdm import decide
+    decide.add_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "decide":
+        return decide.run(args)
 
     from jaxdm.screen.run import ScreenConfig, ScreenError, run
 

@@ -1,0 +1,195 @@
+"""`jaxdm decide`: a real HTTP server on 127.0.0.1 (good and bad requests, 16 concurrent
+clients sharing backend calls), the micro-batcher, and both CLI modes as real processes."""
+import http.client
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from jaxdm.decide import DecideServer, MicroBatcher
+from jaxdm.decision import MultipleChoice, Oracle
+
+OPTS = [f"tool_{k}" for k in range(8)]
+
+
+def _req(i, **kw):
+    return {"context": f"customer {i} wants a refund", "question": "Which tool next?",
+            "options": OPTS, "meta": {"oracle_answer": OPTS[i % 8]}, **kw}
+
+
+@pytest.fixture
+def server():
+    batcher = MicroBatcher(Oracle(noise=0.0), max_batch=32, max_wait_ms=100.0)
+    srv = DecideServer(batcher, "oracle", "127.0.0.1", 0)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+    batcher.close()
+
+
+def _call(srv, method, path, body=None, raw=None, conn=None):
+    c = conn or http.client.HTTPConnection(*srv.server_address[:2], timeout=30)
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    c.request(method, path, body=data, headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    out = r.status, json.loads(r.read())
+    if conn is None:
+        c.close()
+    return out
+
+
+def test_good_single_and_batch_requests(server):
+    status, out = _call(server, "POST", "/decide", _req(3, id="q-3"))
+    assert status == 200
+    assert out["choice"] == "tool_3" and out["index"] == 3 and out["id"] == "q-3"
+    assert out["confidence"] == 1.0 and len(out["probs"]) == 8 and out["model"] == "oracle"
+    assert out["latency_ms"] > 0
+    status, out = _call(server, "POST", "/decide", {"requests": [_req(1), _req(6, id=6)]})
+    assert status == 200 and [r["choice"] for r in out["results"]] == ["tool_1", "tool_6"]
+    assert "id" not in out["results"][0] and out["results"][1]["id"] == 6
+    assert _call(server, "GET", "/health") == (200, {"status": "ok", "model": "oracle"})
+
+
+@pytest.mark.parametrize("raw,field", [
+    (b"{not json", "body"),
+    (b"\xff\xfe", "body"),
+    (b"[1, 2]", "body"),
+    (json.dumps({"question": "q", "options": ["a"]}).encode(), "context"),
+    (json.dumps({"context": "c", "question": "q", "options": []}).encode(), "options"),
+    (json.dumps({"context": "c", "question": "q"}).encode(), "options"),
+    (json.dumps({"context": "c", "question": 3, "options": ["a"]}).encode(), "question"),
+    (json.dumps({"context": "c", "question": "q", "options": ["a", 1]}).encode(), "options[1]"),
+    (json.dumps({"context": "c", "question": "q", "options": ["a", "a"]}).encode(), "options[1]"),
+    (json.dumps({"context": "c", "question": "q", "options": ["a"], "temp": 1}).encode(), "temp"),
+    (json.dumps({"requests": [{"context": "c", "question": "q", "options": ["a"]},
+                              {"context": "c", "question": "q", "options": []}]}).encode(),
+     "requests[1].options"),
+    (json.dumps({"requests": []}).encode(), "requests"),
+])
+def test_bad_requests_name_the_field_and_server_keeps_serving(server, raw, field):
+    conn = http.client.HTTPConnection(*server.server_address[:2], timeout=30)
+    status, out = _call(server, "POST", "/decide", raw=raw, conn=conn)
+    assert status == 400 and out["error"]["field"] == field, out
+    # Same keep-alive connection, then a fresh one: both still answered.
+    assert _call(server, "POST", "/decide", _req(2), conn=conn)[1]["choice"] == "tool_2"
+    conn.close()
+    assert _call(server, "POST", "/decide", _req(5))[1]["choice"] == "tool_5"
+
+
+def test_backend_failure_and_unknown_route(server):
+    status, out = _call(server, "POST", "/decide", {"context": "c", "question": "q",
+                                                    "options": ["a", "b"]})
+    assert status == 422 and "oracle_answer" in out["error"]["message"]
+    # In a batch only the failing question fails; its neighbour is answered.
+    status, out = _call(server, "POST", "/decide", {"requests": [
+        _req(4), {"context": "c", "question": "q", "options": ["a", "b"]}]})
+    assert status == 200 and out["results"][0]["choice"] == "tool_4"
+    assert "oracle_answer" in out["results"][1]["error"]["message"]
+    assert _call(server, "POST", "/nope", {})[0] == 404
+    assert _call(server, "GET", "/nope")[0] == 404
+
+
+def test_16_concurrent_clients_share_backend_calls(server):
+    barrier = threading.Barrier(16)
+    answers = {}
+
+    def client(i):
+        conn = http.client.HTTPConnection(*server.server_address[:2], timeout=60)
+        barrier.wait()
+        answers[i] = _call(server, "POST", "/decide", _req(i, id=i), conn=conn)
+        conn.close()
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(answers[i][0] == 200 and answers[i][1]["id"] == i
+               and answers[i][1]["choice"] == OPTS[i % 8] for i in range(16))
+    stats = _call(server, "GET", "/stats")[1]
+    assert stats["questions"] == 16 and stats["calls"] <= 4, stats   # 100 ms collection window
+    assert stats["largest_batch"] >= 4
+
+
+class _Recorder:
+    """A real Oracle that also records the batch sizes it was called with."""
+
+    def __init__(self):
+        self.oracle, self.sizes, self.name = Oracle(), [], "recorder"
+
+    def choose(self, qs):
+        self.sizes.append(len(qs))
+        return self.oracle.choose(qs)
+
+
+def _mc(i, answer=True):
+    return MultipleChoice(f"ctx {i}", "q", tuple(OPTS),
+                          meta={"oracle_answer": OPTS[i % 8]} if answer else {})
+
+
+def test_microbatcher_batches_splits_and_isolates_failures():
+    rec = _Recorder()
+    b = MicroBatcher(rec, max_batch=4, max_wait_ms=200.0)
+    futs = b.submit([_mc(i) for i in range(10)])
+    assert [f.result(10).choice for f in futs] == [i % 8 for i in range(10)]
+    assert rec.sizes == [4, 4, 2]
+    rec.sizes.clear()
+    futs = b.submit([_mc(0), _mc(1, answer=False), _mc(2)])
+    assert futs[0].result(10).choice == 0 and futs[2].result(10).choice == 2
+    with pytest.raises(Exception, match="oracle_answer"):
+        futs[1].result(10)
+    assert rec.sizes == [3, 1, 1, 1]      # the batch raised: each question retried alone
+    b.close()
+    with pytest.raises(ValueError, match="max_batch"):
+        MicroBatcher(rec, max_batch=0)
+
+
+# ------------------------------------------------------------------- CLI processes
+
+def _cli(*args):
+    return [sys.executable, "-m", "jaxdm.cli", "decide", *args]
+
+
+def test_cli_stdio_json_lines():
+    lines = [json.dumps(_req(1, id=1)), "", "{oops", json.dumps({"requests": [_req(2), _req(3)]}),
+             json.dumps({"context": "c", "question": "q", "options": []})]
+    p = subprocess.run(_cli("--stdio", "--backend", "oracle"), input="\n".join(lines) + "\n",
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = [json.loads(x) for x in p.stdout.splitlines()]
+    assert len(out) == 4
+    assert out[0]["choice"] == "tool_1" and out[0]["id"] == 1
+    assert out[1]["error"]["field"] == "body" and out[1]["error"]["line"] == 3
+    assert [r["choice"] for r in out[2]["results"]] == ["tool_2", "tool_3"]
+    assert out[3]["error"] == {"field": "options", "message": "is empty; give at least one option",
+                               "line": 5}
+
+
+def test_cli_serve_process_and_bad_backend():
+    p = subprocess.Popen(_cli("--serve", "--port", "0", "--backend", "oracle"),
+                         stderr=subprocess.PIPE, text=True, env={**os.environ})
+    try:
+        banner = p.stderr.readline()
+        m = re.search(r"http://127\.0\.0\.1:(\d+)", banner)
+        assert m, banner
+        c = http.client.HTTPConnection("127.0.0.1", int(m.group(1)), timeout=30)
+        c.request("POST", "/decide", body=json.dumps(_req(7)))
+        r = c.getresponse()
+        assert r.status == 200 and json.loads(r.read())["choice"] == "tool_7"
+        c.request("POST", "/decide", body=b"{")
+        r = c.getresponse()
+        assert r.status == 400 and json.loads(r.read())["error"]["field"] == "body"
+        c.close()
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
+        p.stderr.close()
+    bad = subprocess.run(_cli("--stdio", "--backend", "oracle:temperature=1"), input="",
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "temperature" in bad.stderr
