@@ -336,3 +336,14 @@ class Remote:
 
     def score(self, questions: Sequence[YesNo]) -> list[ScoreResult]:
         return self._run(questions, YesNo)
+
+    # ---- shared HTTP layer (HARNESS: jaxdm.harness.RemoteLLM posts through it) -----------
+    def post_json(self, path: str, body: dict) -> dict:
+        """POST ``body`` to ``<base_url><path>`` with this backend's retries, backoff,
+        Retry-After, timeout, down-marking and API key; returns the JSON object or raises
+        ``RequestFailed`` (the reason in its message, the raw body in ``.raw``)."""
+        with httpx.Client() as client:
+            return self._post(client, path, body)
+
+
+RequestFailed = _Failure  # public name of the failure post_json raises

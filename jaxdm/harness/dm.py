@@ -1,0 +1,131 @@
+"""Decision models for the harness beyond ``jaxdm.decision.make_backend``'s backends.
+
+- ``NoisyOracle`` ("oracle_noisy"): answers DECISION GYM / harness questions from their keys
+  (``meta["answer"]``) with a set accuracy per decision point and an *informative but
+  uncalibrated* confidence: a right answer's top probability is drawn from Beta(a_right,
+  b_right), a wrong one's from Beta(a_wrong, b_wrong), seeded per question. Confidence then
+  separates right from wrong answers only partly, which is what threshold fitting needs to
+  discover (the plain ``Oracle`` puts the same confidence on every answer).
+- ``BM25Shortlist`` ("bm25"): the seed's keyword control. It scores options by BM25 (bm25s)
+  against the question's context (the last customer message and results), so ASSIST gets a
+  keyword shortlist instead of a decision model's.
+- ``make_dm(spec)``: these two kinds, else ``jaxdm.decision.make_backend``.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from jaxdm.decision.types import ChoiceResult, Cost, MultipleChoice, choice_failed, choice_ok
+
+
+def _seed(*parts: Any) -> int:
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little")
+
+
+class NoisyOracle:
+    """Key-reading decision model with per-point accuracy and an informative confidence."""
+
+    def __init__(self, accuracy: Mapping[str, float] | None = None, default_accuracy: float = 0.9,
+                 right: tuple[float, float] = (6.0, 1.5), wrong: tuple[float, float] = (2.0, 2.5),
+                 seed: int = 0, price_per_call: float = 0.0, latency_s: float = 0.0,
+                 name: str | None = None):
+        self.accuracy = dict(accuracy or {})
+        for k, v in {**self.accuracy, "default_accuracy": default_accuracy}.items():
+            if not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
+                raise ValueError(f"oracle_noisy: accuracy {k}={v!r} must be in [0, 1]")
+        for k, ab in (("right", right), ("wrong", wrong)):
+            if len(ab) != 2 or not all(isinstance(x, (int, float)) and x > 0 for x in ab):
+                raise ValueError(f"oracle_noisy: {k} must be two positive Beta parameters, "
+                                 f"got {ab!r}")
+        self.default_accuracy = float(default_accuracy)
+        self.right, self.wrong = tuple(right), tuple(wrong)
+        self.seed = int(seed)
+        self.price_per_call = float(price_per_call)
+        self.latency_s = float(latency_s)
+        self.name = name or f"oracle_noisy(seed={self.seed})"
+
+    def choose(self, questions: Sequence[MultipleChoice]) -> list[ChoiceResult]:
+        out = []
+        for i, q in enumerate(questions):
+            if not isinstance(q, MultipleChoice):
+                raise TypeError(f"questions[{i}] is {type(q).__name__}, expected MultipleChoice")
+            answer = tuple(q.meta.get("answer") or ())
+            n = len(q.options)
+            if not answer:
+                out.append(choice_failed(f"questions[{i}] has no answer key in meta['answer']"))
+                continue
+            point = q.meta.get("point", q.meta.get("kind", ""))
+            acc = float(self.accuracy.get(point, self.default_accuracy))
+            rng = np.random.default_rng(_seed(self.seed, q.context, q.question, q.options))
+            wrong = [j for j in range(n) if j not in answer]
+            is_right = not wrong or rng.random() < acc
+            top = answer[0] if is_right else int(rng.choice(wrong))
+            a, b = self.right if is_right else self.wrong
+            conf = float(rng.beta(a, b))
+            conf = min(max(conf, 1.0 / n + 1e-6), 1.0 - 1e-6) if n > 1 else 1.0
+            rest = (1.0 - conf) / (n - 1) if n > 1 else 0.0
+            probs = [conf if j == top else rest for j in range(n)]
+            out.append(choice_ok(probs, cost=Cost(usd=self.price_per_call,
+                                                  seconds=self.latency_s)))
+        return out
+
+
+class BM25Shortlist:
+    """Scores options by BM25 over their text against the context's latest lines (bm25s)."""
+
+    def __init__(self, tail_lines: int = 4, name: str = "bm25"):
+        self.tail_lines = int(tail_lines)
+        self.name = name
+
+    def choose(self, questions: Sequence[MultipleChoice]) -> list[ChoiceResult]:
+        import bm25s
+        out = []
+        for q in questions:
+            t0 = time.perf_counter()
+            query = "\n".join(q.context.splitlines()[-self.tail_lines:]) + " " + q.question
+            corpus = bm25s.tokenize([o.replace("_", " ") for o in q.options], stopwords="en",
+                                    show_progress=False)
+            retriever = bm25s.BM25()
+            retriever.index(corpus, show_progress=False)
+            qt = bm25s.tokenize([query.replace("_", " ")], stopwords="en",
+                                show_progress=False, return_ids=False)[0]
+            scores = np.asarray(retriever.get_scores(qt), dtype=np.float64) if qt else \
+                np.zeros(len(q.options))
+            z = np.exp(scores - scores.max()) if scores.size else scores
+            probs = (z / z.sum()).tolist()
+            out.append(choice_ok(probs, cost=Cost(seconds=time.perf_counter() - t0)))
+        return out
+
+
+DM_KINDS = ("oracle_noisy", "bm25")
+
+
+def make_dm(spec: Mapping[str, Any]) -> Any:
+    """A decision model from a dict: {"kind": "oracle_noisy", ...}, {"kind": "bm25"}, or any
+    ``jaxdm.decision.make_backend`` spec (oracle, local_readout, local_likelihood, remote...)."""
+    if not isinstance(spec, Mapping):
+        raise TypeError(f"decision model spec must be a mapping, got {type(spec).__name__}")
+    kind = spec.get("kind")
+    opts = {k: v for k, v in spec.items() if k != "kind"}
+    if kind == "oracle_noisy":
+        for key in ("right", "wrong"):
+            if key in opts:
+                opts[key] = tuple(opts[key])
+        try:
+            return NoisyOracle(**opts)
+        except TypeError as e:
+            raise ValueError(f"decision model kind 'oracle_noisy': {e}") from None
+    if kind == "bm25":
+        try:
+            return BM25Shortlist(**opts)
+        except TypeError as e:
+            raise ValueError(f"decision model kind 'bm25': {e}") from None
+    from jaxdm.decision import make_backend
+    return make_backend(spec)
+
+
+__all__ = ["NoisyOracle", "BM25Shortlist", "make_dm", "DM_KINDS"]

@@ -1,0 +1,451 @@
+"""Agent LLMs behind one interface, each reporting tokens, price, latency and failures per call.
+
+The harness asks its agent LLM once per step (``AgentLLM.act``) with an ``LLMRequest``: the
+prompt text, the tools it may call (all of them, an ASSIST shortlist, or one forced tool), the
+argument values already fixed by the decision model, the harness questions it holds this step
+(loop-control points, ASSIST shortlists, GUARD returns) and whether to reflect first. The reply
+(``LLMReply``) holds the tool call, one option index per question, any free text, and the
+call's usage: tokens in / out, USD, seconds, ok / error.
+
+- ``SimulatedLLM``: scripted from DECISION GYM's answer keys with a set accuracy per decision
+  point; its wrong tool choices are drawn from the gym's realistic error kinds
+  (``ERROR_KINDS``: near-duplicate tool, acting instead of asking, needless lookup,
+  irrelevant tool, premature finish; wrong parameter values); latency and price per call;
+  seeded per (task, step, call). It makes every experiment runnable in seconds on CPU.
+- ``RemoteLLM``: an OpenAI-compatible chat server with native tool calling (``tools``,
+  ``tool_calls``); its HTTP layer is ``jaxdm.decision.remote.Remote``'s (retries, backoff,
+  Retry-After, timeouts, API key from an env var only).
+- ``LocalLLM``: a jaxdm generative model (the KV-cache sampler) with the tools rendered in its
+  chat template; the reply's JSON tool call is parsed like a remote one.
+
+Tokens of the SimulatedLLM are counted as ceil(characters / 4) (stated, not measured).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import time
+from typing import Any, Mapping, Protocol, Sequence
+
+from jaxdm.decision.types import MultipleChoice
+
+ANSWER_TOOL = "answer_harness_questions"
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldQuestion:
+    """A harness question the LLM answers in this call: ``allowed`` option indices (ASSIST
+    shortlist / GUARD return leave fewer), all when None."""
+
+    point: str
+    question: MultipleChoice
+    allowed: tuple[int, ...] | None = None
+
+    def options_allowed(self) -> tuple[int, ...]:
+        return tuple(range(len(self.question.options))) if self.allowed is None else self.allowed
+
+
+@dataclasses.dataclass(frozen=True)
+class LLMRequest:
+    """One call to the agent LLM (see the module docstring).
+
+    ``tools`` are OpenAI function schemas of the callable tools (empty: no tool call wanted);
+    ``forced_tool`` pins the call to one of them; ``fixed_args`` are values decided by the
+    decision model (the LLM fills the rest); ``hidden`` carries env state for the
+    SimulatedLLM only and is never sent to a model.
+    """
+
+    prompt: str
+    tools: tuple[Mapping[str, Any], ...] = ()
+    forced_tool: str | None = None
+    fixed_args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    questions: tuple[HeldQuestion, ...] = ()
+    reflect: bool = False
+    call_id: str = ""
+    hidden: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+
+    @property
+    def wants_tool_call(self) -> bool:
+        return bool(self.tools)
+
+
+@dataclasses.dataclass(frozen=True)
+class LLMReply:
+    """What one call returned and cost. ``answers[i]`` is the option index for
+    ``request.questions[i]`` (None when the LLM gave no usable answer)."""
+
+    tool: str | None = None
+    args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    answers: tuple[int | None, ...] = ()
+    text: str = ""
+    tokens_in: int = 0
+    tokens_out: int = 0
+    usd: float = 0.0
+    seconds: float = 0.0
+    ok: bool = True
+    error: str | None = None
+    model: str = ""
+
+
+class AgentLLM(Protocol):
+    name: str
+
+    def act(self, request: LLMRequest) -> LLMReply: ...
+
+
+def count_tokens(text: str) -> int:
+    """Token estimate for priced simulation: ceil(characters / 4)."""
+    return math.ceil(len(text) / 4)
+
+
+def tools_text(tools: Sequence[Mapping[str, Any]]) -> str:
+    """The tool list as the model would see it (JSON schemas, one per line)."""
+    return "\n".join(json.dumps(t, sort_keys=True) for t in tools)
+
+
+def questions_text(questions: Sequence[HeldQuestion]) -> str:
+    lines = []
+    for i, hq in enumerate(questions):
+        q = hq.question
+        lines.append(f"Q{i + 1} ({hq.point}): {q.question}")
+        lines += [f"  {j}. {q.options[j]}" for j in hq.options_allowed()]
+    return "\n".join(lines)
+
+
+def request_text(req: LLMRequest) -> str:
+    """Everything a text model reads for ``req`` (what token counts are based on)."""
+    parts = [req.prompt]
+    if req.tools:
+        parts.append("Tools:\n" + tools_text(req.tools))
+    if req.forced_tool:
+        parts.append(f"Call the tool {req.forced_tool}.")
+    if req.fixed_args:
+        parts.append("Fixed arguments: " + json.dumps(dict(req.fixed_args), sort_keys=True))
+    if req.questions:
+        parts.append("Answer the harness questions:\n" + questions_text(req.questions))
+    if req.reflect:
+        parts.append("First reflect on the last step: did it fail or leave the plan?")
+    return "\n\n".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# SimulatedLLM
+
+
+@dataclasses.dataclass(frozen=True)
+class LLMProfile:
+    """A simulated agent LLM: accuracy per decision point, price and latency per call.
+
+    ``accuracy`` maps decision points to the probability of a keyed answer (missing points use
+    ``default_accuracy``); ``reflect_gain`` scales the error rate of the step after a
+    reflection (0.5 halves it); ``fail_rate`` is the share of calls that fail (timeouts).
+    """
+
+    name: str = "sim-strong"
+    accuracy: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    default_accuracy: float = 0.95
+    price_per_1k_in: float = 0.0003
+    price_per_1k_out: float = 0.0025
+    latency_s: float = 0.8
+    latency_per_1k_out_s: float = 4.0
+    fail_rate: float = 0.0
+    reflect_gain: float = 0.5
+
+    def __post_init__(self):
+        for k, v in {**self.accuracy, "default_accuracy": self.default_accuracy,
+                     "fail_rate": self.fail_rate, "reflect_gain": self.reflect_gain}.items():
+            if not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
+                raise ValueError(f"LLMProfile {self.name!r}: {k} must be in [0, 1], got {v!r}")
+        for k in ("price_per_1k_in", "price_per_1k_out", "latency_s", "latency_per_1k_out_s"):
+            v = getattr(self, k)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"LLMProfile {self.name!r}: {k} must be a finite number >= 0, "
+                                 f"got {v!r}")
+
+    def acc(self, point: str) -> float:
+        return float(self.accuracy.get(point, self.default_accuracy))
+
+
+# Two profiles for experiments (our numbers, shaped like the seed's Flash / Flash-Lite prices).
+STRONG = LLMProfile("sim-strong", {"tool": 0.97, "params": 0.98, "stop": 0.98},
+                    default_accuracy=0.95, price_per_1k_in=0.0003, price_per_1k_out=0.0025,
+                    latency_s=0.8)
+WEAK = LLMProfile("sim-weak", {"tool": 0.86, "params": 0.92, "stop": 0.93},
+                  default_accuracy=0.85, price_per_1k_in=0.0001, price_per_1k_out=0.0004,
+                  latency_s=0.4)
+PROFILES = {"strong": STRONG, "weak": WEAK}
+
+
+class SimulatedLLM:
+    """An agent LLM scripted from DECISION GYM's answer keys (see the module docstring).
+
+    Reads ``request.hidden``: ``env`` (DecisionGym), ``state``, ``params`` and, for each held
+    question, the key in ``question.meta["answer"]``. Decisions are seeded by
+    (seed, request.call_id) so a rerun reproduces every call.
+    """
+
+    def __init__(self, profile: LLMProfile = STRONG, seed: int = 0):
+        if not isinstance(profile, LLMProfile):
+            raise TypeError(f"profile must be an LLMProfile, got {type(profile).__name__}")
+        self.profile = profile
+        self.seed = int(seed)
+        self.name = profile.name
+
+    # -- answering -------------------------------------------------------------------------
+    def _pick(self, rng: random.Random, acc: float, allowed: Sequence[int],
+              answer: Sequence[int], preferred: int | None = None) -> int:
+        good = [i for i in allowed if i in answer]
+        bad = [i for i in allowed if i not in answer]
+        if good and (not bad or rng.random() < acc):
+            return preferred if preferred in good else good[0]
+        return rng.choice(bad) if bad else allowed[0]
+
+    def _tool_call(self, rng: random.Random, req: LLMRequest, acc_tool: float,
+                   acc_params: float) -> tuple[str, dict[str, Any]]:
+        from jaxdm.envs.decision_gym import (ERROR_KINDS, expert_args, expert_call,
+                                             render_context)
+        from jaxdm.envs.decision_gym import tools as gym_tools
+        env, state, params = req.hidden["env"], req.hidden["state"], req.hidden["params"]
+        shift = bool(req.hidden.get("shift", False))
+        offered = [t["function"]["name"] for t in req.tools]
+        canon = {gym_tools.tool_named(n, shift).name: n for n in offered}
+        key = env.answer_key(state)
+        context = render_context(state)
+        if req.forced_tool is not None:
+            tool = gym_tools.tool_named(req.forced_tool, shift).name
+        else:
+            right = [t for t in (key.tools if key else ()) if t in canon]
+            tool = None
+            if right and rng.random() < acc_tool:
+                best, _ = expert_call(state, key, context)
+                tool = best if best in right else right[0]
+            if tool is None:  # a realistic error, drawn from the gym's error kinds
+                tool = self._wrong_tool(rng, key, state, list(canon), ERROR_KINDS, gym_tools)
+        if key is not None and key.accepts_tool(tool):
+            args = expert_args(state, key, tool, context)
+            for p, allowed in key.params(tool).items():
+                if rng.random() < acc_params:
+                    continue
+                from jaxdm.envs.decision_gym import candidates
+                param = gym_tools.TOOL_BY_NAME[tool].param(p)
+                wrong = [v for v in candidates(param, context)
+                         if not key.accepts_value(tool, p, v)]
+                if wrong:
+                    args[p] = rng.choice(wrong)
+        else:
+            args = fill_args(gym_tools.TOOL_BY_NAME[tool], context)
+        args.update(req.fixed_args)
+        return canon.get(tool, gym_tools.TOOL_BY_NAME[tool].display_name(shift)), args
+
+    @staticmethod
+    def _wrong_tool(rng, key, state, offered: list[str], kinds, gym_tools) -> str:
+        expert = key.tools[0] if key else "finish"
+        pool: list[str] = []
+        kinds = list(kinds)
+        rng.shuffle(kinds)
+        for kind in kinds:
+            if kind == "near_duplicate":
+                pool = [t for t in gym_tools.CONFUSIONS.get(expert, ()) if t in offered]
+            elif kind == "act_instead_of_ask" and expert == "ask_customer":
+                pool = [t for t in gym_tools.WRITE_TOOLS if t in offered
+                        and gym_tools.TOOL_BY_NAME[t].kind == gym_tools.CORE]
+            elif kind == "needless_lookup":
+                pool = [t for t in ("get_product", "find_customer", "get_order")
+                        if t in offered and not (key and key.accepts_tool(t))]
+            elif kind == "irrelevant_tool":
+                pool = [t for t in offered if gym_tools.TOOL_BY_NAME[t].kind
+                        == gym_tools.IRRELEVANT]
+            elif kind == "premature_finish" and expert != "finish":
+                pool = ["finish"] if "finish" in offered else []
+            if pool:
+                return rng.choice(pool)
+        wrong = [t for t in offered if not (key and key.accepts_tool(t))]
+        return rng.choice(wrong) if wrong else offered[0]
+
+    def act(self, req: LLMRequest) -> LLMReply:
+        t0 = time.perf_counter()
+        p = self.profile
+        rng = random.Random(f"{self.seed}/{p.name}/{req.call_id}")
+        gain = p.reflect_gain if req.hidden.get("reflected") else 1.0
+        text_in = request_text(req)
+        if rng.random() < p.fail_rate:
+            tin = count_tokens(text_in)
+            return LLMReply(ok=False, error="timeout (simulated)", tokens_in=tin,
+                            usd=tin / 1000 * p.price_per_1k_in, seconds=p.latency_s,
+                            model=self.name)
+        answers = []
+        for hq in req.questions:
+            acc = 1.0 - (1.0 - p.acc(hq.point)) * gain
+            answers.append(self._pick(rng, acc, hq.options_allowed(),
+                                      hq.question.meta.get("answer", ())))
+        tool, args = None, {}
+        if req.wants_tool_call:
+            tool, args = self._tool_call(rng, req, 1.0 - (1.0 - p.acc("tool")) * gain,
+                                         1.0 - (1.0 - p.acc("params")) * gain)
+        text = ""
+        if req.reflect:
+            text = "Reflection: the last step did not follow the plan; re-check the key facts."
+        out = json.dumps({"tool": tool, "args": args, "answers": answers}) + text
+        tin, tout = count_tokens(text_in), count_tokens(out)
+        usd = tin / 1000 * p.price_per_1k_in + tout / 1000 * p.price_per_1k_out
+        seconds = p.latency_s + tout / 1000 * p.latency_per_1k_out_s
+        del t0
+        return LLMReply(tool=tool, args=args, answers=tuple(answers), text=text, tokens_in=tin,
+                        tokens_out=tout, usd=usd, seconds=seconds, model=self.name)
+
+
+def fill_args(tool: Any, context: str) -> dict[str, Any]:
+    """Required arguments of an off-plan DECISION GYM tool as a careless agent writes them:
+    the first value of the right type in the context, else a plain default."""
+    from jaxdm.envs.decision_gym import candidates
+    out: dict[str, Any] = {}
+    for p in tool.params:
+        if not p.required:
+            continue
+        cands = candidates(p, context)
+        if cands:
+            out[p.name] = cands[0]
+        elif p.sem in ("number", "integer"):
+            out[p.name] = 1
+        elif p.sem == "bool":
+            out[p.name] = False
+        else:
+            out[p.name] = "unknown"
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# RemoteLLM
+
+
+def answer_tool_schema(questions: Sequence[HeldQuestion]) -> dict[str, Any]:
+    """A function the model calls to answer the harness questions: one enum field per question
+    (the allowed option indices as strings)."""
+    props = {f"q{i + 1}": {"type": "string",
+                           "enum": [str(j) for j in hq.options_allowed()],
+                           "description": hq.question.question}
+             for i, hq in enumerate(questions)}
+    return {"type": "function", "function": {
+        "name": ANSWER_TOOL, "description": "Answer the harness questions by option number.",
+        "parameters": {"type": "object", "properties": props, "required": sorted(props)}}}
+
+
+class RemoteLLM:
+    """An agent LLM on an OpenAI-compatible chat server with native tool calling.
+
+    The HTTP layer (retries with backoff on 429/5xx and connection errors, Retry-After,
+    timeout, marking a dead server down, the API key read from ``api_key_env`` at send time)
+    is ``jaxdm.decision.remote.Remote``'s, reused through ``Remote.post_json``. Prices per 1k
+    tokens turn the server's ``usage`` into USD. Any failure gives ``ok=False`` with the reason.
+    """
+
+    SYSTEM = ("You are a customer-service agent for a small shop. Use the tools to resolve the "
+              "customer's request following the shop policy. Call exactly one tool per turn.")
+
+    def __init__(self, base_url: str, model: str, *, api_key_env: str | None = None,
+                 price_per_1k_in: float = 0.0, price_per_1k_out: float = 0.0,
+                 timeout: float = 60.0, max_retries: int = 3, backoff: float = 0.5,
+                 max_backoff: float = 30.0, max_tokens: int = 512, name: str | None = None):
+        from jaxdm.decision.remote import Remote
+        self.transport = Remote(base_url, model, interface="prompted", api_key_env=api_key_env,
+                                price_per_1k_in=price_per_1k_in,
+                                price_per_1k_out=price_per_1k_out, timeout=timeout,
+                                max_retries=max_retries, backoff=backoff,
+                                max_backoff=max_backoff, max_tokens=max_tokens)
+        self.model = model
+        self.price_in = float(price_per_1k_in)
+        self.price_out = float(price_per_1k_out)
+        self.max_tokens = int(max_tokens)
+        self.name = name or f"remote:{model}"
+
+    def __repr__(self) -> str:
+        return f"RemoteLLM(model={self.model!r}, transport={self.transport!r})"
+
+    def body(self, req: LLMRequest) -> dict[str, Any]:
+        """The chat/completions body for ``req`` (tools native; questions via ANSWER_TOOL)."""
+        user = req.prompt
+        if req.fixed_args:
+            user += "\n\nUse these argument values: " + json.dumps(dict(req.fixed_args),
+                                                                   sort_keys=True)
+        if req.questions:
+            user += ("\n\nAlso call " + ANSWER_TOOL + " to answer:\n"
+                     + questions_text(req.questions))
+        if req.reflect:
+            user += "\n\nFirst reflect briefly on your last step: did it fail or leave the plan?"
+        tools = [dict(t) for t in req.tools]
+        if req.questions:
+            tools.append(answer_tool_schema(req.questions))
+        body: dict[str, Any] = {"model": self.model, "temperature": 0.0,
+                                "max_tokens": self.max_tokens,
+                                "messages": [{"role": "system", "content": self.SYSTEM},
+                                             {"role": "user", "content": user}]}
+        if tools:
+            body["tools"] = tools
+            if req.forced_tool and not req.questions:
+                body["tool_choice"] = {"type": "function", "function": {"name": req.forced_tool}}
+            elif not req.tools:
+                body["tool_choice"] = {"type": "function", "function": {"name": ANSWER_TOOL}}
+            else:
+                body["tool_choice"] = "required"
+        return body
+
+    def act(self, req: LLMRequest) -> LLMReply:
+        from jaxdm.decision.remote import RequestFailed
+        t0 = time.perf_counter()
+        try:
+            data = self.transport.post_json("/v1/chat/completions", self.body(req))
+        except RequestFailed as e:
+            return LLMReply(ok=False, error=str(e), seconds=time.perf_counter() - t0,
+                            model=self.name)
+        seconds = time.perf_counter() - t0
+        usage = data.get("usage") if isinstance(data.get("usage"), Mapping) else {}
+        tin, tout = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+        usd = tin / 1000 * self.price_in + tout / 1000 * self.price_out
+        base = dict(tokens_in=tin, tokens_out=tout, usd=usd, seconds=seconds, model=self.name)
+        try:
+            msg = data["choices"][0]["message"]
+        except (KeyError, IndexError, TypeError):
+            return LLMReply(ok=False, error="response has no choices[0].message", **base)
+        return parse_tool_calls(msg, req, **base)
+
+
+def parse_tool_calls(msg: Mapping[str, Any], req: LLMRequest, **base: Any) -> LLMReply:
+    """An assistant message's ``tool_calls`` -> LLMReply (the env tool call and the answers)."""
+    calls = msg.get("tool_calls") or []
+    offered = {t["function"]["name"] for t in req.tools}
+    tool, args, answers = None, {}, [None] * len(req.questions)
+    for c in calls if isinstance(calls, list) else []:
+        fn = c.get("function") if isinstance(c, Mapping) else None
+        if not isinstance(fn, Mapping):
+            continue
+        try:
+            a = json.loads(fn.get("arguments") or "{}")
+        except (json.JSONDecodeError, TypeError):
+            return LLMReply(ok=False, error=f"tool call {fn.get('name')!r}: arguments are not "
+                                            "JSON", **base)
+        if not isinstance(a, dict):
+            return LLMReply(ok=False, error=f"tool call {fn.get('name')!r}: arguments are not "
+                                            "an object", **base)
+        if fn.get("name") == ANSWER_TOOL:
+            for i, hq in enumerate(req.questions):
+                v = a.get(f"q{i + 1}")
+                try:
+                    j = int(v)
+                except (TypeError, ValueError):
+                    continue
+                answers[i] = j if j in hq.options_allowed() else None
+        elif fn.get("name") in offered and tool is None:
+            tool, args = fn["name"], {**a, **req.fixed_args}
+    if req.wants_tool_call and tool is None:
+        names = [c.get("function", {}).get("name") for c in calls if isinstance(c, Mapping)]
+        return LLMReply(ok=False, error=f"no call to an offered tool (got {names})",
+                        answers=tuple(answers), **base)
+    return LLMReply(tool=tool, args=args, answers=tuple(answers),
+                    text=str(msg.get("content") or ""), **base)
+
+
+__all__ = ["AgentLLM", "HeldQuestion", "LLMRequest", "LLMReply", "LLMProfile", "STRONG", "WEAK",
+           "PROFILES", "SimulatedLLM", "RemoteLLM", "ANSWER_TOOL", "answer_tool_schema",
+           "parse_tool_calls", "request_text", "count_tokens", "fill_args"]
