@@ -46,7 +46,7 @@ def np_normalised(values, rewards, group_ids, mask, rows, eps=1e-6):
     return raw / (rms + eps)
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(3))
 def test_anchoring_and_rms_match_numpy(seed):
     values, rewards, group_ids, mask = ragged(seed)
     for normalize in ("none", "rms"):
@@ -58,7 +58,7 @@ def test_anchoring_and_rms_match_numpy(seed):
         assert np.all(got[~mask] == 0.0)
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(3))
 def test_rms_keeps_every_sign_and_each_total_sign(seed):
     values, rewards, group_ids, mask = ragged(seed)
     raw = np.asarray(adv.lvrl_advantages(values, rewards, group_ids, mask, num_groups=4))

@@ -1,0 +1,283 @@
+"""LVRL value models: the values of every interior state s_1..s_{T−1} of a target trajectory,
+conditioned on its group context and the trajectory up to that state (seed 001 §3.2).
+
+One ``values(queries)`` call takes one ``ValueQuery`` per target trajectory and returns one
+``ValueResult`` each: ``values`` [T − 1] in [0, 1] (interior states only; the two ends are
+anchored by the estimator), or ``ok`` False with the reason. Never raises for a bad model
+answer: a failed trajectory falls back to its GRPO advantage upstream. Registered in
+``VALUE_MODELS`` (config names):
+
+- ``"readout"`` (``ReadoutValueModel``): a YesNo "will the task be completed from state t?"
+  per interior state through any decision backend. With ``LocalReadout`` the T − 1 questions
+  of a trajectory share their leading tokens (prompts' token-prefix property), so they are
+  scored in one packed pass (trunk = group context + trajectory; each question sees its own
+  prefix). Any failed question fails the trajectory.
+- ``"list"`` (``ListValueModel``): the paper's way, one generation per trajectory through a
+  ``TextGenerator`` returning a JSON list of T − 1 values; parsed strictly (a JSON list of
+  exactly T − 1 finite numbers in [0, 1], optionally in a ```json fence): anything else is a
+  counted failure.
+- ``"oracle"`` (``OracleValueModel``): the env's own estimate (``ORACLE_VALUES``: BabyAI from
+  the solver's plan length and the steps left, ALFWorld from the expert's remaining plan),
+  plus seeded Gaussian ``noise`` (clipped to [0, 1]) like the noisy ``Oracle`` judge.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import re
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from jaxdm.decision.types import Cost, YesNo
+from jaxdm.rl.values import prompts
+from jaxdm.trajectory import Trajectory
+
+__all__ = ["ValueQuery", "ValueResult", "state_context", "state_question", "list_messages",
+           "parse_value_list", "ReadoutValueModel", "ListValueModel", "OracleValueModel",
+           "ORACLE_VALUES", "VALUE_MODELS"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ValueQuery:
+    """Values wanted for the interior states of ``trajectory``; ``ident`` seeds noise."""
+
+    trajectory: Trajectory
+    group_context: str
+    ident: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ValueResult:
+    values: np.ndarray | None  # float32 [T - 1], states 1..T-1
+    ok: bool = True
+    error: str | None = None
+    cost: Cost = Cost()
+    raw: str | None = None
+
+
+def _failed(error: str, cost: Cost = Cost(), raw: str | None = None) -> ValueResult:
+    return ValueResult(None, False, error, cost, raw)
+
+
+# ---- prompts ------------------------------------------------------------------------------
+def _head(traj: Trajectory, group_context: str) -> list[str]:
+    return [prompts.VALUE_INSTRUCTIONS, f"Goal: {traj.goal}", group_context,
+            prompts.CURRENT_HEADER]
+
+
+def _flat(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def state_context(traj: Trajectory, group_context: str, t: int) -> str:
+    """Context of interior state t: instructions, goal, group context, states 0..t with the
+    actions between them. A character prefix of every later state's context."""
+    lines = _head(traj, group_context)
+    for k in range(t):
+        lines += [f"State {k}: {_flat(traj.steps[k].observation)}",
+                  f"Action {k}: {_flat(traj.steps[k].action)}"]
+    obs = traj.steps[t].observation if t < len(traj.steps) else traj.final_observation
+    lines.append(f"State {t}: {_flat(obs)}")
+    return "\n".join(lines)
+
+
+def state_question(traj: Trajectory, t: int) -> str:
+    return prompts.VALUE_QUESTION.format(t=t, left=traj.budget - t)
+
+
+def list_messages(traj: Trajectory, group_context: str) -> list[dict]:
+    """One chat prompt for all interior values of ``traj`` (the ``"list"`` model)."""
+    n = len(traj.steps)
+    text = state_context(traj, group_context, n)
+    question = prompts.LIST_QUESTION.format(last=n - 1, budget=traj.budget, n=n - 1)
+    return [{"role": "system", "content": prompts.LIST_SYSTEM},
+            {"role": "user", "content": f"{text}\n\n{question}"}]
+
+
+def parse_value_list(text: str, n: int) -> np.ndarray:
+    """A JSON list of exactly ``n`` finite numbers in [0, 1] (a ```json fence allowed);
+    anything else raises ValueError saying what is wrong."""
+    body = text.strip()
+    m = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", body, re.S)
+    body = m.group(1) if m else body
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not JSON ({e.msg} at char {e.pos})") from None
+    if not isinstance(data, list):
+        raise ValueError(f"expected a JSON list, got {type(data).__name__}")
+    if len(data) != n:
+        raise ValueError(f"expected {n} values, got {len(data)}")
+    for i, v in enumerate(data):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"value {i} is not a number: {v!r}")
+        if not (math.isfinite(v) and 0.0 <= v <= 1.0):
+            raise ValueError(f"value {i} = {v!r} is not a finite number in [0, 1]")
+    return np.asarray(data, np.float32)
+
+
+# ---- models ------------------------------------------------------------------------------
+class ReadoutValueModel:
+    """YesNo per interior state through a decision backend (see module docstring)."""
+
+    def __init__(self, backend: Any):
+        if not hasattr(backend, "score"):
+            raise TypeError(f"backend must be a decision model with .score, got "
+                            f"{type(backend).__name__}")
+        self.backend = backend
+        self.name = f"readout({getattr(backend, 'name', type(backend).__name__)})"
+
+    def requests(self, q: ValueQuery) -> list[YesNo]:
+        traj = q.trajectory
+        return [YesNo(context=state_context(traj, q.group_context, t),
+                      question=state_question(traj, t),
+                      meta={"role": "lvrl_value", "state": t, "ident": q.ident})
+                for t in range(1, len(traj.steps))]
+
+    def values(self, queries: Sequence[ValueQuery]) -> list[ValueResult]:
+        out = []
+        for q in queries:
+            reqs = self.requests(q)
+            if not reqs:
+                out.append(ValueResult(np.zeros(0, np.float32)))
+                continue
+            t0 = time.perf_counter()
+            try:
+                results = self.backend.score(reqs)  # one packed pass for a LocalReadout
+            except (ValueError, FloatingPointError, RuntimeError) as e:
+                out.append(_failed(f"{type(e).__name__}: {e}",
+                                   Cost(seconds=time.perf_counter() - t0)))
+                continue
+            cost = Cost()
+            for r in results:
+                cost = cost + r.cost
+            bad = [i + 1 for i, r in enumerate(results) if not r.ok]
+            if bad:
+                first = results[bad[0] - 1]
+                out.append(_failed(f"state(s) {bad[:5]} without a value ({first.error})", cost,
+                                   first.raw))
+                continue
+            out.append(ValueResult(np.asarray([r.score for r in results], np.float32),
+                                   cost=cost))
+        return out
+
+
+class ListValueModel:
+    """One generation per trajectory returning a JSON list of values (see module docstring)."""
+
+    def __init__(self, generator: Any):
+        if not hasattr(generator, "generate"):
+            raise TypeError(f"generator must have .generate (a TextGenerator), got "
+                            f"{type(generator).__name__}")
+        self.generator = generator
+        self.name = f"list({getattr(generator, 'name', type(generator).__name__)})"
+
+    def values(self, queries: Sequence[ValueQuery]) -> list[ValueResult]:
+        out: list[ValueResult | None] = [None] * len(queries)
+        todo = []
+        for i, q in enumerate(queries):
+            if len(q.trajectory.steps) <= 1:
+                out[i] = ValueResult(np.zeros(0, np.float32))
+            else:
+                todo.append(i)
+        gens = self.generator.generate([list_messages(queries[i].trajectory,
+                                                      queries[i].group_context)
+                                        for i in todo]) if todo else []
+        for i, gen in zip(todo, gens):
+            n = len(queries[i].trajectory.steps) - 1
+            if not gen.ok:
+                out[i] = _failed(gen.error or "generation failed", gen.cost)
+                continue
+            try:
+                out[i] = ValueResult(parse_value_list(gen.text, n), cost=gen.cost)
+            except ValueError as e:
+                out[i] = _failed(f"unparsable value list: {e}", gen.cost, gen.text[:2000])
+        return out  # type: ignore[return-value]
+
+
+def _babyai_oracle(traj: Trajectory) -> np.ndarray:
+    """Replays a BabyAI text trajectory from its reset seed (metadata "key", as
+    ``play_trajectory`` records it) on its split's standard task distribution with
+    ``max_steps = traj.budget``; the replay must reproduce the first observation."""
+    from jaxdm.envs.babyai.text import make_text_env
+    from jaxdm.envs.babyai.value import trajectory_oracle_values
+
+    key = traj.metadata.get("key")
+    if key is None:
+        raise ValueError("BabyAI oracle values need metadata['key'] (the reset seed) or "
+                         "metadata['oracle_values']")
+    env = make_text_env(str(traj.metadata.get("split", "train")), max_steps=int(traj.budget))
+    obs, _ = env.reset(key)
+    if traj.steps and obs != traj.steps[0].observation:
+        raise ValueError(f"BabyAI replay of key {key!r} does not reproduce the trajectory's "
+                         f"first observation (different task distribution?)")
+    return trajectory_oracle_values(env, key, [s.action for s in traj.steps])
+
+
+def _alfworld_oracle(traj: Trajectory) -> np.ndarray:
+    from jaxdm.envs.alfworld.value import trajectory_oracle_values
+    return trajectory_oracle_values(traj)
+
+
+# env name -> fn(trajectory) -> float [T + 1] oracle values of its states
+ORACLE_VALUES: Mapping[str, Callable[[Trajectory], np.ndarray]] = {
+    "babyai": _babyai_oracle,
+    "alfworld": _alfworld_oracle,
+}
+
+
+def _stable_seed(*parts: Any) -> int:
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little")
+
+
+class OracleValueModel:
+    """The env's own state values plus seeded noise (see module docstring).
+
+    A trajectory whose metadata holds "oracle_values" (a list of T + 1 numbers, recorded by
+    a rollout that had the env states) uses them; otherwise ``ORACLE_VALUES[traj.env]``
+    recomputes them by replay. The noise of one trajectory depends on ``seed`` and the
+    query's ``ident`` only.
+    """
+
+    def __init__(self, noise: float = 0.0, seed: int = 0):
+        if not (isinstance(noise, (int, float)) and math.isfinite(noise) and noise >= 0):
+            raise ValueError(f"noise must be a finite number >= 0, got {noise!r}")
+        self.noise, self.seed = float(noise), int(seed)
+        self.name = f"oracle_value(noise={self.noise:g})"
+
+    def clean_values(self, traj: Trajectory) -> np.ndarray:
+        if "oracle_values" in traj.metadata:
+            v = np.asarray(traj.metadata["oracle_values"], np.float32)
+        elif traj.env in ORACLE_VALUES:
+            v = ORACLE_VALUES[traj.env](traj)
+        else:
+            raise ValueError(f"no oracle value for env {traj.env!r}: known "
+                             f"{sorted(ORACLE_VALUES)} or metadata['oracle_values']")
+        if v.shape != (len(traj.steps) + 1,):
+            raise ValueError(f"oracle values have shape {v.shape}, expected "
+                             f"[T + 1] = [{len(traj.steps) + 1}]")
+        return v
+
+    def values(self, queries: Sequence[ValueQuery]) -> list[ValueResult]:
+        out = []
+        for q in queries:
+            t0 = time.perf_counter()
+            v = self.clean_values(q.trajectory)[1:-1].astype(np.float64)
+            if self.noise > 0 and v.size:
+                rng = np.random.default_rng(_stable_seed(self.seed, q.ident))
+                v = np.clip(v + rng.normal(0.0, self.noise, v.shape), 0.0, 1.0)
+            out.append(ValueResult(v.astype(np.float32),
+                                   cost=Cost(seconds=time.perf_counter() - t0)))
+        return out
+
+
+# config name -> constructor
+VALUE_MODELS: Mapping[str, Callable[..., Any]] = {
+    "readout": ReadoutValueModel,
+    "list": ListValueModel,
+    "oracle": OracleValueModel,
+}
