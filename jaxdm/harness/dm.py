@@ -101,7 +101,7 @@ class BM25Shortlist:
         return out
 
 
-DM_KINDS = ("oracle_noisy", "bm25")
+DM_KINDS = ("oracle_noisy", "bm25", "random_trigger")
 
 
 def make_dm(spec: Mapping[str, Any]) -> Any:
@@ -124,8 +124,38 @@ def make_dm(spec: Mapping[str, Any]) -> Any:
             return BM25Shortlist(**opts)
         except TypeError as e:
             raise ValueError(f"decision model kind 'bm25': {e}") from None
+    if kind == "random_trigger":
+        try:
+            return RandomTrigger(**opts)
+        except TypeError as e:
+            raise ValueError(f"decision model kind 'random_trigger': {e}") from None
     from jaxdm.decision import make_backend
     return make_backend(spec)
 
 
-__all__ = ["NoisyOracle", "BM25Shortlist", "make_dm", "DM_KINDS"]
+
+
+class RandomTrigger:
+    """The seed's random-trigger control: for a binary loop-control question it puts
+    probability ~1 on "run" (option 0) with probability ``rate``, else ~0, seeded per question,
+    so TRIGGER at τ = 0.5 runs the optional step at ``rate`` (the fitted TRIGGER's call rate)."""
+
+    def __init__(self, rate: float, seed: int = 0, name: str | None = None):
+        if not (isinstance(rate, (int, float)) and 0.0 <= rate <= 1.0):
+            raise ValueError(f"random_trigger: rate must be in [0, 1], got {rate!r}")
+        self.rate, self.seed = float(rate), int(seed)
+        self.name = name or f"random_trigger(rate={self.rate:.3f})"
+
+    def choose(self, questions: Sequence[MultipleChoice]) -> list[ChoiceResult]:
+        out = []
+        for q in questions:
+            rng = np.random.default_rng(_seed("rt", self.seed, q.context, q.question, q.options))
+            n = len(q.options)
+            run = rng.random() < self.rate
+            top = 0 if run else n - 1
+            probs = [0.99 if j == top else 0.01 / (n - 1) for j in range(n)] if n > 1 else [1.0]
+            out.append(choice_ok(probs))
+        return out
+
+
+__all__ = ["NoisyOracle", "BM25Shortlist", "RandomTrigger", "make_dm", "DM_KINDS"]

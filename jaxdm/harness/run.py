@@ -1,0 +1,671 @@
+"""``jaxdm harness shadow|fit|run|compare``: configs, runs, statistics, reports and figures.
+
+- ``shadow``: the decision model answers every question of ``shadow.n_tasks`` fit-split tasks
+  without acting; writes ``shadow_decisions.jsonl`` (point, options count, the model's
+  probabilities and confidence, the LLM's choice, the key, the task outcome) and
+  ``shadow_episodes.jsonl``.
+- ``fit``: per decision point q_L, ΔC, V, the isotonic calibration and ``fit_threshold``;
+  writes ``thresholds.json`` and ``calibration.png``.
+- ``run``: every arm (the LLM alone first: the reference) on ``test.n_tasks`` test-split tasks,
+  plus a CASCADE threshold sweep for the cost-vs-success frontier; writes per arm
+  ``runs/<arm>/decisions.jsonl`` (every decision: point, mode, who decided, confidence,
+  correct, cost, latency) and ``episodes.jsonl``, and ``summary.json``.
+- ``compare``: Stage 1 (each candidate arm alone vs the reference: non-inferior and cheaper,
+  Holm; ``jaxdm.stats``), the registered Stage 2 selection run combined on NEW test tasks
+  (indices after Stage 1's), ``report.md`` and the figures ``frontier.png`` and
+  ``savings_by_point.png``.
+
+Splits: shadow/fit on DECISION GYM's fit seeds, arms on test seeds; Stage 2 on test tasks
+Stage 1 never saw. Unknown config keys are errors (``jaxdm.config``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from jaxdm.harness.agent import AgentSettings, Episode, Harness
+from jaxdm.harness.dm import make_dm
+from jaxdm.harness.fit import binned, ece, estimate_point, fit_threshold
+from jaxdm.harness.llm import LLMProfile, PROFILES, RemoteLLM, SimulatedLLM
+from jaxdm.harness.modes import Delegation
+from jaxdm.roles.harness import POINTS
+
+
+class HarnessError(ValueError):
+    """A harness job cannot run as configured (message names the key or file)."""
+
+
+# ---- configs ---------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class EnvConfig:
+    variant: str = "base"
+    strict: bool = True
+    max_steps: int = 30
+
+
+@dataclasses.dataclass(frozen=True)
+class DelegationConfig:
+    """One delegation; ``fitted: true`` takes the threshold from ``thresholds.json`` (a point
+    the fit leaves to the LLM then gets no delegation)."""
+
+    point: str
+    mode: str
+    threshold: float | None = None
+    fitted: bool = False
+    k: int = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class ArmConfig:
+    """An arm: delegations, an optional decision model replacing the default one (e.g. the
+    BM25 shortlist), ``candidate`` for Stage 1, and ``random_trigger_like`` = the name of a
+    TRIGGER arm whose measured call rate a random trigger copies."""
+
+    name: str
+    delegations: tuple[DelegationConfig, ...] = ()
+    dm: dict | None = None
+    candidate: bool = False
+    random_trigger_like: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentConfig:
+    memory: bool = False
+    reflection: bool = False
+    cheap_tier: bool = False
+    read_back: bool = False
+    window: int | None = None
+    max_llm_retries: int = 2
+    dm_price_per_call: float = 0.00004
+    dm_latency_s: float = 0.2
+
+
+@dataclasses.dataclass(frozen=True)
+class FitConfig:
+    method: str = "isotonic"
+    value_per_task: float = 1.0
+    min_support: int = 5
+    min_value_share: float = 0.05
+    points: tuple[str, ...] = ("tool", "params", "stop", "memory", "reflect", "route", "notes")
+
+
+@dataclasses.dataclass(frozen=True)
+class StatsConfig:
+    margin: float = 0.03
+    alpha: float = 0.05
+    ni_method: str = "tango"
+    cost_method: str = "t"
+
+
+@dataclasses.dataclass(frozen=True)
+class HarnessConfig:
+    env: EnvConfig = EnvConfig()
+    llm: dict = dataclasses.field(default_factory=lambda: {"kind": "simulated",
+                                                           "profile": "strong"})
+    cheap_llm: dict | None = None
+    dm: dict = dataclasses.field(default_factory=lambda: {"kind": "oracle_noisy"})
+    agent: AgentConfig = AgentConfig()
+    shadow_tasks: int = 150
+    test_tasks: int = 200
+    stage2_tasks: int = 200
+    arms: tuple[ArmConfig, ...] = ()
+    frontier_point: str = "tool"
+    frontier_thresholds: tuple[float, ...] = (0.0, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99)
+    fit: FitConfig = FitConfig()
+    stats: StatsConfig = StatsConfig()
+    out_dir: str = "harness_out"
+    seed: int = 0
+    progress: bool = True
+
+
+# ---- building --------------------------------------------------------------------------------
+
+_LLM_KEYS = {
+    "simulated": {"profile", "seed", "accuracy", "default_accuracy", "price_per_1k_in",
+                  "price_per_1k_out", "latency_s", "latency_per_1k_out_s", "fail_rate",
+                  "reflect_gain", "name"},
+    "remote": {"base_url", "model", "api_key_env", "price_per_1k_in", "price_per_1k_out",
+               "timeout", "max_retries", "backoff", "max_backoff", "max_tokens", "name"},
+    "local": {"path", "dtype", "max_new_tokens", "name"},
+}
+LLM_KINDS = tuple(_LLM_KEYS)
+
+
+def make_llm(spec: Mapping[str, Any]):
+    """An agent LLM from a dict: {"kind": "simulated", "profile": "strong" | "weak", overrides
+    of LLMProfile fields...}, {"kind": "remote", "base_url", "model", "api_key_env", ...} or
+    {"kind": "local", "path": "smollm2"}. Unknown kinds / keys raise naming them."""
+    if not isinstance(spec, Mapping):
+        raise HarnessError(f"llm spec must be a mapping, got {type(spec).__name__}")
+    kind = spec.get("kind")
+    if kind not in _LLM_KEYS:
+        raise HarnessError(f"unknown llm kind {kind!r}; known kinds: {list(LLM_KINDS)}")
+    opts = {k: v for k, v in spec.items() if k != "kind"}
+    unknown = sorted(set(opts) - _LLM_KEYS[kind])
+    if unknown:
+        raise HarnessError(f"llm kind {kind!r}: unknown key(s) {unknown}; allowed: "
+                           f"{sorted(_LLM_KEYS[kind])}")
+    if kind == "simulated":
+        name = opts.pop("profile", "strong")
+        if name not in PROFILES:
+            raise HarnessError(f"llm.profile {name!r} not in {sorted(PROFILES)}")
+        seed = opts.pop("seed", 0)
+        try:
+            profile = dataclasses.replace(PROFILES[name], **opts)
+        except (TypeError, ValueError) as e:
+            raise HarnessError(f"llm (simulated): {e}") from None
+        return SimulatedLLM(profile, seed)
+    if kind == "remote":
+        for key in ("base_url", "model"):
+            if key not in opts:
+                raise HarnessError(f"llm kind 'remote' needs {key!r}")
+        return RemoteLLM(**opts)
+    from jaxdm.harness.local import LocalLLM
+    return LocalLLM.from_spec(opts)
+
+
+def _delegations(arm: ArmConfig, thresholds: Mapping[str, Any] | None) -> list[Delegation]:
+    out = []
+    for i, d in enumerate(arm.delegations):
+        where = f"arm {arm.name!r} delegations[{i}]"
+        th = d.threshold
+        if d.fitted:
+            if thresholds is None:
+                raise HarnessError(f"{where}: fitted threshold but no thresholds.json (run "
+                                   "`jaxdm harness fit` first)")
+            if d.point not in thresholds:
+                raise HarnessError(f"{where}: thresholds.json has no point {d.point!r}")
+            th = thresholds[d.point]["threshold"]
+            if th is None:
+                continue  # the fit leaves this point to the LLM
+        try:
+            out.append(Delegation(d.point, d.mode, th, d.k))
+        except ValueError as e:
+            raise HarnessError(f"{where}: {e}") from None
+    return out
+
+
+def _settings(cfg: HarnessConfig) -> AgentSettings:
+    try:
+        return AgentSettings(**dataclasses.asdict(cfg.agent))
+    except ValueError as e:
+        raise HarnessError(f"agent: {e}") from None
+
+
+def _gym_params(cfg: HarnessConfig, split: str):
+    from jaxdm.envs.decision_gym import GymParams
+    try:
+        return GymParams(variant=cfg.env.variant, strict=cfg.env.strict,
+                         max_steps=cfg.env.max_steps, split=split)
+    except ValueError as e:
+        raise HarnessError(f"env: {e}") from None
+
+
+def _progress(cfg: HarnessConfig, total: int, desc: str):
+    if not cfg.progress:
+        return None
+    from tqdm.auto import tqdm
+    return tqdm(total=total, desc=desc, dynamic_ncols=True, file=sys.stderr)
+
+
+def run_episodes(cfg: HarnessConfig, harness: Harness, split: str, indices: Sequence[int],
+                 desc: str) -> list[Episode]:
+    from jaxdm.envs.decision_gym import DecisionGym
+    env, params = DecisionGym(), _gym_params(cfg, split)
+    bar = _progress(cfg, len(indices), desc)
+    eps = []
+    for i in indices:
+        eps.append(harness.run_task(env, i, params))
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(success=f"{np.mean([e.success for e in eps]):.3f}")
+    if bar is not None:
+        bar.close()
+    return eps
+
+
+def _write_jsonl(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise HarnessError(f"{path} does not exist (run the earlier harness command first)")
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise HarnessError(f"{path}:{n}: invalid JSON ({e.msg})") from None
+    return out
+
+
+def _harness(cfg: HarnessConfig, delegations: Sequence[Delegation], dm_spec: Mapping | None,
+             shadow: bool = False, dm: Any = None) -> Harness:
+    settings = _settings(cfg)
+    llm = make_llm(cfg.llm)
+    cheap = make_llm(cfg.cheap_llm) if cfg.cheap_llm is not None else None
+    if dm is None and (delegations or shadow):
+        try:
+            dm = make_dm(dm_spec if dm_spec is not None else cfg.dm)
+        except (TypeError, ValueError) as e:
+            raise HarnessError(f"dm: {e}") from None
+    try:
+        return Harness(llm, dm, delegations, settings, cheap_llm=cheap, shadow=shadow)
+    except ValueError as e:
+        raise HarnessError(str(e)) from None
+
+
+def _decision_rows(eps: Sequence[Episode], arm: str) -> list[dict]:
+    return [{"arm": arm, **r.to_dict()} for e in eps for r in e.decisions]
+
+
+# ---- shadow / fit ----------------------------------------------------------------------------
+
+def cmd_shadow(cfg: HarnessConfig) -> dict[str, Any]:
+    out = Path(cfg.out_dir)
+    h = _harness(cfg, (), None, shadow=True)
+    eps = run_episodes(cfg, h, "fit", range(cfg.shadow_tasks), "shadow")
+    _write_jsonl(out / "shadow_decisions.jsonl", _decision_rows(eps, "shadow"))
+    _write_jsonl(out / "shadow_episodes.jsonl", [e.summary() for e in eps])
+    summary = _arm_summary("shadow", eps)
+    print(f"shadow: {len(eps)} fit tasks, LLM success {summary['success']:.3f}, "
+          f"{sum(len(e.decisions) for e in eps)} decisions -> {out}/shadow_decisions.jsonl")
+    return summary
+
+
+def _prices(cfg: HarnessConfig, eps_rows: Sequence[Mapping], dec_rows: Sequence[Mapping]
+            ) -> tuple[float, float]:
+    """Mean LLM act-call price and the price of one answer's output tokens (from the
+    simulated profile, or 20 output tokens at the remote price)."""
+    llm = make_llm(cfg.llm)
+    p = getattr(llm, "profile", None)
+    calls = sum(r["llm_calls"] for r in eps_rows)
+    cost = sum(r["cost"] for r in eps_rows) - sum(d.get("cost_usd", 0.0) for d in dec_rows)
+    act = cost / calls if calls else 0.0
+    out_price = p.price_per_1k_out if isinstance(p, LLMProfile) else \
+        getattr(llm, "price_out", 0.0)
+    return act, 20 / 1000 * out_price
+
+
+def cmd_fit(cfg: HarnessConfig) -> dict[str, Any]:
+    out = Path(cfg.out_dir)
+    dec = _read_jsonl(out / "shadow_decisions.jsonl")
+    eps = _read_jsonl(out / "shadow_episodes.jsonl")
+    act_price, answer_price = _prices(cfg, eps, dec)
+    dm_q = cfg.agent.dm_price_per_call
+    fits: dict[str, Any] = {}
+    for point in cfg.fit.points:
+        if point not in POINTS:
+            raise HarnessError(f"fit.points: {point!r} is not a decision point {list(POINTS)}")
+        est = estimate_point(dec, eps, point, value_per_task=cfg.fit.value_per_task,
+                             llm_price_per_answer=answer_price, act_call_price=act_price,
+                             dm_price_per_question=dm_q, min_value_share=cfg.fit.min_value_share)
+        if not est["confidence"]:
+            continue
+        f = fit_threshold(est["confidence"], est["correct"], q_llm=est["q_llm"],
+                          delta_cost=est["delta_cost"], value=est["value"],
+                          method=cfg.fit.method, min_support=cfg.fit.min_support, point=point)
+        fits[point] = {**f._asdict(), "ece": ece(est["confidence"], est["correct"]),
+                       "dm_accuracy": float(np.mean(est["correct"])),
+                       "bins": binned(est["confidence"], est["correct"])}
+        th = "LLM keeps" if f.threshold is None else f"{f.threshold:.3f}"
+        print(f"fit {point:7s}: n={f.n:5d} q_L={f.q_llm:.3f} dC={f.delta_cost:.5f} "
+              f"V={f.value:.3f} tau*={f.tau_star:.3f} threshold={th} share_above="
+              f"{f.share_above:.3f}")
+    (out / "thresholds.json").write_text(json.dumps(fits, indent=1, default=_nan_none))
+    _calibration_figure(dec, fits, out / "calibration.png")
+    return fits
+
+
+def _nan_none(x):
+    return None if isinstance(x, float) and math.isnan(x) else x
+
+
+def load_thresholds(out_dir: str | Path) -> dict | None:
+    p = Path(out_dir) / "thresholds.json"
+    return json.loads(p.read_text()) if p.is_file() else None
+
+
+# ---- run / compare ---------------------------------------------------------------------------
+
+def _arm_summary(name: str, eps: Sequence[Episode]) -> dict[str, Any]:
+    n = len(eps)
+    per_point: dict[str, dict[str, int]] = {}
+    for e in eps:
+        for r in e.decisions:
+            c = per_point.setdefault(r.point, {"n": 0, "dm": 0, "correct": 0, "keyed": 0})
+            c["n"] += 1
+            c["dm"] += r.who in ("dm", "dm_fallback")
+            if r.correct is not None:
+                c["keyed"] += 1
+                c["correct"] += bool(r.correct)
+    return {"arm": name, "n": n, "success": float(np.mean([e.success for e in eps])) if n else 0.0,
+            "cost": float(np.mean([e.cost for e in eps])) if n else 0.0,
+            "seconds": float(np.sum([e.seconds for e in eps])),
+            "overhead_s": float(np.sum([e.overhead_s for e in eps])),
+            "llm_calls": int(sum(e.llm_calls for e in eps)),
+            "dm_calls": int(sum(e.dm_calls for e in eps)),
+            "dm_failures": int(sum(e.dm_failures for e in eps)),
+            "llm_failures": int(sum(e.llm_failures for e in eps)),
+            "points": per_point}
+
+
+def _run_arm(cfg: HarnessConfig, arm: ArmConfig, thresholds, indices, desc, rates) -> tuple:
+    dels = _delegations(arm, thresholds)
+    dm = None
+    if arm.random_trigger_like is not None:
+        if arm.random_trigger_like not in rates:
+            raise HarnessError(f"arm {arm.name!r}: random_trigger_like "
+                               f"{arm.random_trigger_like!r} must name an earlier TRIGGER arm")
+        if len(dels) != 1 or dels[0].mode != "trigger":
+            raise HarnessError(f"arm {arm.name!r}: a random trigger needs exactly one TRIGGER "
+                               "delegation")
+        from jaxdm.harness.dm import RandomTrigger
+        dm = RandomTrigger(rates[arm.random_trigger_like].get(dels[0].point, 0.0), cfg.seed)
+    h = _harness(cfg, dels, arm.dm, dm=dm)
+    eps = run_episodes(cfg, h, "test", indices, desc)
+    return eps, dels
+
+
+def _run_rates(eps: Sequence[Episode]) -> dict[str, float]:
+    """Share of decisions at each loop point where the optional step ran (option 0)."""
+    out: dict[str, list[int]] = {}
+    for e in eps:
+        for r in e.decisions:
+            if r.choice is not None:
+                out.setdefault(r.point, []).append(int(r.choice == 0))
+    return {p: float(np.mean(v)) for p, v in out.items()}
+
+
+def cmd_run(cfg: HarnessConfig) -> dict[str, Any]:
+    out = Path(cfg.out_dir)
+    thresholds = load_thresholds(out)
+    names = [a.name for a in cfg.arms]
+    if "llm_alone" in names or len(set(names)) != len(names):
+        raise HarnessError(f"arms: names must be unique and not 'llm_alone' (the reference), "
+                           f"got {names}")
+    idx = range(cfg.test_tasks)
+    summary: dict[str, Any] = {"arms": {}, "frontier": []}
+    t0 = time.perf_counter()
+    ref = run_episodes(cfg, _harness(cfg, (), None), "test", idx, "llm_alone")
+    _save_arm(out, "llm_alone", ref, summary, [])
+    rates: dict[str, dict[str, float]] = {}
+    for arm in cfg.arms:
+        eps, dels = _run_arm(cfg, arm, thresholds, idx, arm.name, rates)
+        rates[arm.name] = _run_rates(eps)
+        _save_arm(out, arm.name, eps, summary, dels, arm)
+    # the frontier: CASCADE on one point across thresholds (+ the fitted one)
+    ths = list(cfg.frontier_thresholds)
+    if thresholds and cfg.frontier_point in thresholds and \
+            thresholds[cfg.frontier_point]["threshold"] is not None:
+        ths.append(float(thresholds[cfg.frontier_point]["threshold"]))
+    for th in sorted(set(ths)):
+        arm = ArmConfig(f"frontier_{cfg.frontier_point}_{th:g}",
+                        (DelegationConfig(cfg.frontier_point, "cascade", th),))
+        eps, _ = _run_arm(cfg, arm, thresholds, idx, arm.name, rates)
+        s = _arm_summary(arm.name, eps)
+        summary["frontier"].append({"threshold": th, "success": s["success"], "cost": s["cost"]})
+    summary["wall_s"] = time.perf_counter() - t0
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    for name, s in summary["arms"].items():
+        print(f"{name:28s} success {s['success']:.3f}  cost/task ${s['cost']:.5f}  "
+              f"LLM calls {s['llm_calls']:5d}  DM calls {s['dm_calls']:5d}")
+    return summary
+
+
+def _save_arm(out: Path, name: str, eps: Sequence[Episode], summary: dict, dels, arm=None):
+    d = out / "runs" / name
+    _write_jsonl(d / "decisions.jsonl", _decision_rows(eps, name))
+    _write_jsonl(d / "episodes.jsonl", [e.summary() for e in eps])
+    s = _arm_summary(name, eps)
+    s["delegations"] = [x.name for x in dels]
+    s["candidate"] = bool(arm.candidate) if arm is not None else False
+    s["point"] = dels[0].point if len(dels) == 1 else None
+    summary["arms"][name] = s
+
+
+def _arm_from_files(out: Path, name: str):
+    from jaxdm.stats import Arm
+    rows = _read_jsonl(out / "runs" / name / "episodes.jsonl")
+    return Arm(np.array([r["success"] for r in rows], dtype=float),
+               np.array([r["cost"] for r in rows], dtype=float),
+               tuple(r["task_id"] for r in rows))
+
+
+def cmd_compare(cfg: HarnessConfig) -> dict[str, Any]:
+    from jaxdm import stats
+    out = Path(cfg.out_dir)
+    sp = out / "summary.json"
+    if not sp.is_file():
+        raise HarnessError(f"{sp} does not exist (run `jaxdm harness run` first)")
+    summary = json.loads(sp.read_text())
+    cands = [(n, s["point"]) for n, s in summary["arms"].items() if s.get("candidate")]
+    if any(p is None for _, p in cands):
+        raise HarnessError("candidate arms must have exactly one delegation (their point)")
+    report: dict[str, Any] = {"summary": summary}
+    if cands:
+        reg = stats.register(cands, margin=cfg.stats.margin, alpha=cfg.stats.alpha,
+                             ni_method=cfg.stats.ni_method, cost_method=cfg.stats.cost_method)
+        ref = _arm_from_files(out, "llm_alone")
+        r1 = stats.stage1(reg, ref, {n: _arm_from_files(out, n) for n, _ in cands})
+        sel = stats.stage2_selection(r1)
+        report["stage1"] = r1.table()
+        report["stage2_selection"] = sel
+        report["registration"] = reg.digest
+        chosen = [n for n in sel.values() if n is not None]
+        report["stage2_delegations"] = list(chosen)
+        if chosen:  # nothing passed: the LLM keeps every point and there is no Stage 2 test
+            idx2 = range(cfg.test_tasks, cfg.test_tasks + cfg.stage2_tasks)
+            thresholds = load_thresholds(out)
+            ref2 = run_episodes(cfg, _harness(cfg, (), None), "test", idx2, "stage2 llm_alone")
+            arms_by_name = {a.name: a for a in cfg.arms}
+            arm = ArmConfig("combined", tuple(d for n in chosen
+                                              for d in arms_by_name[n].delegations))
+            eps2, dels2 = _run_arm(cfg, arm, thresholds, idx2, "stage2 combined", {})
+            _save_arm(out, "stage2_llm_alone", ref2, report.setdefault("stage2_arms", {}), [])
+            _save_arm(out, "stage2_combined", eps2, report["stage2_arms"], dels2)
+            r2 = stats.stage2(r1, _arm_from_files(out, "stage2_llm_alone"),
+                              {"combined": _arm_from_files(out, "stage2_combined")})
+            report["stage2"] = r2.table()
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=_nan_none))
+    text = _report_md(cfg, report, load_thresholds(out))
+    (out / "report.md").write_text(text)
+    _frontier_figure(summary, out / "frontier.png")
+    _savings_figure(summary, out / "savings_by_point.png")
+    print(text)
+    return report
+
+
+# ---- report and figures ----------------------------------------------------------------------
+
+def _report_md(cfg: HarnessConfig, report: Mapping, thresholds: Mapping | None) -> str:
+    s = report["summary"]
+    ref = s["arms"]["llm_alone"]
+    lines = [f"# Harness report ({cfg.env.variant}, LLM {cfg.llm.get('profile', cfg.llm['kind'])}"
+             f", decision model {cfg.dm.get('kind')})", "",
+             f"Test tasks per arm: {ref['n']}; Stage 2: {cfg.stage2_tasks} new tasks; margin "
+             f"{cfg.stats.margin:g}, alpha {cfg.stats.alpha:g} ({cfg.stats.ni_method} "
+             f"non-inferiority, {cfg.stats.cost_method} cost test, Holm).", "",
+             "| arm | success | cost/task (USD) | saving | wall (s, simulated) | LLM calls | "
+             "DM calls | DM failures |", "|---|---|---|---|---|---|---|---|"]
+    for name, a in s["arms"].items():
+        saving = 1 - a["cost"] / ref["cost"] if ref["cost"] else 0.0
+        lines.append(f"| {name} | {a['success']:.3f} | {a['cost']:.5f} | {saving:+.1%} | "
+                     f"{a['seconds']:.0f} | {a['llm_calls']} | {a['dm_calls']} | "
+                     f"{a['dm_failures']} |")
+    if thresholds:
+        lines += ["", "## Fitted thresholds (shadow mode, fit split)", "",
+                  "| point | n | DM accuracy | ECE | q_L | ΔC (USD) | V (USD) | τ* | threshold | "
+                  "share above |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for p, f in thresholds.items():
+            th = "LLM keeps" if f["threshold"] is None else f"{f['threshold']:.3f}"
+            lines.append(f"| {p} | {f['n']} | {f['dm_accuracy']:.3f} | {f['ece']:.3f} | "
+                         f"{f['q_llm']:.3f} | {f['delta_cost']:.5f} | {f['value']:.3f} | "
+                         f"{f['tau_star']:.3f} | {th} | {f['share_above']:.3f} |")
+    for stage in ("stage1", "stage2"):
+        if stage not in report:
+            continue
+        lines += ["", f"## {'Stage 1: each delegation alone' if stage == 'stage1' else 'Stage 2: the registered combination on new tasks'}", "",
+                  "| candidate | point | success ref | success | diff | lower bound | p (NI) | "
+                  "saving | p (cost) | p Holm | passed |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in report[stage]:
+            saving = r["saving"]
+            lines.append(f"| {r['name']} | {r['point']} | {r['success_ref']:.3f} | "
+                         f"{r['success']:.3f} | {r['diff']:+.3f} | {r['lower_bound']:+.3f} | "
+                         f"{r['p_noninferiority']:.4f} | {saving:+.1%} | {r['p_cost']:.4f} | "
+                         f"{r['p_holm']:.4f} | {'yes' if r['passed'] else 'no'} |")
+    if "stage2_delegations" in report:
+        lines += ["", f"Stage 2 combination (registered rule: per point the passing delegation "
+                      f"with the largest saving): {report['stage2_delegations'] or 'none (the LLM keeps every point)'}"]
+    lines += ["", "## Savings by point (single-delegation arms vs the LLM alone)", "",
+              "| arm | point | saving per task (USD) | success diff |", "|---|---|---|---|"]
+    for name, a in s["arms"].items():
+        if a.get("point"):
+            lines.append(f"| {name} | {a['point']} | {ref['cost'] - a['cost']:+.5f} | "
+                         f"{a['success'] - ref['success']:+.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _calibration_figure(dec: Sequence[Mapping], fits: Mapping, path: Path) -> None:
+    from jaxdm.harness.fit import isotonic
+    plt = _plt()
+    pts = list(fits)
+    if not pts:
+        return
+    cols = min(4, len(pts))
+    rows = math.ceil(len(pts) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.0 * rows), squeeze=False)
+    for ax, p in zip(axes.flat, pts):
+        rs = [r for r in dec if r["point"] == p and r.get("confidence") is not None
+              and r.get("dm_correct") is not None]
+        x = [r["confidence"] for r in rs]
+        y = [float(r["dm_correct"]) for r in rs]
+        bins = [b for b in binned(x, y) if b["n"]]
+        ax.plot([0, 1], [0, 1], ":", color="grey")
+        ax.scatter([b["confidence"] for b in bins], [b["accuracy"] for b in bins],
+                   s=[10 + b["n"] / 2 for b in bins], label="binned")
+        xs, fit = isotonic(x, y)
+        ax.step(xs, fit, where="post", label="isotonic")
+        f = fits[p]
+        ax.axhline(f["tau_star"], color="red", lw=0.8, label="τ*")
+        if f["threshold"] is not None:
+            ax.axvline(f["threshold"], color="green", lw=0.8, label="threshold")
+        ax.set_title(p)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel("confidence")
+        ax.set_ylabel("accuracy")
+    for ax in list(axes.flat)[len(pts):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _frontier_figure(summary: Mapping, path: Path) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 4))
+    fr = summary.get("frontier", [])
+    if fr:
+        ax.plot([f["cost"] for f in fr], [f["success"] for f in fr], "o-", label="cascade sweep")
+        for f in fr:
+            ax.annotate(f"{f['threshold']:g}", (f["cost"], f["success"]), fontsize=7)
+    for name, a in summary["arms"].items():
+        ax.scatter([a["cost"]], [a["success"]], marker="s", s=18)
+        ax.annotate(name, (a["cost"], a["success"]), fontsize=6)
+    ax.set_xlabel("cost per task (USD)")
+    ax.set_ylabel("task success")
+    ax.set_title("cost vs success")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _savings_figure(summary: Mapping, path: Path) -> None:
+    plt = _plt()
+    ref = summary["arms"]["llm_alone"]
+    rows = [(n, a) for n, a in summary["arms"].items() if a.get("point")]
+    fig, ax = plt.subplots(figsize=(6, 0.35 * max(3, len(rows)) + 1))
+    if rows and ref["cost"]:
+        ax.barh([n for n, _ in rows], [1 - a["cost"] / ref["cost"] for _, a in rows])
+        ax.axvline(0, color="black", lw=0.8)
+    ax.set_xlabel("cost saving vs the LLM alone")
+    ax.set_title("savings by delegation")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+COMMANDS: Mapping[str, Callable[[HarnessConfig], Any]] = {
+    "shadow": cmd_shadow, "fit": cmd_fit, "run": cmd_run, "compare": cmd_compare}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("harness", help="agent LLM + decision model harness (seed 003)",
+                       description="Shadow-mode fitting, arms and registered statistics on "
+                                   "DECISION GYM with a delegating harness.")
+    p.add_argument("action", choices=list(COMMANDS) + ["all"],
+                   help="shadow | fit | run | compare | all (the four in order)")
+    p.add_argument("--config", help="YAML of HarnessConfig keys (or a preset name from "
+                                    "experiments/configs/harness_<name>.yaml)")
+    p.add_argument("--out", dest="out_dir", help="output folder")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+
+
+def load(config: str | None, overrides: Sequence[str]) -> HarnessConfig:
+    from jaxdm.config import ConfigError, load_config
+    path = config
+    if path is not None and not Path(path).is_file():
+        preset = Path(__file__).resolve().parents[2] / "experiments" / "configs" / \
+            f"harness_{path}.yaml"
+        if preset.is_file():
+            path = str(preset)
+    try:
+        return load_config(HarnessConfig, path, list(overrides))
+    except ConfigError as e:
+        raise HarnessError(str(e)) from None
+
+
+def main(args) -> int:
+    overrides = list(args.overrides)
+    if args.out_dir:
+        overrides.append(f"out_dir={args.out_dir}")
+    if args.no_progress:
+        overrides.append("progress=false")
+    try:
+        cfg = load(args.config, overrides)
+        Path(cfg.out_dir).mkdir(parents=True, exist_ok=True)
+        actions = list(COMMANDS) if args.action == "all" else [args.action]
+        for a in actions:
+            COMMANDS[a](cfg)
+    except HarnessError as e:
+        print(f"jaxdm harness {args.action}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+__all__ = ["HarnessConfig", "ArmConfig", "DelegationConfig", "AgentConfig", "FitConfig",
+           "StatsConfig", "EnvConfig", "HarnessError", "make_llm", "LLM_KINDS", "cmd_shadow",
+           "cmd_fit", "cmd_run", "cmd_compare", "COMMANDS", "add_parser", "main", "load"]
