@@ -1,4 +1,5 @@
-"""The `jaxdm` console command: `jaxdm screen ...`, `jaxdm demo` and `jaxdm decide ...`."""
+"""The `jaxdm` console command: `jaxdm screen ...`, `jaxdm demo`, `jaxdm decide ...` and
+`jaxdm harness ...`."""
 from __future__ import annotations
 
 import argparse
@@ -34,9 +35,13 @@ def main(argv=None) -> int:
     sub.add_parser("demo", help=DEMO_HELP, description=DEMO_HELP)
     from jaxdm import decide
     decide.add_parser(sub)
+    from jaxdm.harness import run as harness_run
+    harness_run.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "decide":
         return decide.run(args)
+    if args.command == "harness":
+        return harness_run.main(args)
 
     from jaxdm.screen.run import ScreenConfig, ScreenError, run
 
