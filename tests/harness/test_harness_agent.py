@@ -1,0 +1,96 @@
+"""The agent loop: decision-model failures fall back to the LLM (counted), LLM retries, shadow
+records, JSONL rows, the BM25 shortlist and the random trigger."""
+from __future__ import annotations
+
+import json
+
+from jaxdm.decision.types import choice_failed
+from jaxdm.envs.decision_gym import DecisionGym, GymParams
+from jaxdm.harness import AgentSettings, Delegation, Harness, NoisyOracle, SimulatedLLM
+from jaxdm.harness.dm import BM25Shortlist, RandomTrigger
+from jaxdm.harness.llm import STRONG, LLMProfile
+from jaxdm.roles.harness import memory_question
+
+GYM, PARAMS = DecisionGym(), GymParams(split="test")
+
+
+class Raising:
+    name = "raising"
+
+    def choose(self, questions):
+        raise RuntimeError("model server down")
+
+
+class Failing:
+    name = "failing"
+
+    def choose(self, questions):
+        return [choice_failed("unparseable") for _ in questions]
+
+
+def test_decision_model_failures_fall_back_to_the_llm():
+    alone = [Harness(SimulatedLLM(STRONG, 0)).run_task(GYM, i, PARAMS) for i in range(3)]
+    for dm in (Raising(), Failing()):
+        h = Harness(SimulatedLLM(STRONG, 0), dm, [Delegation("tool", "replace"),
+                                                  Delegation("params", "cascade", 0.5)])
+        eps = [h.run_task(GYM, i, PARAMS) for i in range(3)]
+        # the agent runs exactly as the LLM alone would, and every failure is counted
+        assert [e.success for e in eps] == [e.success for e in alone]
+        assert [e.steps for e in eps] == [e.steps for e in alone]
+        tool = [r for e in eps for r in e.decisions if r.point == "tool"]
+        assert {r.who for r in tool} == {"llm_fallback"}
+        assert sum(e.dm_failures for e in eps) >= len(tool)
+        if isinstance(dm, Raising):
+            assert any(not c.ok and "model server down" in c.error
+                       for e in eps for c in e.calls if c.kind == "dm")
+
+
+def test_llm_failures_are_retried_paid_and_counted():
+    flaky = SimulatedLLM(LLMProfile("flaky", fail_rate=0.4), seed=2)
+    h = Harness(flaky, settings=AgentSettings(max_llm_retries=5))
+    eps = [h.run_task(GYM, i, PARAMS) for i in range(4)]
+    fails = sum(e.llm_failures for e in eps)
+    assert fails > 0
+    assert sum(1 for e in eps for c in e.calls if c.kind == "llm" and not c.ok) == fails
+    assert all(e.end != "llm_failed" for e in eps)
+
+
+def test_shadow_records_hold_probs_llm_choice_key_and_outcome():
+    settings = AgentSettings(memory=True, reflection=True, read_back=True)
+    rows = []
+    h = Harness(SimulatedLLM(STRONG, 0), NoisyOracle(seed=4), shadow=True, settings=settings,
+                on_decision=lambda r: rows.append(r.to_dict()))
+    ep = h.run_task(GYM, 3, PARAMS)
+    assert ep.decisions and len(rows) == len(ep.decisions)
+    points = {r["point"] for r in rows}
+    assert {"tool", "stop", "params", "memory", "reflect"} <= points
+    for r in rows:
+        assert r["mode"] == "shadow" and r["who"] == "llm"  # the model never acts
+        assert len(r["probs"]) == r["n_options"] and abs(sum(r["probs"]) - 1) < 1e-6
+        assert r["confidence"] == max(r["probs"])
+        assert r["outcome"] == ep.success and r["answer"] is not None
+        json.dumps(r)
+    # the model's answers did not change the run: same as the LLM alone
+    alone = Harness(SimulatedLLM(STRONG, 0), settings=settings).run_task(GYM, 3, PARAMS)
+    assert (alone.success, alone.steps) == (ep.success, ep.steps)
+
+
+def test_non_shadow_rows_leave_out_the_distribution():
+    h = Harness(SimulatedLLM(STRONG, 0), NoisyOracle(seed=4), [Delegation("tool", "cascade",
+                                                                          0.8)])
+    row = h.run_task(GYM, 1, PARAMS).decisions[0].to_dict()
+    assert "probs" not in row and {"point", "mode", "who", "confidence", "correct",
+                                   "cost_usd", "latency_s"} <= set(row)
+
+
+def test_bm25_shortlist_and_random_trigger():
+    q = memory_question("Customer: my order O-12345 has not arrived", answer=[0])
+    (r,) = BM25Shortlist().choose([q])
+    assert r.ok and abs(sum(r.probs) - 1) < 1e-9
+    rt = RandomTrigger(0.3, seed=0)
+    qs = [memory_question(f"context {i}") for i in range(400)]
+    rate = sum(res.probs[0] > 0.5 for res in rt.choose(qs)) / 400
+    assert 0.22 < rate < 0.38
+    h = Harness(SimulatedLLM(STRONG, 0), BM25Shortlist(), [Delegation("tool", "assist")])
+    ep = h.run_task(GYM, 0, PARAMS)
+    assert {r.who for r in ep.decisions if r.point == "tool"} <= {"llm"}
