@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from jaxdm.config import to_dict
+
 DEMO_HELP = ("the main job on the embedded default: screen SmolLM2-135M (constrained readout) and "
              "the Oracle on ALFWorld noisy-expert trajectories (a 5-minute CPU preset)")
 
@@ -24,15 +26,25 @@ def _screen_parser(sub):
                    help="judge: 'smollm2', 'oracle', or 'kind:key=value,...' (repeatable)")
     p.add_argument("--out", dest="out_dir", help="output folder")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _output_flags(p)
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     return p
+
+
+def _output_flags(p):
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--resume", action="store_true",
+                   help="continue the run in the output folder (finished passes are kept)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="replace the run in the output folder (without this or --resume a "
+                        "folder holding files is refused)")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="jaxdm", description="jaxdm: decision models for LLM agents")
     sub = parser.add_subparsers(dest="command", required=True)
     _screen_parser(sub)
-    sub.add_parser("demo", help=DEMO_HELP, description=DEMO_HELP)
+    _output_flags(sub.add_parser("demo", help=DEMO_HELP, description=DEMO_HELP))
     from jaxdm import decide
     decide.add_parser(sub)
     from jaxdm.harness import run as harness_run
@@ -45,9 +57,12 @@ def main(argv=None) -> int:
 
     from jaxdm.screen.run import ScreenConfig, ScreenError, run
 
+    cfg = ScreenConfig(**DEMO_CONFIG)
     try:
         if args.command == "demo":
             cfg = ScreenConfig(**DEMO_CONFIG)
+            if not args.resume and _holds_demo(cfg):
+                args.overwrite = True  # `make demo` is idempotent: it replaces its own run
         else:
             from jaxdm.config import ConfigError, load_config
 
@@ -63,11 +78,32 @@ def main(argv=None) -> int:
                 raise ScreenError(str(e)) from e
             if args.judges:
                 cfg = type(cfg)(**{**cfg.__dict__, "judges": tuple(args.judges)})
-        run(cfg)
+        result = run(cfg, resume=args.resume, overwrite=args.overwrite)
     except ScreenError as e:
         print(f"jaxdm {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"\njaxdm {args.command}: interrupted; finished passes are saved in "
+              f"{cfg.out_dir}/ (scores.jsonl, passes.jsonl): run the same command with --resume "
+              "to continue", file=sys.stderr)
+        return 130
+    if result["failed_judges"]:
+        for j, why in result["failed_judges"].items():
+            print(f"jaxdm {args.command}: error: judge {j!r} failed: {why}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _holds_demo(cfg) -> bool:
+    """Whether the demo's folder holds an earlier demo run (same settings)."""
+    from jaxdm.screen.run import RUN_SETTINGS
+    from jaxdm.screen.store import ScreenStore
+
+    store = ScreenStore(cfg.out_dir)
+    saved = store.saved_identity()
+    if saved is None:
+        return False
+    return saved.get("settings") == {k: v for k, v in to_dict(cfg).items() if k in RUN_SETTINGS}
 
 
 if __name__ == "__main__":

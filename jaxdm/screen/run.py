@@ -6,21 +6,30 @@ fraction of an RL run's cost. This job scores every action of every trajectory w
 judge under Prefix|Hindsight x Value|Progress (and, for Progress, the context expansions
 +FB, 25/50/75/100 % of the rest), then writes the metrics, raw scores, a Markdown report and
 PNG figures.
+
+Reliability: the output folder is written pass by pass and can be resumed (``--resume``
+skips finished passes; see ``jaxdm.screen.store``); a folder holding files is never
+overwritten without ``--overwrite``. A judge whose pass fails (its share of failed scores
+exceeds ``max_failed_share``: a dead server, a backend raising ``FloatingPointError`` on a NaN
+checkpoint) is a *failed judge*: its remaining passes are skipped, the other judges finish,
+the report and ``summary.json`` name it with the reason, and the CLI exits 1.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
-import time
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from jaxdm.config import SECRET_HINT, is_secret_key, to_dict
 from jaxdm.screen import figures, metrics
-from jaxdm.trajectory import Trajectory, read_jsonl, write_jsonl
+from jaxdm.screen.store import FIGURES, PassResult, ScreenError, ScreenStore
+from jaxdm.trajectory import Trajectory, read_jsonl
 
 COMBOS = (("progress", "prefix"), ("progress", "hindsight"), ("value", "prefix"), ("value", "hindsight"))
 # Progress-question context expansions for the rank-shift analysis (seed 000, Fig. 6):
@@ -34,10 +43,6 @@ JUDGE_ALIASES: dict[str, dict[str, Any]] = {
 }
 
 
-class ScreenError(ValueError):
-    """Bad screening input (file, trajectory line, judge spec); the CLI exits non-zero."""
-
-
 @dataclasses.dataclass(frozen=True)
 class ScreenConfig:
     """Settings of a screening run (YAML keys / dotted CLI overrides have these names).
@@ -48,6 +53,9 @@ class ScreenConfig:
     expansions: Progress context expansions to score for the rank-shift analysis, a subset of
         "FB", "25%", "50%", "75%" (100 % of the rest is the Hindsight context, always scored).
     out_dir: where report.md, scores.jsonl, summary.json and the PNG figures go.
+    max_failed_share: a pass in which a larger share of scores failed fails its judge (the
+        judge's remaining passes are skipped, the report marks it, the job exits 1). A pass in
+        which every score failed always fails its judge (1.0: only then).
     """
 
     trajectories: str = ""
@@ -58,6 +66,20 @@ class ScreenConfig:
     expansions: tuple = ("FB", "25%", "50%", "75%")
     out_dir: str = "screen_out"
     progress: bool = True
+    max_failed_share: float = 0.5
+
+    def __post_init__(self):
+        if not 0.0 <= self.max_failed_share <= 1.0:
+            raise ValueError(f"max_failed_share must be in [0, 1], got {self.max_failed_share}")
+        if not self.judges:
+            raise ValueError("judges: at least one judge is needed")
+        if not self.out_dir:
+            raise ValueError("out_dir must not be empty")
+        _expansion_plan(self.expansions)
+
+
+# Settings that change a run's scores: a resumed run must have the same ones.
+RUN_SETTINGS = ("trajectories", "num_trajectories", "seed", "budget", "judges", "expansions")
 
 
 def task_group(task_type: str) -> str:
@@ -73,6 +95,16 @@ def task_group(task_type: str) -> str:
     return "other"
 
 
+def _shown_spec(spec: str) -> str:
+    """A judge spec string for messages, values of secret-looking keys hidden."""
+    kind, colon, rest = spec.partition(":")
+    # An item without "=" may be a pasted secret: never shown.
+    items = [f"{k}=<value hidden>" if eq and is_secret_key(k.strip()) else
+             (f"{k}{eq}{v}" if eq or not k else "<item without '='>")
+             for k, eq, v in (item.partition("=") for item in rest.split(","))]
+    return repr(kind + colon + ",".join(items))
+
+
 def normalize_judge_spec(spec: Any) -> dict[str, Any]:
     """An alias string, 'kind:key=value,...', or a dict -> a backend spec dict with a name."""
     if isinstance(spec, Mapping):
@@ -83,28 +115,41 @@ def normalize_judge_spec(spec: Any) -> dict[str, Any]:
         elif ":" in spec:
             kind, _, rest = spec.partition(":")
             out = {"kind": kind}
-            for item in filter(None, rest.split(",")):
-                if "=" not in item:
-                    raise ScreenError(f"judge spec {spec!r}: expected key=value, got {item!r}")
+            for n, item in enumerate(rest.split(","), 1):
+                if item and "=" not in item:
+                    raise ScreenError(f"judge spec {_shown_spec(spec)}: item {n} is not "
+                                      "key=value")
+                if not item:
+                    continue
                 k, v = item.split("=", 1)
-                out[k.strip()] = _parse_scalar(v.strip())
+                out[k.strip()] = _parse_scalar(v.strip(), k.strip())
         else:
-            raise ScreenError(f"unknown judge {spec!r}; known aliases: {sorted(JUDGE_ALIASES)}, "
-                              "or use 'kind:key=value,...' (e.g. local_readout:path=/ckpt)")
+            raise ScreenError(f"unknown judge {_shown_spec(spec)}; known aliases: "
+                              f"{sorted(JUDGE_ALIASES)}, or use 'kind:key=value,...' "
+                              "(e.g. local_readout:path=/ckpt)")
     else:
         raise ScreenError(f"judge spec must be a string or a mapping, got {type(spec).__name__}")
+    secret = sorted(k for k in out if is_secret_key(str(k)))
+    if secret:
+        raise ScreenError(f"judge spec key(s) {secret} look like secrets: {SECRET_HINT}")
+    for k, v in out.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ScreenError(f"judge spec key {k!r}: non-finite number {v!r} is not allowed")
     if "kind" not in out:
-        raise ScreenError(f"judge spec {out} has no 'kind'")
+        raise ScreenError(f"judge spec {sorted(out)} has no 'kind'")
     out.setdefault("name", out.get("model") or Path(str(out.get("path", out["kind"]))).name or out["kind"])
     return out
 
 
-def _parse_scalar(v: str):
+def _parse_scalar(v: str, key: str = "value"):
     for cast in (int, float):
         try:
-            return cast(v)
+            out = cast(v)
         except ValueError:
-            pass
+            continue
+        if not math.isfinite(out):
+            raise ScreenError(f"judge spec key {key!r}: non-finite number {v!r} is not allowed")
+        return out
     return {"true": True, "false": False}.get(v.lower(), v)
 
 
@@ -128,6 +173,7 @@ def build_judges(specs: Sequence[Any]):
 
 
 def load_trajectories(cfg: ScreenConfig) -> list[Trajectory]:
+    """Read ``cfg.trajectories`` (strictly typed, see ``jaxdm.trajectory``) or generate them."""
     if cfg.trajectories:
         path = Path(cfg.trajectories)
         if not path.is_file():
@@ -144,56 +190,20 @@ def load_trajectories(cfg: ScreenConfig) -> list[Trajectory]:
     return noisy_expert_trajectories(cfg.num_trajectories, seed=cfg.seed, budget=cfg.budget)
 
 
-def _requests(trajs, question, context, expansion=None):
-    from jaxdm.roles import judge_requests
-
-    reqs, offsets = [], [0]
-    for tr in trajs:
-        kw = {} if expansion is None else {"expansion": expansion}
-        r = judge_requests(tr, question=question, context=context, **kw)
-        if len(r) != len(tr.steps):
-            raise AssertionError(f"judge_requests gave {len(r)} requests for {len(tr.steps)} actions")
-        reqs += r
-        offsets.append(len(reqs))
-    return reqs, offsets
-
-
-@dataclasses.dataclass
-class _Scored:
-    per_traj: list[np.ndarray]     # scores per trajectory (NaN = failed)
-    failed: int
-    seconds: float
-    tokens_in: int
-    tokens_out: int
-    usd: float | None
-    errors: list[str]
-
-
-def _score(backend, trajs, question, context, expansion=None) -> _Scored:
+def _score(backend, trajs, judge, question, context_label, context, expansion=None) -> PassResult:
     # One backend call per pass, not one call for all passes: the passes share each
     # trajectory's token stream, but their question suffixes differ a lot in length (about
     # 20 tokens under Hindsight, 150 with +FB), and one mixed call pads them to the longest.
     # Measured on the demo (2 idle cores): 3 min 14 s per pass vs 3 min 55 s in one call.
-    reqs, offs = _requests(trajs, question, context, expansion)
-    t0 = time.perf_counter()
-    results = backend.score(reqs)
-    seconds = time.perf_counter() - t0
-    if len(results) != len(reqs):
-        raise AssertionError(f"backend returned {len(results)} results for {len(reqs)} questions")
-    flat = np.array([r.score if r.ok else np.nan for r in results], dtype=np.float64)
-    usd = [r.cost.usd for r in results if r.cost.usd is not None]
-    return _Scored(
-        per_traj=[flat[a:b] for a, b in zip(offs[:-1], offs[1:])],
-        failed=int(sum(not r.ok for r in results)),
-        seconds=seconds,
-        tokens_in=sum(r.cost.tokens_in for r in results),
-        tokens_out=sum(r.cost.tokens_out for r in results),
-        usd=sum(usd) if usd else None,
-        errors=sorted({r.error for r in results if not r.ok and r.error})[:5],
-    )
+    # The scoring job is the trainer's: failures (a backend raising included) are counted.
+    from jaxdm.decision.jobs import score_trajectories
+
+    res = score_trajectories(backend, trajs, question=question, context=context,
+                             expansion=expansion)
+    return PassResult(judge, question, context_label, res.per_trajectory(), dict(res.stats))
 
 
-def _metrics_block(scored: _Scored, trajs: list[Trajectory]) -> dict:
+def _metrics_block(scored: PassResult, trajs: list[Trajectory]) -> dict:
     ok = [i for i, s in enumerate(scored.per_traj) if s.size and np.all(np.isfinite(s))]
     def summ(idx):
         return metrics.summarize([scored.per_traj[i] for i in idx], [trajs[i].action_types for i in idx])
@@ -203,19 +213,22 @@ def _metrics_block(scored: _Scored, trajs: list[Trajectory]) -> dict:
         by_type[trajs[i].task_type or "unknown"].append(i)
         by_group[task_group(trajs[i].task_type)].append(i)
     n = sum(s.size for s in scored.per_traj)
+    st = scored.stats
     return {
         "overall": summ(ok),
         "by_task_type": {k: summ(v) for k, v in sorted(by_type.items())},
         "by_group": {k: summ(v) for k, v in sorted(by_group.items())},
         "n_scores": n,
-        "n_failed": scored.failed,
+        "n_failed": int(st["missing"]),
+        "n_errors": int(st["errors"]),
         "n_traj_excluded": len(trajs) - len(ok),
-        "failure_examples": scored.errors,
-        "seconds": scored.seconds,
-        "seconds_per_1k": 1000 * scored.seconds / max(n, 1),
-        "tokens_in_per_1k": 1000 * scored.tokens_in / max(n, 1),
-        "tokens_out_per_1k": 1000 * scored.tokens_out / max(n, 1),
-        "usd_per_1k": None if scored.usd is None else 1000 * scored.usd / max(n, 1),
+        "failure_examples": list(st["error_examples"]),
+        "status": scored.status,
+        "seconds": st["seconds"],
+        "seconds_per_1k": 1000 * st["seconds"] / max(n, 1),
+        "tokens_in_per_1k": 1000 * st["tokens_in"] / max(n, 1),
+        "tokens_out_per_1k": 1000 * st["tokens_out"] / max(n, 1),
+        "usd_per_1k": None if not st.get("priced") else 1000 * st["usd"] / max(n, 1),
     }
 
 
@@ -237,47 +250,99 @@ def _expansion_plan(expansions) -> list[tuple[str, Any]]:
 
 
 def screen(trajs: Sequence[Trajectory], judges, *, expansions=True, progress: bool = True,
-           out_dir: str | Path | None = None) -> dict:
-    """Score ``trajs`` with every judge; returns {"summary", "shifts", "ranking"} and writes
-    outputs to ``out_dir`` when given. ``expansions``: True (all), False/() (none) or labels."""
+           out_dir: str | Path | None = None, resume: bool = False, overwrite: bool = False,
+           max_failed_share: float = 0.5, settings: Mapping[str, Any] | None = None) -> dict:
+    """Score ``trajs`` with every judge; returns {"summary", "shifts", "ranking",
+    "failed_judges", ...} and writes outputs to ``out_dir`` when given (pass by pass; see
+    ``jaxdm.screen.store`` for ``resume`` / ``overwrite``). ``expansions``: True (all),
+    False/() (none) or labels. ``settings``: what else identifies the run (a resumed run must
+    match it). A pass whose share of failed scores exceeds ``max_failed_share`` fails its
+    judge: the judge's remaining passes are skipped and ``failed_judges`` gives the reason."""
     trajs = list(trajs)
     if not trajs:
         raise ScreenError("no trajectories to screen")
     for i, tr in enumerate(trajs):
         if not tr.steps:
             raise ScreenError(f"trajectory {i} has no executed actions")
+    if not 0.0 <= max_failed_share <= 1.0:
+        raise ScreenError(f"max_failed_share must be in [0, 1], got {max_failed_share}")
     plan = _expansion_plan(expansions)
     levels = [lab for lab, _ in plan]
-    jobs = [(j, q, c, None) for j, _ in judges for q, c in COMBOS]
-    jobs += [(j, "progress", lab, exp) for j, _ in judges for lab, exp in plan if exp is not None]
+    jobs = [(j, q, c, c, None) for j, _ in judges for q, c in COMBOS]
+    jobs += [(j, "progress", lab, "prefix", exp) for j, _ in judges for lab, exp in plan
+             if exp is not None]
     backends = dict(judges)
+    store = None
+    done: dict[tuple[str, str], PassResult] = {}
+    if out_dir is not None:
+        store = ScreenStore(out_dir)
+        identity = {"judges": list(backends), "levels": levels,
+                    "settings": _jsonable(dict(settings or {}))}
+        done = store.open(identity, trajs, resume=resume, overwrite=overwrite)
+        if resume and done:
+            _say(f"resume: {len(done)} of {len(jobs)} passes already finished in {out_dir}")
     bar = _progress(len(jobs), progress)
-    summary: dict = defaultdict(dict)
-    raw: dict = defaultdict(dict)
-    for j, q, c, exp in jobs:
-        bar.set_description(f"{j} {q}/{c}")
-        context = "prefix" if exp is not None else c
-        scored = _score(backends[j], trajs, q, context, exp)
-        raw[j][f"{q}/{c}"] = scored
-        summary[j][f"{q}/{c}"] = _metrics_block(scored, trajs)
-        bar.update(1)
-    bar.close()
+    passes: dict[str, dict[str, PassResult]] = defaultdict(dict)
+    failed: dict[str, str] = {}
+    try:
+        for j, q, label, context, exp in jobs:
+            key = f"{q}/{label}"
+            if (j, key) in done:
+                passes[j][key] = done[(j, key)]
+                bar.update(1)
+                continue
+            if j in failed:
+                bar.update(1)
+                continue
+            bar.set_description(f"{j} {key}")
+            p = _score(backends[j], trajs, j, q, label, context, exp)
+            _check_pass(p, max_failed_share, getattr(backends[j], "down", None))
+            if p.status != "ok":
+                failed[j] = p.reason
+                _say(f"JUDGE FAILED: {j}: {p.reason}; its remaining passes are skipped")
+            elif p.stats["missing"]:
+                _say(f"warning: judge {j} {key}: {int(p.stats['missing'])} of "
+                     f"{int(p.stats['requests'])} scores failed (last: {p.stats['last_error']})")
+            if store is not None:
+                store.append(p, trajs)
+            passes[j][key] = p
+            bar.update(1)
+    finally:
+        bar.close()
 
+    complete = [j for j in backends if j not in failed]
+    summary: dict = {j: {key: _metrics_block(p, trajs) for key, p in passes[j].items()}
+                     for j in backends}
     shifts: dict = defaultdict(dict)
-    for j in backends:
-        ref = raw[j]["progress/prefix"].per_traj
+    for j in complete:
+        ref = passes[j]["progress/prefix"].per_traj
         for lab, exp in plan:
-            other = raw[j]["progress/hindsight" if exp is None else f"progress/{lab}"].per_traj
+            other = passes[j]["progress/hindsight" if exp is None else f"progress/{lab}"].per_traj
             keep = [i for i in range(len(trajs)) if np.all(np.isfinite(ref[i])) and np.all(np.isfinite(other[i]))]
             mean, per = metrics.mean_rank_shift([ref[i] for i in keep], [other[i] for i in keep])
             shifts[j][lab] = {"mean": mean, "per_traj": per, "traj_index": keep}
 
-    ranking = rank_judges(summary)
-    result = {"summary": dict(summary), "shifts": dict(shifts), "ranking": ranking, "levels": levels,
-              "n_trajectories": len(trajs)}
+    ranking = rank_judges({j: summary[j] for j in complete})
+    result = {"summary": summary, "shifts": dict(shifts), "ranking": ranking, "levels": levels,
+              "n_trajectories": len(trajs), "failed_judges": failed}
     if out_dir is not None:
-        write_outputs(result, raw, trajs, Path(out_dir))
+        write_outputs(result, trajs, Path(out_dir))
     return result
+
+
+def _check_pass(p: PassResult, max_failed_share: float, down: str | None) -> None:
+    """Mark ``p`` failed when its failed share exceeds the threshold (or nothing scored)."""
+    n, missing = p.stats["requests"], p.stats["missing"]
+    share = missing / n if n else 0.0
+    if share > max_failed_share or (n and missing == n):
+        why = down or p.stats.get("last_error") or "no usable score"
+        p.status = "failed"
+        p.reason = (f"pass {p.key}: {int(missing)} of {int(n)} scores failed "
+                    f"({share:.0%} > max_failed_share {max_failed_share:g}): {why}")
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
 def rank_judges(summary: Mapping[str, Mapping[str, dict]]) -> list[tuple[str, float]]:
@@ -355,42 +420,41 @@ def shift_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(result: dict, raw: dict, trajs: list[Trajectory], out: Path) -> dict[str, Path]:
+def write_outputs(result: dict, trajs: list[Trajectory], out: Path) -> dict[str, Path]:
+    """summary.json, report.md and the figures (scores.jsonl and trajectories.jsonl are
+    written while scoring, see ``jaxdm.screen.store``)."""
     out.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    paths["scores"] = out / "scores.jsonl"
-    with open(paths["scores"], "w") as f:
-        for j, blocks in raw.items():
-            for key, scored in blocks.items():
-                q, c = key.split("/", 1)
-                for i, arr in enumerate(scored.per_traj):
-                    for t, s in enumerate(arr):
-                        f.write(json.dumps({
-                            "judge": j, "question": q, "context": c, "traj": i, "t": t,
-                            "score": None if not math.isfinite(s) else float(s),
-                            "action_type": trajs[i].steps[t].action_type,
-                            "task_type": trajs[i].task_type, "action": trajs[i].steps[t].action}) + "\n")
-    paths["trajectories"] = out / "trajectories.jsonl"
-    write_jsonl(paths["trajectories"], trajs)
-    paths["summary"] = out / "summary.json"
+    paths = {"scores": out / "scores.jsonl", "trajectories": out / "trajectories.jsonl",
+             "summary": out / "summary.json"}
     with open(paths["summary"], "w") as f:
         json.dump(_jsonable(result), f, indent=1)
 
     judges = [j for j, _ in result["ranking"]]
-    paths["heatmap"] = figures.action_type_heatmap(result["summary"], judges, "hindsight", out / "heatmap_hindsight.png")
-    paths["heatmap_prefix"] = figures.action_type_heatmap(result["summary"], judges, "prefix", out / "heatmap_prefix.png")
-    paths["recall"] = figures.recall_bars(result["summary"], judges, "hindsight", out / "recall_at_r.png")
-    if result["levels"]:
-        paths["rank_shift"] = figures.rank_shift_curves(result["shifts"], judges, result["levels"], out / "rank_shift.png")
-    points = []
-    for j in judges:
-        b = result["summary"][j]["progress/hindsight"]
-        points.append({"judge": j, "seconds_per_1k": b["seconds_per_1k"], "usd_per_1k": b["usd_per_1k"],
-                       "milestone_miss": b["overall"]["milestone_miss"], "noop_miss": b["overall"]["noop_miss"]})
-    paths["miss_cost"] = figures.miss_rate_vs_cost(points, out / "miss_rate_vs_cost.png")
+    for name in FIGURES:  # figures of an earlier attempt must not outlive it
+        (out / name).unlink(missing_ok=True)
+    if judges:
+        paths["heatmap"] = figures.action_type_heatmap(result["summary"], judges, "hindsight", out / "heatmap_hindsight.png")
+        paths["heatmap_prefix"] = figures.action_type_heatmap(result["summary"], judges, "prefix", out / "heatmap_prefix.png")
+        paths["recall"] = figures.recall_bars(result["summary"], judges, "hindsight", out / "recall_at_r.png")
+        if result["levels"]:
+            paths["rank_shift"] = figures.rank_shift_curves(result["shifts"], judges, result["levels"], out / "rank_shift.png")
+        points = []
+        for j in judges:
+            b = result["summary"][j]["progress/hindsight"]
+            points.append({"judge": j, "seconds_per_1k": b["seconds_per_1k"], "usd_per_1k": b["usd_per_1k"],
+                           "milestone_miss": b["overall"]["milestone_miss"], "noop_miss": b["overall"]["noop_miss"]})
+        paths["miss_cost"] = figures.miss_rate_vs_cost(points, out / "miss_rate_vs_cost.png")
     paths["report"] = out / "report.md"
     paths["report"].write_text(markdown_report(result, trajs, paths))
     return paths
+
+
+def failed_table(result: dict) -> str:
+    lines = ["| judge | finished passes | reason |", "|---|---|---|"]
+    for j, why in result["failed_judges"].items():
+        ok = sum(b["status"] == "ok" for b in result["summary"][j].values())
+        lines.append(f"| {j} | {ok} | {why.replace('|', '/')} |")
+    return "\n".join(lines)
 
 
 def markdown_report(result: dict, trajs: list[Trajectory], paths: Mapping[str, Path]) -> str:
@@ -408,6 +472,13 @@ def markdown_report(result: dict, trajs: list[Trajectory], paths: Mapping[str, P
         "milestones among each trajectory's R highest-scored actions; misses as in Fig. 10; ties are "
         "broken by expected value. Judges are ranked by Hindsight + Progress: mean of Recall@R and "
         "1 - no-op miss.", "",
+    ]
+    if result["failed_judges"]:
+        parts += ["## FAILED judges", "",
+                  "These judges failed a pass (see `passes.jsonl`); they are not ranked and "
+                  "their remaining passes were skipped. `jaxdm screen --resume` retries them.", "",
+                  failed_table(result), ""]
+    parts += [
         "## All judges, questions and contexts", "", summary_table(result), "",
         "## Hindsight + Progress by task group", "", group_table(result, "progress"), "",
         "## Hindsight + Value by task group", "", group_table(result, "value"), "",
@@ -430,17 +501,30 @@ def _jsonable(x):
     return x
 
 
-def run(cfg: ScreenConfig) -> dict:
-    """Load/generate trajectories, build the judges, screen, write outputs, print a summary."""
+def run(cfg: ScreenConfig, *, resume: bool = False, overwrite: bool = False) -> dict:
+    """Load/generate trajectories, build the judges, screen (writing ``cfg.out_dir`` as it
+    goes), print a summary. ``resume``: continue the run in ``cfg.out_dir`` (same settings;
+    its saved trajectories are reused); ``overwrite``: replace the run there. A failed judge
+    is printed and listed in ``result["failed_judges"]`` (the CLI then exits 1)."""
     judges = build_judges(cfg.judges)
-    trajs = load_trajectories(cfg)
-    result = screen(trajs, judges, expansions=cfg.expansions, progress=cfg.progress, out_dir=cfg.out_dir)
+    settings = {k: v for k, v in to_dict(cfg).items() if k in RUN_SETTINGS}
+    store = ScreenStore(cfg.out_dir)
+    if resume and not cfg.trajectories and store.holds_run() and store.trajectories.is_file():
+        trajs = read_jsonl(store.trajectories)  # generated ones: no need to generate again
+    else:
+        trajs = load_trajectories(cfg)
+    result = screen(trajs, judges, expansions=cfg.expansions, progress=cfg.progress,
+                    out_dir=cfg.out_dir, resume=resume, overwrite=overwrite,
+                    max_failed_share=cfg.max_failed_share, settings=settings)
     print()
-    print(summary_table(result))
-    if result["levels"]:
+    if result["ranking"]:
+        print(summary_table(result))
+    if result["levels"] and result["ranking"]:
         print("\nMean rank shift vs Prefix (Progress):")
         print(shift_table(result))
     print("\nRanking (Hindsight + Progress; mean of Recall@R and 1 - no-op miss):", ", ".join(f"{i + 1}. {j} ({_fmt(s)})"
                                                         for i, (j, s) in enumerate(result["ranking"])))
+    for j, why in result["failed_judges"].items():
+        print(f"FAILED judge {j}: {why}")
     print(f"Report, scores and figures in {Path(cfg.out_dir).resolve()}/")
     return result

@@ -1,0 +1,259 @@
+"""The output folder of a screening run: written pass by pass, resumable, never overwritten
+by accident.
+
+Layout (``out_dir``):
+
+- ``screen.json``: what the run is (judge names, Progress expansion levels, the settings that
+  change its results); written first. A folder holding one is a screening run.
+- ``trajectories.jsonl``: the screened trajectories; written first.
+- ``scores.jsonl``: one row per scored action, appended when a pass finishes.
+- ``passes.jsonl``: one record per finished pass (its status and cost stats), appended after
+  the pass's rows. Both appends are flushed and fsync'd, so a Ctrl-C, ``kill -9`` or power
+  loss loses at most the pass in flight.
+- ``summary.json``, ``report.md`` and the PNG figures: written at the end.
+
+A pass is *finished* when its record says ``"ok"`` and all its rows are present. Resuming
+keeps exactly the finished passes (rows without a record, a torn last line and failed passes
+are dropped, with a message, and those passes run again), rewriting both files atomically.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from jaxdm.trajectory import Trajectory, read_jsonl, write_jsonl
+
+__all__ = ["PassResult", "ScreenError", "ScreenStore", "OUTPUT_FILES"]
+
+
+class ScreenError(ValueError):
+    """Bad screening input (file, trajectory line, judge spec, output folder); the CLI exits
+    non-zero."""
+
+FIGURES = ("heatmap_hindsight.png", "heatmap_prefix.png", "recall_at_r.png", "rank_shift.png",
+           "miss_rate_vs_cost.png")
+OUTPUT_FILES = ("screen.json", "trajectories.jsonl", "scores.jsonl", "passes.jsonl",
+                "summary.json", "report.md") + FIGURES
+
+
+@dataclasses.dataclass
+class PassResult:
+    """One (judge, question, context) pass: per-trajectory scores (NaN = failed) and stats
+    (``jaxdm.decision.jobs`` keys). ``status``: "ok" or "failed" (its failed share exceeded the
+    run's threshold; ``reason`` says why)."""
+
+    judge: str
+    question: str
+    context: str
+    per_traj: list[np.ndarray]
+    stats: dict[str, Any]
+    status: str = "ok"
+    reason: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.question}/{self.context}"
+
+    def record(self) -> dict[str, Any]:
+        stats = {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.stats.items()}
+        return {"judge": self.judge, "question": self.question, "context": self.context,
+                "status": self.status, "reason": self.reason, "stats": stats}
+
+
+class ScreenStore:
+    """Opens (fresh, overwrite or resume) and appends to one run's output folder."""
+
+    def __init__(self, out_dir: str | Path):
+        self.out = Path(out_dir)
+        self.scores = self.out / "scores.jsonl"
+        self.passes = self.out / "passes.jsonl"
+        self.identity = self.out / "screen.json"
+        self.trajectories = self.out / "trajectories.jsonl"
+
+    # ---- opening ---------------------------------------------------------------------
+    def holds_run(self) -> bool:
+        return self.identity.is_file()
+
+    def saved_identity(self) -> dict | None:
+        if not self.identity.is_file():
+            return None
+        try:
+            return json.loads(self.identity.read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise _error(f"{self.identity}: unreadable ({e}); use --overwrite to start again")
+
+    def open(self, identity: Mapping[str, Any], trajs: Sequence[Trajectory], *,
+             resume: bool, overwrite: bool) -> dict[tuple[str, str], PassResult]:
+        """Prepare the folder; returns the finished passes (resume) keyed (judge, "q/c")."""
+        if resume and overwrite:
+            raise _error("--resume and --overwrite exclude each other")
+        identity = json.loads(json.dumps(dict(identity)))  # compare in its saved form
+        existing = sorted(p.name for p in self.out.iterdir()) if self.out.is_dir() else []
+        if self.out.exists() and not self.out.is_dir():
+            raise _error(f"output folder {self.out} is a file")
+        if resume and self.holds_run():
+            return self._resume(identity, trajs)
+        if existing and not overwrite:
+            if resume:
+                raise _error(f"--resume: {self.out} holds no screening run (no screen.json) but "
+                             f"is not empty ({', '.join(existing[:5])}); choose another --out")
+            what = "a screening run" if self.holds_run() else "files"
+            raise _error(f"output folder {self.out} already holds {what} "
+                         f"({', '.join(existing[:5])}{', ...' if len(existing) > 5 else ''}); "
+                         "pass --resume to continue it or --overwrite to replace it")
+        if overwrite:
+            for name in OUTPUT_FILES:  # only our own files: never a user's folder wholesale
+                (self.out / name).unlink(missing_ok=True)
+        self.out.mkdir(parents=True, exist_ok=True)
+        write_jsonl(self.trajectories, trajs)
+        _atomic_write(self.identity, json.dumps(dict(identity), indent=1))
+        _atomic_write(self.scores, "")
+        _atomic_write(self.passes, "")
+        return {}
+
+    def _resume(self, identity, trajs) -> dict[tuple[str, str], PassResult]:
+        saved = self.saved_identity()
+        flat_saved, flat_now = _flat(saved), _flat(identity)
+        changed = [k for k in sorted(set(flat_saved) | set(flat_now))
+                   if flat_saved.get(k) != flat_now.get(k)]
+        if changed:
+            parts = [f"{k} (saved {_short(flat_saved.get(k))}, now {_short(flat_now.get(k))})"
+                     for k in changed]
+            raise _error(f"--resume: {self.out} holds a run with different settings: "
+                         f"{'; '.join(parts)}; resume with the same settings, or use "
+                         "--overwrite / another --out")
+        if self.trajectories.is_file():
+            saved_trajs = read_jsonl(self.trajectories)
+            if [t.to_dict() for t in saved_trajs] != [t.to_dict() for t in trajs]:
+                raise _error(f"--resume: the trajectories differ from those in {self.trajectories}")
+        else:
+            write_jsonl(self.trajectories, trajs)
+        lengths = [len(t.steps) for t in trajs]
+        records = _read_lines(self.passes)
+        rows = _read_lines(self.scores)
+        by_pass: dict[tuple[str, str], list[dict]] = {}
+        for r in rows:
+            by_pass.setdefault((r.get("judge"), f"{r.get('question')}/{r.get('context')}"),
+                               []).append(r)
+        done: dict[tuple[str, str], PassResult] = {}
+        dropped = 0
+        for rec in records:
+            key = (rec.get("judge"), f"{rec.get('question')}/{rec.get('context')}")
+            got = _restore(rec, by_pass.get(key, []), lengths)
+            if got is None:
+                dropped += 1
+                continue
+            done[key] = got
+        n_rows = sum(len(v) for k, v in by_pass.items() if k in done)
+        if dropped or n_rows != len(rows):
+            _say(f"resume: keeping {len(done)} finished passes; dropping {dropped} failed or "
+                 f"incomplete pass record(s) and {len(rows) - n_rows} score row(s) of unfinished "
+                 "passes (they run again)")
+        _atomic_write(self.passes, "".join(json.dumps(done[k].record()) + "\n" for k in done))
+        _atomic_write(self.scores, "".join(json.dumps(r) + "\n" for k in done
+                                           for r in by_pass[k]))
+        return done
+
+    # ---- appending -------------------------------------------------------------------
+    def append(self, p: PassResult, trajs: Sequence[Trajectory]) -> None:
+        """The pass's rows, then its record; each file flushed and fsync'd."""
+        _append(self.scores, (json.dumps(r) for r in pass_rows(p, trajs)))
+        _append(self.passes, [json.dumps(p.record())])
+
+
+def pass_rows(p: PassResult, trajs: Sequence[Trajectory]) -> Iterable[dict]:
+    for i, arr in enumerate(p.per_traj):
+        for t, s in enumerate(arr):
+            step = trajs[i].steps[t]
+            yield {"judge": p.judge, "question": p.question, "context": p.context, "traj": i,
+                   "t": t, "score": None if not math.isfinite(s) else float(s),
+                   "action_type": step.action_type, "task_type": trajs[i].task_type,
+                   "action": step.action}
+
+
+def _restore(rec: dict, rows: list[dict], lengths: list[int]) -> PassResult | None:
+    """A finished pass from its record and rows; None if failed or incomplete."""
+    if rec.get("status") != "ok" or sum(lengths) != len(rows):
+        return None
+    per_traj = [np.full((n,), np.nan) for n in lengths]
+    seen = set()
+    for r in rows:
+        i, t = r.get("traj"), r.get("t")
+        if not (isinstance(i, int) and isinstance(t, int) and 0 <= i < len(lengths)
+                and 0 <= t < lengths[i]) or (i, t) in seen:
+            return None
+        seen.add((i, t))
+        if r.get("score") is not None:
+            per_traj[i][t] = float(r["score"])
+    stats = dict(rec.get("stats") or {})
+    if isinstance(stats.get("error_examples"), list):
+        stats["error_examples"] = tuple(stats["error_examples"])
+    return PassResult(rec["judge"], rec["question"], rec["context"], per_traj, stats)
+
+
+def _read_lines(path: Path) -> list[dict]:
+    """JSON lines of ``path``; a torn (unparsable, unterminated) last line is dropped with a
+    message, a bad line elsewhere is an error naming it."""
+    if not path.is_file():
+        return []
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    out = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict):
+                raise ValueError("not an object")
+        except ValueError as e:
+            if n == len(lines):  # the last line has no newline: a write cut short
+                _say(f"resume: dropping the torn last line of {path} (a write cut short)")
+                break
+            raise _error(f"{path}:{n}: unreadable line ({e}); use --overwrite to start again")
+        out.append(rec)
+    return out
+
+
+def _append(path: Path, lines: Iterable[str]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        for line in lines:
+            f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _flat(identity: Mapping[str, Any]) -> dict[str, Any]:
+    """{"settings": {"seed": 0}, "levels": [...]} -> {"seed": 0, "levels": [...]}."""
+    out = {k: v for k, v in identity.items() if k != "settings"}
+    out.update(identity.get("settings") or {})
+    return out
+
+
+def _short(v: Any) -> str:
+    s = json.dumps(v)
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _error(msg: str) -> ScreenError:
+    return ScreenError(msg)
