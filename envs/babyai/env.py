@@ -115,6 +115,38 @@ def _check_params(params: BabyAIParams) -> None:
         raise ValueError(f"params.lock_prob must be in [0, 1], got {lock_prob}")
 
 
+def check_actions(action: Any, batched: bool = False) -> None:
+    """Host-side action check at the API boundary (the jitted core stays pure).
+
+    Actions must be integers in ``[0, NUM_ACTIONS)`` (bools and floats such as 2.7 are
+    rejected, never truncated). A traced action (``env.step`` called under the caller's
+    ``jit``/``vmap``) can only have its dtype checked here; inside the jitted core an
+    out-of-range action changes nothing and is flagged in ``info["invalid_action"]``, so
+    such callers can count them.
+    """
+    what = "actions" if batched else "action"
+    dtype = getattr(action, "dtype", None)
+    if isinstance(action, jax.core.Tracer):
+        if not jnp.issubdtype(dtype, jnp.integer):
+            raise TypeError(f"{what} must be integers in [0, {NUM_ACTIONS}) "
+                            f"({', '.join(ACTION_NAMES)}), got dtype {dtype}")
+        return
+    arr = np.asarray(action)
+    if arr.dtype.kind not in "iu":
+        shown = arr.tolist() if arr.size <= 8 else f"an array of shape {arr.shape}"
+        raise TypeError(f"{what} must be integers in [0, {NUM_ACTIONS}) "
+                        f"({', '.join(ACTION_NAMES)}), got {arr.dtype} {shown}")
+    if not batched and arr.ndim != 0:
+        raise ValueError(f"action must be a scalar int per env (vmap for batches), "
+                         f"got shape {arr.shape}")
+    bad = np.flatnonzero((arr < 0) | (arr >= NUM_ACTIONS))
+    if bad.size:
+        where = f"actions[{int(bad[0])}] = {arr.reshape(-1)[bad[0]]}" if batched \
+            else f"action {int(arr)}"
+        raise ValueError(f"{where} is out of range: BabyAI actions are 0..{NUM_ACTIONS - 1} "
+                         f"({', '.join(ACTION_NAMES)}); {bad.size} invalid")
+
+
 def _check_key(key: Any, batched: bool = False) -> None:
     """Keys must be JAX PRNG keys (typed, or raw uint32 [2]); ints are not silently seeded."""
     if isinstance(key, jax.core.Tracer):
@@ -138,7 +170,10 @@ class BabyAIEnv(Environment[BabyAIState, BabyAIParams]):
     state, reward, done, info)`` are jitted with ``self`` static; vmap them for batches.
     ``step`` auto-resets: when ``done`` the returned obs/state are a fresh episode, and
     ``info`` holds ``terminated``, ``truncated`` (kept separate), ``final_obs`` (the obs the
-    step led to, before the reset), ``no_op`` and ``picked_wrong``.
+    step led to, before the reset), ``no_op``, ``picked_wrong`` and ``invalid_action``.
+    ``step`` and ``step_batch`` reject actions outside 0..6 (and non-integer actions) on the
+    host (``check_actions``); under a caller's ``jit`` an out-of-range action is a counted
+    no-op (``info["invalid_action"]``).
     """
 
     name = "babyai"
@@ -172,6 +207,7 @@ class BabyAIEnv(Environment[BabyAIState, BabyAIParams]):
              params: BabyAIParams | None = None):
         params = self.default_params if params is None else params
         _check_key(key)
+        check_actions(action)
         return self._step(key, state, jnp.asarray(action, jnp.int32), params)
 
     @functools.partial(jax.jit, static_argnums=0)
@@ -203,6 +239,7 @@ class BabyAIEnv(Environment[BabyAIState, BabyAIParams]):
         ``keys``: [B] keys; ``actions``: int [B].
         """
         params = self.default_params if params is None else params
+        check_actions(actions, batched=True)
         actions = jnp.asarray(actions, jnp.int32)
         _check_key(keys, batched=True)
         if actions.ndim != 1 or keys.shape[0] != actions.shape[0]:
@@ -378,7 +415,9 @@ class BabyAIEnv(Environment[BabyAIState, BabyAIParams]):
         truncated = step_count >= params.max_steps
         no_op = ((new_dir == state.agent_dir) & jnp.all(new_pos == state.agent_pos)
                  & jnp.all(new_cell == cell) & jnp.all(carrying == state.carrying))
-        extra = {"no_op": no_op, "picked_wrong": do_pick & ~picked_target}
+        invalid = (a < 0) | (a >= NUM_ACTIONS)  # a no-op here; rejected on the host API
+        extra = {"no_op": no_op, "picked_wrong": do_pick & ~picked_target,
+                 "invalid_action": invalid}
         return self.get_obs(new_state), new_state, reward, terminated, truncated, extra
 
     # --- observation ----------------------------------------------------------------------
