@@ -374,7 +374,10 @@ class RemoteLLM:
                      + questions_text(req.questions))
         if req.reflect:
             user += "\n\nFirst reflect briefly on your last step: did it fail or leave the plan?"
-        tools = [dict(t) for t in req.tools]
+        tools = [dict(t) for t in req.tools
+                 if req.forced_tool is None or t["function"]["name"] == req.forced_tool]
+        if req.forced_tool is not None and not tools:
+            raise ValueError(f"forced_tool {req.forced_tool!r} is not among the request's tools")
         if req.questions:
             tools.append(answer_tool_schema(req.questions))
         body: dict[str, Any] = {"model": self.model, "temperature": 0.0,
