@@ -631,7 +631,9 @@ def add_parser(sub) -> None:
                                     "experiments/configs/harness_<name>.yaml)")
     p.add_argument("--out", dest="out_dir", help="output folder")
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.add_argument("--set", action="append", default=[], metavar="key=value",
+                   help="a config override (repeatable; same as a trailing key=value)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
 
 
 def load(config: str | None, overrides: Sequence[str]) -> HarnessConfig:
@@ -649,7 +651,7 @@ def load(config: str | None, overrides: Sequence[str]) -> HarnessConfig:
 
 
 def main(args) -> int:
-    overrides = list(args.overrides)
+    overrides = list(args.overrides) + list(args.set)
     if args.out_dir:
         overrides.append(f"out_dir={args.out_dir}")
     if args.no_progress:
