@@ -1,0 +1,242 @@
+"""Packed SFT batches: one forward per shared context trains every question asked about it.
+
+Host side (``encode_item`` / ``pack_items``): each training item (a ``MultipleChoice`` or
+``YesNo`` plus its acceptable options and optional teacher probabilities) is tokenised into
+the *same* ``shared_prefix.Request``\\ s the inference backends score, so what is trained is
+what ``LocalReadout`` / ``LocalLikelihood`` later read:
+
+- ``"readout"``: one request per question, the chat prompt ending in ``Answer:``; the option
+  scores are the label-token logits (A, B, ... or Yes/No) at the answer position;
+- ``"likelihood"``: one request per option, the prompt followed by the option's tokens and the
+  end-of-turn token; an option's score is the mean log-probability of those tokens
+  (``LocalLikelihood(reduction="mean")``). Yes/No items always use readout.
+
+The requests of a batch are grouped by shared prefix and laid out exactly as the scorer's
+packed layout (``shared_prefix.plan_groups`` + ``pack_suffixes``): per group one row, the
+trunk (the shared context) once, then every request's few suffix tokens. ``SFTBatch`` adds
+gather indices from the scorer's output [G, N, A, K] to option scores [Q, O]:
+
+    score[q, o] = Σ_a weight[q, o, a] · logprob[g[q, o], n[q, o], a, k[q, o]]
+
+Device side, ``option_scores`` (pure, jitted, differentiable) runs ``score_packed`` and that
+gather; ``batch_loss`` feeds ``jaxdm.train.losses.sft_loss``. With ``full_vocab=True`` a
+readout label's score is its full-vocabulary log-prob; the loss renormalises over the
+options, which equals the constrained readout's restricted softmax.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxdm import roles
+from jaxdm.decision import shared_prefix
+from jaxdm.decision.local import LocalLikelihood, encode_messages, single_token_id
+from jaxdm.decision.types import MultipleChoice, YesNo
+from jaxdm.models.config import ModelConfig
+from jaxdm.train import losses
+
+MODES = ("readout", "likelihood")
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTItem:
+    """One training question: the question, its acceptable option indices, optional teacher
+    probabilities over its options, and where it came from (``file:line`` for messages).
+    A ``YesNo`` has options (Yes, No): answer (0,) = yes, (1,) = no."""
+
+    question: MultipleChoice | YesNo
+    answer: tuple[int, ...]
+    teacher: tuple[float, ...] | None = None
+    source: str = "?"
+
+    @property
+    def n_options(self) -> int:
+        return 2 if isinstance(self.question, YesNo) else len(self.question.options)
+
+    def __post_init__(self):
+        if not isinstance(self.question, (MultipleChoice, YesNo)):
+            raise TypeError(f"{self.source}: question is {type(self.question).__name__}, "
+                            "expected MultipleChoice or YesNo")
+        n = self.n_options
+        if not self.answer:
+            raise ValueError(f"{self.source}: no acceptable option (answer is empty)")
+        bad = [a for a in self.answer if not (isinstance(a, int) and 0 <= a < n)]
+        if bad:
+            raise ValueError(f"{self.source}: answer indices {bad} outside the {n} options")
+        if self.teacher is not None:
+            t = np.asarray(self.teacher, float)
+            if t.shape != (n,) or not np.all(np.isfinite(t)) or np.any(t < 0) or t.sum() <= 0:
+                raise ValueError(f"{self.source}: teacher probabilities must be {n} finite, "
+                                 f"non-negative numbers with a positive sum, got {self.teacher}")
+
+
+class IndistinctOptions(ValueError):
+    """Options of one question that tokenise to the same ids (the model cannot tell them
+    apart); ``problems`` lists (source, option indices, option texts)."""
+
+    def __init__(self, problems: list[tuple[str, tuple[int, ...], tuple[str, ...]]]):
+        self.problems = problems
+        lines = [f"{src}: options {list(idx)} tokenise identically: {list(txt)}"
+                 for src, idx, txt in problems[:10]]
+        more = f"\n... and {len(problems) - 10} more" if len(problems) > 10 else ""
+        super().__init__(f"{len(problems)} question(s) have options that do not tokenise "
+                         "distinctly:\n" + "\n".join(lines) + more)
+
+
+class SFTBatch(NamedTuple):
+    """A packed batch of Q questions (numpy or jax arrays).
+
+    scoring   the scorer's ``PackedScoringBatch`` (G rows of trunk + packed suffixes)
+    group, row, slot [Q, O] int32  where option o of question q is read (g, n, k)
+    weight    [Q, O, A] float32    answer-slot weights (readout: 1 at slot 0; likelihood:
+                                   1/len over the option's tokens)
+    option_mask [Q, O] bool; answer_mask [Q, O] bool; targets [Q, O] float32 (mixed target)
+    """
+
+    scoring: Any
+    group: Any
+    row: Any
+    slot: Any
+    weight: Any
+    option_mask: Any
+    answer_mask: Any
+    targets: Any
+
+
+@dataclasses.dataclass
+class Encoder:
+    """Turns items into scorer requests with the backends' own prompt rendering.
+
+    ``pretrained`` needs ``.tokenizer`` (and ``.params``/``.config`` for the likelihood
+    helper, which only tokenises here)."""
+
+    pretrained: Any
+    mode: str = "likelihood"
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        tok = self.pretrained.tokenizer
+        if tok is None:
+            raise ValueError("the model has no tokenizer; load it with its tokenizer")
+        self.tokenizer = tok
+        self.label_ids = tuple(single_token_id(tok, lab) for lab in roles.LABELS)
+        self.yes_no = tuple(single_token_id(tok, lab) for lab in roles.YES_NO)
+        self._likelihood = LocalLikelihood(self.pretrained) if self.mode == "likelihood" else None
+        pad = getattr(self.pretrained.config, "pad_token_id", None)
+        self.pad_id = int(pad) if pad is not None else 0
+
+    def requests(self, item: SFTItem) -> tuple[list[shared_prefix.Request], str]:
+        """The item's requests and how its options are read ("readout" or "likelihood")."""
+        q = item.question
+        if isinstance(q, YesNo) or self.mode == "readout":
+            n = item.n_options
+            labels = self.yes_no if isinstance(q, YesNo) else self.label_ids
+            if n > len(labels):
+                raise ValueError(f"{item.source}: {n} options, more than the {len(labels)} "
+                                 "single-token labels of readout; use mode 'likelihood'")
+            toks = encode_messages(self.tokenizer, roles.render_messages(q, "constrained"))
+            return [shared_prefix.Request(tuple(toks), (len(toks) - 1,), (labels[:n],))], \
+                "readout"
+        return self._likelihood.option_requests(q, item.source), "likelihood"
+
+    def check_distinct(self, items: Sequence[SFTItem]) -> list[tuple[str, tuple[int, ...],
+                                                                      tuple[str, ...]]]:
+        """Questions whose options tokenise identically (readout: identical option texts
+        would get different labels but carry no distinguishing content)."""
+        problems = []
+        for it in items:
+            q = it.question
+            if isinstance(q, YesNo):
+                continue
+            seen: dict[tuple[int, ...], list[int]] = {}
+            for j, opt in enumerate(q.options):
+                ids = tuple(self.tokenizer(opt, add_special_tokens=False)["input_ids"])
+                seen.setdefault(ids, []).append(j)
+            for idx in seen.values():
+                if len(idx) > 1:
+                    problems.append((it.source, tuple(idx), tuple(q.options[j] for j in idx)))
+        return problems
+
+
+def pack_items(encoder: Encoder, items: Sequence[SFTItem], *, q_bucket: int = 1,
+               min_shared_frac: float = 0.5) -> tuple[SFTBatch, int, bool, dict[str, int]]:
+    """Packs items into one ``SFTBatch``. Returns (batch, window, full_vocab, stats) where
+    window and full_vocab are the static arguments of ``option_scores``; stats counts tokens
+    run ("unique_tokens") and tokens a one-sequence-per-request trainer would run."""
+    if not items:
+        raise ValueError("pack_items: no items")
+    reqs: list[shared_prefix.Request] = []
+    owners: list[tuple[int, int, str]] = []          # (question, option or -1, how)
+    for qi, it in enumerate(items):
+        rs, how = encoder.requests(it)
+        for j, r in enumerate(rs):
+            reqs.append(r)
+            owners.append((qi, j if how == "likelihood" else -1, how))
+    groups = shared_prefix.plan_groups(reqs, min_shared_frac=min_shared_frac, layout="packed")
+    packed, window = shared_prefix.pack_suffixes(reqs, groups, pad_id=encoder.pad_id)
+    a = packed.batch.answer_index.shape[2]
+    q = shared_prefix.bucket(len(items), 1, fine=q_bucket) if q_bucket > 1 else len(items)
+    o = max(it.n_options for it in items)
+    group = np.zeros((q, o), np.int32)
+    row = np.zeros((q, o), np.int32)
+    slot = np.zeros((q, o), np.int32)
+    weight = np.zeros((q, o, a), np.float32)
+    option_mask = np.zeros((q, o), bool)
+    answer_mask = np.zeros((q, o), bool)
+    teacher = np.zeros((q, o), np.float32)
+    has_teacher = np.zeros((q,), bool)
+    full_vocab = False
+    for rid, (qi, j, how) in enumerate(owners):
+        gi, ni = packed.rows[rid]
+        if how == "readout":
+            n = items[qi].n_options
+            group[qi, :n], row[qi, :n], slot[qi, :n] = gi, ni, np.arange(n)
+            weight[qi, :n, 0] = 1.0
+        else:
+            full_vocab = True
+            group[qi, j], row[qi, j], slot[qi, j] = gi, ni, 0
+            k = len(reqs[rid].answer_positions)
+            weight[qi, j, :k] = 1.0 / k
+    for qi, it in enumerate(items):
+        option_mask[qi, :it.n_options] = True
+        answer_mask[qi, list(it.answer)] = True
+        if it.teacher is not None:
+            teacher[qi, :it.n_options] = it.teacher
+            has_teacher[qi] = True
+    targets = np.asarray(losses.mixed_target(jnp.asarray(answer_mask), jnp.asarray(option_mask),
+                                             jnp.asarray(teacher), jnp.asarray(has_teacher)))
+    batch = SFTBatch(packed.batch, group, row, slot, weight, option_mask, answer_mask, targets)
+    stats = {"unique_tokens": packed.unique_tokens,
+             "request_tokens": sum(len(r.tokens) for r in reqs),
+             "questions": len(items), "requests": len(reqs), "groups": len(groups)}
+    return batch, window, full_vocab, stats
+
+
+def gather_option_scores(logprobs: jax.Array, batch: SFTBatch) -> jax.Array:
+    """Scorer output [G, N, A, K] -> option scores [Q, O] (see module docstring)."""
+    per = logprobs[batch.group, batch.row, :, batch.slot]                       # [Q, O, A]
+    return jnp.sum(jnp.where(batch.weight > 0, per * batch.weight, 0.0), axis=-1)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "window", "full_vocab"))
+def option_scores(params, config: ModelConfig, batch: SFTBatch, *, window: int,
+                  full_vocab: bool) -> jax.Array:
+    """Option scores [Q, O] of a packed batch; pure and differentiable in params."""
+    lp = shared_prefix.score_packed(params, config, batch.scoring, window=window,
+                                    full_vocab=full_vocab)
+    return gather_option_scores(lp, batch)
+
+
+def batch_loss(params, config: ModelConfig, batch: SFTBatch, *, window: int, full_vocab: bool,
+               mu: float = losses.MU) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """(scalar SFT loss, metrics) of a packed batch."""
+    scores = option_scores(params, config, batch, window=window, full_vocab=full_vocab)
+    loss = losses.sft_loss(scores, batch.targets, batch.option_mask, mu=mu)
+    return loss, losses.sft_metrics(scores, batch.targets, batch.option_mask,
+                                    batch.answer_mask, mu=mu)

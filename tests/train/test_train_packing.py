@@ -1,0 +1,71 @@
+"""Packed SFT: one forward per context; loss and gradients equal the one-by-one reference."""
+import jax
+import numpy as np
+import pytest
+
+from jaxdm.decision.types import MultipleChoice
+from jaxdm.train import packing
+from tests.train.train_fixtures import items, one_by_one_loss, tiny, yesno_items
+
+
+def _grads(pre, encoder, its):
+    batch, window, full_vocab, stats = packing.pack_items(encoder, its)
+    batch = jax.tree.map(jax.numpy.asarray, batch)
+
+    def packed(p):
+        return packing.batch_loss(p, pre.config, batch, window=window, full_vocab=full_vocab)[0]
+
+    def ref(p):
+        return one_by_one_loss(p, pre.config, encoder, its)
+
+    lp, gp = jax.value_and_grad(packed)(pre.params)
+    lr, gr = jax.value_and_grad(ref)(pre.params)
+    return lp, gp, lr, gr, stats
+
+
+def test_packed_gradients_equal_per_question_gradients():
+    pre = tiny()
+    encoder = packing.Encoder(pre, mode="likelihood")
+    # Two contexts (two groups): option-likelihood questions and Yes/No readout questions
+    # (label logits) in one batch, so both ways of reading options are checked.
+    its = items(tag="a") + yesno_items("Another context: the customer asks for O-55555.")
+    lp, gp, lr, gr, stats = _grads(pre, encoder, its)
+    assert abs(float(lp) - float(lr)) < 1e-5
+    diffs = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), gp, gr))
+    scale = max(jax.tree.leaves(jax.tree.map(lambda a: float(np.max(np.abs(a))), gr)))
+    assert max(diffs) < 1e-5, (max(diffs), scale)
+    assert scale > 1e-4                       # the gradients are not trivially zero
+    # The shared context ran once per group, not once per request.
+    assert stats["unique_tokens"] < 0.6 * stats["request_tokens"]
+
+
+def test_indistinct_options_are_reported():
+    import copy
+    import dataclasses
+
+    from tokenizers import normalizers
+    pre = tiny()
+    # A real tokenizer whose normaliser lowercases (as uncased vocabularies do): "Cancel order"
+    # and "cancel order" become the same ids.
+    tok = copy.deepcopy(pre.tokenizer)
+    tok.backend_tokenizer.normalizer = normalizers.Lowercase()
+    enc = packing.Encoder(dataclasses.replace(pre, tokenizer=tok), mode="likelihood")
+    q = MultipleChoice(context="c", question="q?", options=("Cancel order", "cancel order",
+                                                            "finish"))
+    probs = enc.check_distinct([packing.SFTItem(q, (0,), source="data.jsonl:7")])
+    assert probs == [("data.jsonl:7", (0, 1), ("Cancel order", "cancel order"))]
+    err = packing.IndistinctOptions(probs)
+    assert "data.jsonl:7: options [0, 1] tokenise identically" in str(err)
+
+
+def test_bad_items_name_their_source():
+    q = MultipleChoice(context="c", question="q?", options=("a", "b"))
+    with pytest.raises(ValueError, match=r"f.jsonl:3: answer indices \[5\] outside the 2"):
+        packing.SFTItem(q, (5,), source="f.jsonl:3")
+    with pytest.raises(ValueError, match="f.jsonl:4: teacher probabilities must be 2"):
+        packing.SFTItem(q, (0,), (0.5, float("nan")), source="f.jsonl:4")
+    pre = tiny()
+    many = MultipleChoice(context="c", question="q?", options=tuple(f"o{i}" for i in range(30)))
+    with pytest.raises(ValueError, match="f.jsonl:9: 30 options, more than the 26"):
+        packing.Encoder(pre, mode="readout").requests(packing.SFTItem(many, (0,),
+                                                                      source="f.jsonl:9"))
