@@ -59,7 +59,10 @@ class _Judge(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         time.sleep(self.server.delay)
-        if self.path != "/v1/chat/completions":
+        if self.server.fail:
+            data = b'{"error": "overloaded"}'
+            self.send_response(503)
+        elif self.path != "/v1/chat/completions":
             data = b'{"error": "not found"}'
             self.send_response(404)
         else:
@@ -79,7 +82,7 @@ class _Judge(http.server.BaseHTTPRequestHandler):
 @pytest.fixture()
 def judge_server():
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Judge)
-    srv.delay = 0.0
+    srv.delay, srv.fail = 0.0, False
     threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
     yield srv
     srv.shutdown()
@@ -264,6 +267,23 @@ def test_all_requests_failing_fails_the_job(tmp_path, capsys, judge_server):
     assert rc == 1
     err = capsys.readouterr().err
     assert "judge 'wrong-path' failed" in err and "HTTP 404" in err and "10 of 10" in err
+
+
+def test_resume_retries_a_failed_judge(tmp_path, capsys, judge_server):
+    path = tmp_path / "trajs.jsonl"
+    write_jsonl(path, _trajs())
+    args = ["screen", "--trajectories", str(path), "--judge", _remote_spec(judge_server),
+            "--judge", "oracle", "--no-progress", "--out", str(tmp_path / "o"), "expansions=[]"]
+    judge_server.fail = True
+    assert main(args) == 1
+    assert "HTTP 503" in capsys.readouterr().err
+    judge_server.fail = False
+    assert main(args + ["--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "resume: 4 of 8 passes already finished" in err  # the oracle's
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["failed_judges"] == {} and len(summary["ranking"]) == 2
+    assert len(_rows(tmp_path / "o")) == 2 * 4 * 10
 
 
 def test_failed_share_threshold(tmp_path):
