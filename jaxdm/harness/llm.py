@@ -224,13 +224,18 @@ class SimulatedLLM:
             if tool is None:  # a realistic error, drawn from the gym's error kinds
                 tool = self._wrong_tool(rng, key, state, list(canon), ERROR_KINDS, gym_tools)
         if key is not None and key.accepts_tool(tool):
+            from jaxdm.envs.decision_gym import candidates
             args = expert_args(state, key, tool, context)
             for p, allowed in key.params(tool).items():
-                if rng.random() < acc_params:
-                    continue
-                from jaxdm.envs.decision_gym import candidates
                 param = gym_tools.TOOL_BY_NAME[tool].param(p)
-                wrong = [v for v in candidates(param, context)
+                values = [str(v) for v in allowed if v is not None]
+                # a value the LLM cannot see in its prompt it cannot copy (the window dropped
+                # it and no note brought it back): it guesses among the values it sees
+                blind = bool(values) and param.sem != "enum" and \
+                    not any(v in req.prompt for v in values)
+                if not blind and rng.random() < acc_params:
+                    continue
+                wrong = [v for v in candidates(param, req.prompt if blind else context)
                          if not key.accepts_value(tool, p, v)]
                 if wrong:
                     args[p] = rng.choice(wrong)

@@ -621,19 +621,29 @@ COMMANDS: Mapping[str, Callable[[HarnessConfig], Any]] = {
     "shadow": cmd_shadow, "fit": cmd_fit, "run": cmd_run, "compare": cmd_compare}
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("harness", help="agent LLM + decision model harness (seed 003)",
-                       description="Shadow-mode fitting, arms and registered statistics on "
-                                   "DECISION GYM with a delegating harness.")
-    p.add_argument("action", choices=list(COMMANDS) + ["all"],
-                   help="shadow | fit | run | compare | all (the four in order)")
+def _options_parser(prog: str = "jaxdm harness ACTION"):
+    import argparse
+    p = argparse.ArgumentParser(prog=prog, add_help=False)
     p.add_argument("--config", help="YAML of HarnessConfig keys (or a preset name from "
                                     "experiments/configs/harness_<name>.yaml)")
     p.add_argument("--out", dest="out_dir", help="output folder")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--set", action="append", default=[], metavar="key=value",
-                   help="a config override (repeatable; same as a trailing key=value)")
+                   help="a config override (repeatable; same as a bare key=value)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    return p
+
+
+def add_parser(sub) -> None:
+    import argparse
+    p = sub.add_parser("harness", help="agent LLM + decision model harness (seed 003)",
+                       parents=[_options_parser()],
+                       description="Shadow-mode fitting, arms and registered statistics on "
+                                   "DECISION GYM with a delegating harness. Options and "
+                                   "key=value overrides may come in any order.")
+    p.add_argument("action", choices=list(COMMANDS) + ["all"],
+                   help="shadow | fit | run | compare | all (the four in order)")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
 
 def load(config: str | None, overrides: Sequence[str]) -> HarnessConfig:
@@ -651,6 +661,19 @@ def load(config: str | None, overrides: Sequence[str]) -> HarnessConfig:
 
 
 def main(args) -> int:
+    if getattr(args, "rest", None):  # options / overrides after the action, in any order
+        extra = _options_parser().parse_intermixed_args(args.rest)
+        for k in ("config", "out_dir"):
+            if getattr(extra, k) is not None:
+                setattr(args, k, getattr(extra, k))
+        args.no_progress = args.no_progress or extra.no_progress
+        args.set = list(args.set) + list(extra.set)
+        args.overrides = list(args.overrides) + list(extra.overrides)
+    bad = [o for o in list(args.overrides) + list(args.set) if "=" not in o]
+    if bad:
+        print(f"jaxdm harness {args.action}: error: {bad[0]!r} is not a key=value override",
+              file=sys.stderr)
+        return 2
     overrides = list(args.overrides) + list(args.set)
     if args.out_dir:
         overrides.append(f"out_dir={args.out_dir}")
