@@ -262,7 +262,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = _yaml_load(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
         why = "" if is_secret_key(key) else f" ({e})"
-        raise ConfigError(f"override {shown_override(text)}: value is not valid YAML{why}") from None
+        raise ConfigError(f"override {shown_override(text)}: value is not valid "
+                          f"YAML{why}") from None
     return key.split("."), value
 
 
