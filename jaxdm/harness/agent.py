@@ -44,6 +44,7 @@ from jaxdm.harness.llm import AgentLLM, HeldQuestion, LLMReply, LLMRequest, fill
 from jaxdm.harness.modes import Delegation, Plan, plan_after, plan_before
 from jaxdm.roles import harness as hq
 
+_SCHEMAS: dict[tuple[str, bool], dict] = {}
 READ_TOOLS = ("find_customer", "get_order", "get_product", "ask_customer")
 EASY_TOOLS = frozenset({"find_customer", "get_order", "get_product", "finish"})
 
@@ -490,9 +491,10 @@ class Harness:
     # ---- pieces ----------------------------------------------------------------------------
     @staticmethod
     def _with_point(q: MultipleChoice, point: str) -> MultipleChoice:
-        meta = dict(q.meta)
-        meta["point"] = point
-        return dataclasses.replace(q, meta=meta)
+        if isinstance(q.meta, dict):  # a fresh question of the gym's builders: tag in place
+            q.meta["point"] = point   # (re-validating 69 options would cost ~0.2 ms)
+            return q
+        return dataclasses.replace(q, meta={**q.meta, "point": point})
 
     @staticmethod
     def _notes_key(notes: Sequence[str], key: Any) -> list[int]:
@@ -564,8 +566,15 @@ class Harness:
     def _tool_schemas(tool_opts: Sequence[str], allowed: Sequence[int] | None, shift: bool,
                       gym_tools: Any) -> tuple[dict, ...]:
         idx = range(len(tool_opts)) if allowed is None else allowed
-        return tuple(openai_tool(gym_tools.tool_named(tool_opts[j], shift).json_schema(shift))
-                     for j in idx)
+        out = []
+        for j in idx:
+            k = (tool_opts[j], shift)
+            schema = _SCHEMAS.get(k)
+            if schema is None:  # built once per tool and variant (read-only afterwards)
+                schema = _SCHEMAS[k] = openai_tool(
+                    gym_tools.tool_named(tool_opts[j], shift).json_schema(shift))
+            out.append(schema)
+        return tuple(out)
 
     def _params(self, ep: Episode, state: Any, params: Any, tool_name: str, ctx: str, key: Any,
                 shift: bool, llm_args: Mapping[str, Any] | None

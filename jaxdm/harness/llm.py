@@ -100,9 +100,19 @@ def count_tokens(text: str) -> int:
     return math.ceil(len(text) / 4)
 
 
+_TOOL_JSON: dict[int, tuple[Mapping[str, Any], str]] = {}
+
+
 def tools_text(tools: Sequence[Mapping[str, Any]]) -> str:
-    """The tool list as the model would see it (JSON schemas, one per line)."""
-    return "\n".join(json.dumps(t, sort_keys=True) for t in tools)
+    """The tool list as the model would see it (JSON schemas, one per line); the JSON of a
+    schema object is cached while that object lives (the harness reuses its schema objects)."""
+    out = []
+    for t in tools:
+        hit = _TOOL_JSON.get(id(t))
+        if hit is None or hit[0] is not t:
+            hit = _TOOL_JSON[id(t)] = (t, json.dumps(t, sort_keys=True))
+        out.append(hit[1])
+    return "\n".join(out)
 
 
 def questions_text(questions: Sequence[HeldQuestion]) -> str:
