@@ -102,8 +102,25 @@ def _holds_demo(cfg) -> bool:
     store = ScreenStore(cfg.out_dir)
     saved = store.saved_identity()
     if saved is None:
-        return False
+        return _holds_legacy_demo(store.out)
     return saved.get("settings") == {k: v for k, v in to_dict(cfg).items() if k in RUN_SETTINGS}
+
+
+def _holds_legacy_demo(out) -> bool:
+    """A demo written before runs recorded screen.json: only screen output files, and a
+    summary.json with the demo's trajectory count and expansion levels."""
+    import json
+
+    from jaxdm.screen.store import OUTPUT_FILES
+
+    try:
+        if not all(p.name in OUTPUT_FILES for p in out.iterdir()):
+            return False
+        summary = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (summary.get("n_trajectories") == DEMO_CONFIG["num_trajectories"]
+            and summary.get("levels") == [*DEMO_CONFIG["expansions"], "100%"])
 
 
 if __name__ == "__main__":

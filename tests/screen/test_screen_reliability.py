@@ -359,3 +359,9 @@ def test_demo_replaces_only_its_own_earlier_run(tmp_path, monkeypatch):
     (out / "screen.json").write_text(json.dumps({"settings": {**demo, "seed": 5}}))
     assert main(["demo"]) == 0 and calls[-1] == {"resume": False, "overwrite": False}
     assert main(["demo", "--resume"]) == 0 and calls[-1] == {"resume": True, "overwrite": False}
+    # A demo written by an earlier version (no screen.json) is recognised by its summary.
+    (out / "screen.json").unlink()
+    (out / "summary.json").write_text(json.dumps({"n_trajectories": 6, "levels": ["FB", "50%", "100%"]}))
+    assert main(["demo"]) == 0 and calls[-1] == {"resume": False, "overwrite": True}
+    (out / "notes.txt").write_text("mine")
+    assert main(["demo"]) == 0 and calls[-1] == {"resume": False, "overwrite": False}
