@@ -298,3 +298,45 @@ def load_pretrained(path: str | Path, dtype: Any = jnp.float32, *,
     params = load_params(folder, config, dtype)
     return Pretrained(params=params, config=config, tokenizer=tok,
                       chat_template=read_chat_template(folder), path=folder)
+
+
+# Tokenizer / chat files an exported folder carries over from the source checkpoint.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "chat_template.jinja", "generation_config.json", "tokenizer.model")
+
+
+def save_pretrained(folder: str | Path, params: Params, config: ModelConfig, *,
+                    tokenizer: Any = None, source: str | Path | None = None) -> Path:
+    """Writes an HF folder (config.json, model.safetensors, tokenizer files) that
+    ``load_pretrained`` and transformers both load. Tokenizer files are copied from ``source``
+    (an HF folder) when it has them, else written by ``tokenizer.save_pretrained``. The
+    folder is built under a temporary name and renamed when complete."""
+    import shutil
+
+    from safetensors.numpy import save_file
+
+    folder = Path(folder)
+    tmp = folder.with_name(folder.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    hf = config.to_hf_dict()
+    (tmp / "config.json").write_text(json.dumps(hf, indent=2), encoding="utf-8")
+    tensors = {k: np.ascontiguousarray(np.asarray(v, dtype=np.float32))
+               for k, v in params_to_hf(params, config).items()}
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    copied = []
+    if source is not None:
+        for name in TOKENIZER_FILES:
+            if (Path(source) / name).is_file():
+                shutil.copy2(Path(source) / name, tmp / name)
+                copied.append(name)
+    if "tokenizer.json" not in copied:
+        if tokenizer is None:
+            raise ValueError(f"save_pretrained: no tokenizer files in {source} and no "
+                             "tokenizer given")
+        tokenizer.save_pretrained(str(tmp))
+    if folder.exists():
+        shutil.rmtree(folder)
+    tmp.rename(folder)
+    return folder

@@ -165,7 +165,8 @@ class Encoder:
 
 
 def pack_items(encoder: Encoder, items: Sequence[SFTItem], *, q_bucket: int = 1,
-               min_shared_frac: float = 0.5) -> tuple[SFTBatch, int, bool, dict[str, int]]:
+               min_shared_frac: float = 0.5, alpha: float = losses.ALPHA
+               ) -> tuple[SFTBatch, int, bool, dict[str, int]]:
     """Packs items into one ``SFTBatch``. Returns (batch, window, full_vocab, stats) where
     window and full_vocab are the static arguments of ``option_scores``; stats counts tokens
     run ("unique_tokens") and tokens a one-sequence-per-request trainer would run."""
@@ -210,7 +211,8 @@ def pack_items(encoder: Encoder, items: Sequence[SFTItem], *, q_bucket: int = 1,
             teacher[qi, :it.n_options] = it.teacher
             has_teacher[qi] = True
     targets = np.asarray(losses.mixed_target(jnp.asarray(answer_mask), jnp.asarray(option_mask),
-                                             jnp.asarray(teacher), jnp.asarray(has_teacher)))
+                                             jnp.asarray(teacher), jnp.asarray(has_teacher),
+                                             alpha=alpha))
     batch = SFTBatch(packed.batch, group, row, slot, weight, option_mask, answer_mask, targets)
     stats = {"unique_tokens": packed.unique_tokens,
              "request_tokens": sum(len(r.tokens) for r in reqs),

@@ -1,0 +1,120 @@
+"""Training data for decision models: JSONL, one shared context per line.
+
+Line format (DECISION GYM states from ``experiments/decision_gym_data.py`` fit it as is)::
+
+    {"context": "...",
+     "questions": [
+        {"question": "Which tool ...?", "options": ["a", "b", ...], "answer": [0],
+         "teacher": [0.7, 0.3, ...]},              # optional teacher probabilities
+        {"question": "Did action 3 make progress?", "answer": "yes"}   # Yes/No: no options
+     ],
+     "split": "train", ...}                          # other keys are kept in meta
+
+``answer`` lists the acceptable option indices (a Yes/No question: "yes" or "no"). A
+malformed line raises ``ValueError`` naming the file and line (and the question index).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+from jaxdm.decision.types import MultipleChoice, YesNo
+from jaxdm.train.packing import SFTItem
+
+ANSWERS_YES_NO = {"yes": 0, "no": 1}
+
+
+def _item(q: Any, context: str, where: str, extra: dict[str, Any]) -> SFTItem:
+    if not isinstance(q, dict):
+        raise ValueError(f"{where}: expected an object, got {type(q).__name__}")
+    text = q.get("question")
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"{where}: 'question' must be a non-empty string")
+    meta = dict(extra) | {k: v for k, v in q.items() if k not in ("question", "options",
+                                                                  "teacher")}
+    teacher = q.get("teacher")
+    if teacher is not None:
+        if not isinstance(teacher, list) or not all(
+                isinstance(t, (int, float)) and not isinstance(t, bool) for t in teacher):
+            raise ValueError(f"{where}: 'teacher' must be a list of numbers")
+        if not all(math.isfinite(t) for t in teacher):
+            raise ValueError(f"{where}: 'teacher' has a non-finite number")
+        teacher = tuple(float(t) for t in teacher)
+    answer = q.get("answer")
+    if "options" not in q:
+        if answer not in ANSWERS_YES_NO:
+            raise ValueError(f"{where}: a question without 'options' is Yes/No and needs "
+                             f"'answer' \"yes\" or \"no\", got {answer!r}")
+        return SFTItem(YesNo(context=context, question=text, meta=meta),
+                       (ANSWERS_YES_NO[answer],), teacher, where)
+    options = q["options"]
+    if not isinstance(options, list) or len(options) < 2 or not all(
+            isinstance(o, str) for o in options):
+        raise ValueError(f"{where}: 'options' must be a list of at least 2 strings")
+    if len(set(options)) != len(options):
+        raise ValueError(f"{where}: 'options' has duplicates "
+                         f"{sorted({o for o in options if options.count(o) > 1})}")
+    if not isinstance(answer, list) or not answer or not all(
+            isinstance(a, int) and not isinstance(a, bool) for a in answer):
+        raise ValueError(f"{where}: 'answer' must be a non-empty list of option indices, "
+                         f"got {answer!r}")
+    meta["answer"] = tuple(answer)
+    mc = MultipleChoice(context=context, question=text, options=tuple(options), meta=meta)
+    return SFTItem(mc, tuple(answer), teacher, where)
+
+
+def read_states(path: str | Path, *, require_split: str | None = None
+                ) -> list[list[SFTItem]]:
+    """Every line's questions as SFT items (one inner list per shared context).
+
+    ``require_split``: a line with a ``split`` field other than this is an error (training
+    on test seeds is never silent)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"training data {path} does not exist")
+    states: list[list[SFTItem]] = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{n}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+            context, qs = row.get("context"), row.get("questions")
+            if not isinstance(context, str) or not context:
+                raise ValueError(f"{where}: 'context' must be a non-empty string")
+            if not isinstance(qs, list) or not qs:
+                raise ValueError(f"{where}: 'questions' must be a non-empty list")
+            if require_split is not None and row.get("split", require_split) != require_split:
+                raise ValueError(f"{where}: split {row.get('split')!r}, but training uses only "
+                                 f"{require_split!r} data")
+            extra = {k: row[k] for k in ("task_id", "step", "after_error", "must_ask", "seed",
+                                        "split", "variant") if k in row}
+            items = []
+            for i, q in enumerate(qs):
+                try:
+                    items.append(_item(q, context, f"{where}: questions[{i}]", extra))
+                except (TypeError, ValueError) as e:
+                    msg = str(e)
+                    raise ValueError(msg if msg.startswith(where) else
+                                     f"{where}: questions[{i}]: {msg}") from None
+            states.append(items)
+    if not states:
+        raise ValueError(f"{path}: no training lines")
+    return states
+
+
+def write_states(path: str | Path, states: Sequence[dict[str, Any]]) -> Path:
+    """Writes state dicts (the line format above) as JSONL."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for s in states:
+            f.write(json.dumps(s) + "\n")
+    return path

@@ -1,0 +1,101 @@
+"""LoRA as a parameter transform: ``merge(params, adapters) -> params`` with low-rank deltas.
+
+Why a transform and not ``qwix``: qwix (PyPI 0.1.8) adds LoRA by intercepting the matmuls of
+flax modules (``qwix.apply_lora_to_model`` on nnx / linen models, matching module paths).
+jaxdm's decoder is plain functions over a parameter dict (``jaxdm.models.decoder``), with no
+flax modules to intercept, so qwix has nothing to attach to. A transform keeps every decoder
+entry point (forward, packed scoring, sampling, export) unchanged: the adapted model is just
+other parameters.
+
+Adapted projections (stacked over layers L, see ``decoder``'s parameter layout):
+  q [L, D, N, H], k / v [L, D, K, H], gate / up [L, D, F]: input D, output the rest
+  o [L, N, H, D]: input N·H, output D;   down [L, F, D]: input F, output D
+For a weight W with input size I and output size O the adapter is A [L, I, r], B [L, r, O] and
+
+    W' = W + (α / r) · A @ B    (reshaped to W's shape)
+
+so x·W' = x·W + (α / r)·(x·A)·B (the unmerged form; ``project_unmerged``). A starts
+normal with std 1/√I, B at zero, so training starts at the base model (Hu et al., 2021).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+# weight name -> number of leading (after L) axes that form the input
+TARGETS: dict[str, int] = {"q": 1, "k": 1, "v": 1, "o": 2, "gate": 1, "up": 1, "down": 1}
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+    """rank r, α (scale α / r), and which projections get adapters."""
+
+    rank: int = 32
+    alpha: float = 32.0
+    targets: tuple[str, ...] = tuple(TARGETS)
+
+    def __post_init__(self):
+        if self.rank < 1:
+            raise ValueError(f"LoRA rank must be >= 1, got {self.rank}")
+        if not math.isfinite(self.alpha) or self.alpha <= 0:
+            raise ValueError(f"LoRA alpha must be a positive finite number, got {self.alpha}")
+        bad = sorted(set(self.targets) - set(TARGETS))
+        if bad or not self.targets:
+            raise ValueError(f"unknown LoRA target(s) {bad or '(none given)'}; known: "
+                             f"{list(TARGETS)}")
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
+def _io(shape: tuple[int, ...], split: int) -> tuple[int, int]:
+    return math.prod(shape[1:1 + split]), math.prod(shape[1 + split:])
+
+
+def init_adapters(params: dict, cfg: LoraConfig, key: jax.Array) -> dict[str, dict[str, Any]]:
+    """Adapters {name: {"a": [L, I, r], "b": [L, r, O]}} (float32) for ``params``."""
+    layers = params["layers"]
+    missing = [t for t in cfg.targets if t not in layers]
+    if missing:
+        raise ValueError(f"params have no layer weight(s) {missing} to adapt")
+    out = {}
+    for name, k in zip(cfg.targets, jax.random.split(key, len(cfg.targets))):
+        w = layers[name]
+        i, o = _io(w.shape, TARGETS[name])
+        a = jax.random.normal(k, (w.shape[0], i, cfg.rank), jnp.float32) / math.sqrt(i)
+        out[name] = {"a": a, "b": jnp.zeros((w.shape[0], cfg.rank, o), jnp.float32)}
+    return out
+
+
+def merge(params: dict, adapters: dict[str, dict[str, Any]], cfg: LoraConfig) -> dict:
+    """params with W + (α/r)·A@B for every adapted weight (pure; differentiable in both)."""
+    layers = dict(params["layers"])
+    for name, ad in adapters.items():
+        if name not in TARGETS or name not in layers:
+            raise ValueError(f"adapter for unknown weight {name!r}")
+        w = layers[name]
+        l, i, r = ad["a"].shape
+        if (l, i) != (w.shape[0], _io(w.shape, TARGETS[name])[0]) or ad["b"].shape[:2] != (l, r) \
+                or ad["b"].shape[2] != _io(w.shape, TARGETS[name])[1]:
+            raise ValueError(f"adapter {name}: a {ad['a'].shape} / b {ad['b'].shape} do not fit "
+                             f"weight {w.shape}")
+        delta = jnp.einsum("LIR,LRO->LIO", ad["a"], ad["b"]) * cfg.scale
+        layers[name] = (w.astype(jnp.float32) + delta.reshape(w.shape)).astype(w.dtype)
+    return {**params, "layers": layers}
+
+
+def project_unmerged(x: jax.Array, w: jax.Array, a: jax.Array, b: jax.Array, split: int,
+                     scale: float) -> jax.Array:
+    """x [..., I] through one layer's weight w [I..., O...] plus its adapter a [I, r],
+    b [r, O], without merging: x·W + scale·(x·A)·B -> [..., O] (the reference form)."""
+    i, o = math.prod(w.shape[:split]), math.prod(w.shape[split:])
+    return x @ w.reshape(i, o) + scale * ((x @ a) @ b)
+
+
+def num_params(adapters: dict) -> int:
+    return sum(int(x.size) for x in jax.tree.leaves(adapters))

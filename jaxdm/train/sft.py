@@ -1,0 +1,274 @@
+"""``jaxdm train-dm``: packed SFT of a decision model with LoRA, exact resume and HF export.
+
+One optimiser step trains ``states_per_step`` shared contexts with every question asked about
+them in one packed forward (``jaxdm.train.packing``), loss = CE + μ·SE against the mixed target
+(``jaxdm.train.losses``; seed 003: α = 0.3, μ = 0.5, LoRA rank 32, 2 epochs, lr 1e-4, AdamW).
+
+Run folder (``out_dir``): ``metrics.jsonl`` (one record per step), ``checkpoints/`` (orbax,
+atomic; adapters + optimiser state + the step), ``curves.png``, ``summary.json``, and
+``model/`` (adapters merged, an HF folder every jaxdm backend and transformers load).
+
+Exact resume: the batch of step s is a pure function of (seed, s) (the epoch's permutation is
+drawn from ``numpy.random.default_rng([seed, epoch])``), and the checkpoint holds everything
+else, so a run killed after checkpoint k and restarted does step k + 1 exactly as an
+uninterrupted run would. A non-finite loss or gradient stops the run (``TrainingError`` naming
+the step, epoch and the batch's sources) before any update is applied; the last good
+checkpoint stays the latest.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxdm.train import lora as lora_lib
+from jaxdm.train import packing
+from jaxdm.train.data import read_states
+from jaxdm.train.losses import ALPHA, MU
+
+
+class TrainingError(RuntimeError):
+    """A training run cannot continue (non-finite loss, bad data); the message says where."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainDMConfig:
+    """Settings of ``jaxdm train-dm`` (YAML keys / dotted overrides).
+
+    data: JSONL of states (``jaxdm.train.data``); model: "smollm2" or an HF folder;
+    mode: how options are read ("likelihood": option tokens; "readout": label letters);
+    teacher: optional backend spec (``jaxdm.decision.make_backend``) whose probabilities
+    enter the mixed target for questions without a ``teacher`` field;
+    lora_rank: 0 trains all weights; require_split: refuse lines of other splits (None: off);
+    on_indistinct: "error" stops on options that tokenise identically, "skip" leaves those
+    questions out and lists them in summary.json; max_steps: stop after this many steps
+    (a budget or a simulated kill; the run resumes from its checkpoint).
+    """
+
+    data: str = ""
+    model: str = "smollm2"
+    out_dir: str = "train_dm_out"
+    mode: Literal["likelihood", "readout"] = "likelihood"
+    epochs: int = 2
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    lora_rank: int = 32
+    lora_alpha: float = 32.0
+    lora_targets: tuple[str, ...] = tuple(lora_lib.TARGETS)
+    states_per_step: int = 1
+    alpha: float = ALPHA
+    mu: float = MU
+    seed: int = 0
+    save_every: int = 50
+    keep_checkpoints: int = 2
+    max_steps: int | None = None
+    teacher: dict | None = None
+    require_split: str | None = "train"
+    on_indistinct: Literal["error", "skip"] = "error"
+    export: bool = True
+    progress: bool = True
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        for name in ("epochs", "states_per_step", "save_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train-dm: {name} must be >= 1, got {getattr(self, name)}")
+        if self.lora_rank < 0:
+            raise ValueError(f"train-dm: lora_rank must be >= 0, got {self.lora_rank}")
+        for name in ("lr", "alpha", "mu", "weight_decay"):
+            v = getattr(self, name)
+            if not math.isfinite(v) or v < 0:
+                raise ValueError(f"train-dm: {name} must be finite and >= 0, got {v}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"train-dm: max_steps must be >= 1, got {self.max_steps}")
+
+
+def load_model(spec: str, dtype: str = "float32"):
+    """"smollm2" (the packaged default) or an HF folder -> ``jaxdm.models.Pretrained``."""
+    from jaxdm.models import load_pretrained
+    if spec == "smollm2":
+        from jaxdm.models.smollm2 import smollm2
+        return smollm2(jnp.dtype(dtype))
+    return load_pretrained(spec, jnp.dtype(dtype))
+
+
+def _with_teacher(states, spec: dict) -> list[list[packing.SFTItem]]:
+    """Items with teacher probabilities from a backend (where a line gave none)."""
+    from jaxdm.decision import make_backend
+    from jaxdm.decision.types import YesNo
+    teacher = make_backend(spec)
+    flat = [it for s in states for it in s if it.teacher is None]
+    mcs = [it for it in flat if not isinstance(it.question, YesNo)]
+    yns = [it for it in flat if isinstance(it.question, YesNo)]
+    got: dict[int, tuple[float, ...]] = {}
+    for it, r in zip(mcs, teacher.choose([it.question for it in mcs]) if mcs else []):
+        if r.ok and r.probs is not None:
+            got[id(it)] = tuple(float(p) for p in r.probs)
+    for it, r in zip(yns, teacher.score([it.question for it in yns]) if yns else []):
+        if r.ok and r.score is not None:
+            got[id(it)] = (float(r.score), 1.0 - float(r.score))
+    return [[dataclasses.replace(it, teacher=got[id(it)]) if id(it) in got else it for it in s]
+            for s in states]
+
+
+def batch_order(n_states: int, states_per_step: int, seed: int, step: int) -> list[int]:
+    """State indices of (zero-based) ``step``: a pure function of (seed, step)."""
+    per_epoch = -(-n_states // states_per_step)
+    epoch, i = divmod(step, per_epoch)
+    perm = np.random.default_rng([seed, epoch]).permutation(n_states)
+    return [int(x) for x in perm[i * states_per_step:(i + 1) * states_per_step]]
+
+
+@functools.lru_cache(maxsize=8)
+def _train_step_fn(config, lcfg: "lora_lib.LoraConfig | None", mu: float, lr: float,
+                   weight_decay: float):
+    """(jitted step, optimizer), cached so resumed / repeated runs in one process reuse the
+    compiled step."""
+    import optax
+    optimizer = optax.adamw(lr, weight_decay=weight_decay)
+
+    def loss_fn(trainable, base, batch, window, full_vocab):
+        params = lora_lib.merge(base, trainable, lcfg) if lcfg else trainable
+        return packing.batch_loss(params, config, batch, window=window, full_vocab=full_vocab,
+                                  mu=mu)
+
+    def step(trainable, opt_state, base, batch, window, full_vocab):
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            trainable, base, batch, window, full_vocab)
+        gnorm = jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.float32)))
+                             for g in jax.tree.leaves(grads)))
+        updates, new_opt = optimizer.update(grads, opt_state, trainable)
+        return optax.apply_updates(trainable, updates), new_opt, loss, gnorm, metrics
+
+    return jax.jit(step, static_argnames=("window", "full_vocab")), optimizer
+
+
+def train(cfg: TrainDMConfig) -> dict[str, Any]:
+    """Runs (or resumes) a training run; returns the summary (also in summary.json)."""
+    from jaxdm.models.loading import save_pretrained
+    from jaxdm.rl.checkpoint import Checkpointer
+    from jaxdm.runlog import MetricsWriter, Progress, plot_curves
+
+    if not cfg.data:
+        raise TrainingError("train-dm: 'data' (a JSONL of training states) is required")
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    states = read_states(cfg.data, require_split=cfg.require_split)
+    pre = load_model(cfg.model, cfg.dtype)
+    encoder = packing.Encoder(pre, mode=cfg.mode)
+    problems = encoder.check_distinct([it for s in states for it in s])
+    skipped = []
+    if problems:
+        if cfg.on_indistinct == "error":
+            raise packing.IndistinctOptions(problems)
+        bad = {p[0] for p in problems}
+        skipped = [{"source": s, "options": list(i), "texts": list(t)} for s, i, t in problems]
+        states = [[it for it in s if it.source not in bad] for s in states]
+        states = [s for s in states if s]
+        if not states:
+            raise TrainingError("train-dm: every question was skipped (indistinct options)")
+    if cfg.teacher:
+        states = _with_teacher(states, dict(cfg.teacher))
+    n_q = sum(len(s) for s in states)
+    per_epoch = -(-len(states) // cfg.states_per_step)
+    total = per_epoch * cfg.epochs
+    stop = total if cfg.max_steps is None else min(total, cfg.max_steps)
+
+    base = pre.params
+    key = jax.random.key(cfg.seed)
+    lcfg = (lora_lib.LoraConfig(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
+            if cfg.lora_rank else None)
+    step_fn, optimizer = _train_step_fn(pre.config, lcfg, cfg.mu, cfg.lr, cfg.weight_decay)
+    trainable = lora_lib.init_adapters(base, lcfg, key) if lcfg else base
+    opt_state = optimizer.init(trainable)
+    ckpt = Checkpointer(out / "checkpoints", max_to_keep=cfg.keep_checkpoints)
+    start = 0
+    latest = ckpt.latest_step()
+    if latest is not None:
+        restored, host, _ = ckpt.restore({"trainable": trainable, "opt": opt_state})
+        if host.get("fingerprint") != _fingerprint(cfg, len(states)):
+            raise TrainingError(f"train-dm: {out / 'checkpoints'} holds a run with other "
+                                f"settings or data ({host.get('fingerprint')}); use a new "
+                                "out_dir")
+        trainable, opt_state, start = restored["trainable"], restored["opt"], int(host["step"])
+    metrics_path = out / "metrics.jsonl"
+    writer = MetricsWriter(metrics_path, resume_step=start if latest is not None else None)
+    bar = Progress(stop, "train-dm", initial=start, enabled=cfg.progress,
+                   keys=("sft/loss", "sft/accuracy"))
+    t_start = time.perf_counter()
+    trained_q = 0
+    try:
+        for s in range(start, stop):
+            idx = batch_order(len(states), cfg.states_per_step, cfg.seed, s)
+            its = [it for i in idx for it in states[i]]
+            t0 = time.perf_counter()
+            batch, window, full_vocab, stats = packing.pack_items(encoder, its,
+                                                                  alpha=cfg.alpha)
+            batch = jax.tree.map(jnp.asarray, batch)
+            new_tr, new_opt, loss, gnorm, m = step_fn(trainable, opt_state, base, batch,
+                                                      window, full_vocab)
+            loss, gnorm = float(loss), float(gnorm)
+            if not (math.isfinite(loss) and math.isfinite(gnorm)):
+                last = ckpt.latest_step()
+                raise TrainingError(
+                    f"train-dm: non-finite {'loss' if not math.isfinite(loss) else 'gradient'} "
+                    f"at step {s + 1} (epoch {s // per_epoch + 1}, batch of states "
+                    f"{[states[i][0].source for i in idx]});"
+                    f" stopped before the update; last good checkpoint: step {last}")
+            trainable, opt_state = new_tr, new_opt
+            dt = time.perf_counter() - t0
+            count = max(int(m["sft/count"]), 1)
+            trained_q += len(its)
+            record = {"epoch": s // per_epoch + 1, "sft/loss": loss,
+                      "sft/ce": float(m["sft/ce_sum"]) / count,
+                      "sft/se": float(m["sft/se_sum"]) / count,
+                      "sft/accuracy": float(m["sft/correct"]) / count, "grad_norm": gnorm,
+                      "questions": len(its), "tokens": stats["unique_tokens"],
+                      "request_tokens": stats["request_tokens"], "seconds": dt}
+            writer.write(s + 1, record)
+            bar.update(record)
+            if (s + 1) % cfg.save_every == 0 or s + 1 == stop:
+                ckpt.save(s + 1, {"trainable": trainable, "opt": opt_state},
+                          {"step": s + 1, "fingerprint": _fingerprint(cfg, len(states))})
+    finally:
+        bar.close()
+        writer.close()
+    summary: dict[str, Any] = {
+        "steps_done": stop, "steps_total": total, "resumed_from": start, "states": len(states),
+        "questions": n_q, "epochs": cfg.epochs, "mode": cfg.mode,
+        "lora": None if not lcfg else {"rank": lcfg.rank, "alpha": lcfg.alpha,
+                                       "targets": list(lcfg.targets),
+                                       "params": lora_lib.num_params(trainable)},
+        "seconds": round(time.perf_counter() - t_start, 3),
+        "questions_per_second": (trained_q / (time.perf_counter() - t_start)
+                                 if trained_q else None),
+        "skipped_indistinct": skipped, "out_dir": str(out)}
+    try:
+        plot_curves({"train": metrics_path}, ["sft/loss", "sft/accuracy"], out / "curves.png",
+                    title=f"train-dm ({cfg.mode}, {Path(cfg.data).name})")
+        summary["curves"] = str(out / "curves.png")
+    except ValueError:
+        pass
+    if cfg.export and stop == total:
+        params = lora_lib.merge(base, trainable, lcfg) if lcfg else trainable
+        folder = save_pretrained(out / "model", params, pre.config, tokenizer=pre.tokenizer,
+                                 source=pre.path)
+        summary["model"] = str(folder)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    ckpt.close()
+    return summary
+
+
+def _fingerprint(cfg: TrainDMConfig, n_states: int) -> str:
+    keep = {k: v for k, v in dataclasses.asdict(cfg).items()
+            if k not in ("out_dir", "max_steps", "progress", "export", "save_every",
+                         "keep_checkpoints")}
+    return json.dumps(keep, sort_keys=True, default=str) + f"|states={n_states}"

@@ -1,0 +1,170 @@
+"""train-dm: exact resume after a stop mid-epoch, NaN stop keeps the last good checkpoint,
+malformed data named by file and line, LoRA merge, HF export loaded by jaxdm and transformers."""
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxdm.models import decoder
+from jaxdm.models.loading import load_pretrained, save_pretrained
+from jaxdm.train import lora, packing, sft
+from jaxdm.train.data import read_states
+from tests.train.train_fixtures import tiny
+
+
+def _state(i: int) -> dict:
+    ctx = (f"Customer {i} writes: please cancel order O-1{i:04d}; it is still pending. "
+           f"The agent found customer C-10{i:02d} and the order.")
+    return {"context": ctx, "split": "train", "questions": [
+        {"question": "Which tool should the agent call next?", "kind": "tool",
+         "options": ["cancel_order: cancel an order", "get_weather: the weather",
+                     "finish: end the conversation"], "answer": [0]},
+        {"question": "Did the last action help?", "answer": "yes" if i % 2 else "no"}]}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train_dm")
+    pre = tiny(seed=1)
+    model = save_pretrained(root / "base", pre.params, pre.config, tokenizer=pre.tokenizer,
+                            source=pre.path)
+    data = root / "states.jsonl"
+    data.write_text("".join(json.dumps(_state(i)) + "\n" for i in range(5)))
+    return root, model, data
+
+
+def _cfg(root, model, data, out, **kw):
+    base = dict(data=str(data), model=str(model), out_dir=str(root / out), mode="readout",
+                epochs=2, lr=1e-2, lora_rank=4, lora_alpha=8.0, save_every=1, progress=False,
+                export=False)
+    return sft.TrainDMConfig(**(base | kw))
+
+
+def _restore(out):
+    from jaxdm.rl.checkpoint import Checkpointer
+    ck = Checkpointer(out / "checkpoints")
+    step = ck.latest_step()
+    import orbax.checkpoint as ocp
+    raw = ck._mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(),
+                                                         host=ocp.args.JsonRestore()))
+    ck.close()
+    return raw["state"]["trainable"], step
+
+
+def test_resume_mid_epoch_is_exact(setup):
+    root, model, data = setup
+    # 5 states per epoch: stop after step 3 (mid-epoch 1), restart, take step 4.
+    s1 = sft.train(_cfg(root, model, data, "killed", max_steps=3))
+    assert s1["steps_done"] == 3
+    s2 = sft.train(_cfg(root, model, data, "killed", max_steps=4))
+    assert s2["resumed_from"] == 3
+    sft.train(_cfg(root, model, data, "straight", max_steps=4))
+    a, sa = _restore(root / "killed")
+    b, sb = _restore(root / "straight")
+    assert sa == sb == 4
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    recs = [json.loads(l) for l in (root / "killed" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == [1, 2, 3, 4]
+    assert all(np.isfinite(r["sft/loss"]) for r in recs)
+
+
+def test_full_run_exports_a_folder_jaxdm_and_transformers_load(setup):
+    root, model, data = setup
+    summary = sft.train(_cfg(root, model, data, "full", export=True))
+    assert summary["steps_done"] == 10                      # 2 epochs x 5 states
+    recs = [json.loads(l) for l in (root / "full" / "metrics.jsonl").read_text().splitlines()]
+    assert recs[-1]["sft/loss"] < recs[0]["sft/loss"]       # lr 1e-2 on 5 states: it learns
+    assert (root / "full" / "curves.png").stat().st_size > 1000
+    folder = root / "full" / "model"
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        assert (folder / name).is_file()
+    # The exported folder equals base + merged adapters, through jaxdm's own loader ...
+    trainable, _ = _restore(root / "full")
+    base = load_pretrained(model)
+    merged = lora.merge(base.params, trainable, lora.LoraConfig(4, 8.0))
+    loaded = load_pretrained(folder)
+    tokens = jnp.asarray(np.arange(3, 40, dtype=np.int32))[None]
+    want = np.asarray(decoder.logits(merged, loaded.config, tokens))
+    got = np.asarray(decoder.logits(loaded.params, loaded.config, tokens))
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    # ... and through a backend given the path.
+    from jaxdm.decision import make_backend
+    from jaxdm.decision.types import YesNo
+    dm = make_backend({"kind": "local_readout", "path": str(folder)})
+    [r] = dm.score([YesNo(context="c", question="q?")])
+    assert r.ok and 0.0 < r.score < 1.0
+
+
+@pytest.mark.torch
+def test_exported_folder_matches_transformers(setup):
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+    root, model, data = setup
+    pre = load_pretrained(model)
+    adapters = lora.init_adapters(pre.params, lora.LoraConfig(4, 8.0), jax.random.key(3))
+    adapters = jax.tree.map(lambda x: x + 0.05, adapters)    # non-zero B: a real delta
+    merged = lora.merge(pre.params, adapters, lora.LoraConfig(4, 8.0))
+    folder = save_pretrained(root / "export_hf", merged, pre.config, source=model)
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    tokens = np.arange(5, 69, dtype=np.int64)[None]
+    with torch.no_grad():
+        want = hf(torch.tensor(tokens)).logits.numpy()
+    got = np.asarray(decoder.logits(merged, pre.config, jnp.asarray(tokens, jnp.int32)))
+    assert np.max(np.abs(got - want)) < 1e-4
+
+
+def test_lora_merge_equals_unmerged_projection():
+    pre = tiny()
+    cfg = lora.LoraConfig(rank=3, alpha=6.0)
+    ad = lora.init_adapters(pre.params, cfg, jax.random.key(0))
+    ad = jax.tree.map(lambda x: x + 0.1 * jnp.ones_like(x), ad)
+    merged = lora.merge(pre.params, ad, cfg)
+    x = jax.random.normal(jax.random.key(1), (5, 64))
+    for name, split in lora.TARGETS.items():
+        w, mw = pre.params["layers"][name][1], merged["layers"][name][1]   # layer 1
+        i = int(np.prod(w.shape[:split]))
+        xi = x[:, :i]
+        unmerged = lora.project_unmerged(xi, w, ad[name]["a"][1], ad[name]["b"][1], split,
+                                         cfg.scale)
+        np.testing.assert_allclose(np.asarray(xi @ mw.reshape(i, -1)), np.asarray(unmerged),
+                                   atol=1e-5)
+    with pytest.raises(ValueError, match="unknown LoRA target"):
+        lora.LoraConfig(targets=("q", "lm_head"))
+
+
+def test_nan_loss_stops_with_step_and_keeps_last_checkpoint(setup, monkeypatch):
+    root, model, data = setup
+    real = packing.batch_loss
+
+    def poisoned(params, config, batch, **kw):
+        loss, m = real(params, config, batch, **kw)
+        return jnp.where(kw["window"] > 0, loss * jnp.nan, loss), m
+
+    sft.train(_cfg(root, model, data, "nan", max_steps=2))
+    sft._train_step_fn.cache_clear()
+    monkeypatch.setattr(packing, "batch_loss", poisoned)
+    with pytest.raises(sft.TrainingError, match=r"non-finite loss at step 3 \(epoch 1, batch "
+                                                r"of states \['.*states.jsonl:\d: questions"):
+        sft.train(_cfg(root, model, data, "nan", max_steps=4))
+    sft._train_step_fn.cache_clear()
+    _, step = _restore(root / "nan")
+    assert step == 2
+
+
+def test_malformed_line_names_file_and_line(tmp_path):
+    p = tmp_path / "bad.jsonl"
+    p.write_text(json.dumps(_state(0)) + "\n" + '{"context": "x", "questions": [\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: invalid JSON"):
+        read_states(p)
+    bad = _state(1)
+    bad["questions"][0]["answer"] = [7]
+    p.write_text(json.dumps(_state(0)) + "\n\n" + json.dumps(bad) + "\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:3: questions\[0\]: answer indices \[7\]"):
+        read_states(p)
+    test_row = _state(2) | {"split": "test"}
+    p.write_text(json.dumps(test_row) + "\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: split 'test'"):
+        read_states(p, require_split="train")
