@@ -1,0 +1,1 @@
+"""AGENT DECISION BENCH (seed 003): L1 isolated items (BFCL v4), L2 recorded DECISION GYM states."""

@@ -1,0 +1,84 @@
+"""Bench metrics: accuracy by group, expected calibration error, cost.
+
+ECE (equal-width bins): the confidence of an answer is the probability of its chosen option;
+answers fall into ``bins`` equal-width bins over [0, 1] (bin b holds b/B <= c < (b+1)/B, the
+last bin also holds c = 1), and
+
+    ECE = Σ_b (n_b / N) · | accuracy_b − mean confidence_b |
+
+Failed answers (the backend gave no probabilities) count as wrong for accuracy and are left
+out of ECE (they have no confidence); both counts are reported.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+ECE_BINS = 10
+
+
+def ece(confidence: Sequence[float], correct: Sequence[bool], bins: int = ECE_BINS) -> float:
+    """Expected calibration error over equal-width bins (module docstring)."""
+    c = np.asarray(confidence, float)
+    y = np.asarray(correct, float)
+    if c.shape != y.shape or c.ndim != 1:
+        raise ValueError(f"confidence {c.shape} and correct {y.shape} must be equal 1-D shapes")
+    if c.size == 0:
+        return float("nan")
+    if np.any(~np.isfinite(c)) or np.any((c < 0) | (c > 1)):
+        raise ValueError("confidences must be finite numbers in [0, 1]")
+    idx = np.minimum((c * bins).astype(int), bins - 1)
+    total = 0.0
+    for b in range(bins):
+        m = idx == b
+        if m.any():
+            total += m.sum() / c.size * abs(y[m].mean() - c[m].mean())
+    return float(total)
+
+
+def records(questions: Sequence[Any], results: Sequence[Any], level: str) -> list[dict]:
+    """One record per question: level, kind, correct, confidence (None if failed), flags."""
+    if len(questions) != len(results):
+        raise ValueError(f"{len(questions)} questions but {len(results)} results")
+    out = []
+    for q, r in zip(questions, results):
+        ok = bool(r.ok and r.probs is not None and r.choice is not None)
+        m = q.meta
+        out.append({"level": level, "kind": m["kind"], "category": m.get("category"),
+                    "correct": bool(ok and r.choice in m["answer"]),
+                    "confidence": float(np.max(r.probs)) if ok else None, "failed": not ok,
+                    "error": None if ok else r.error,
+                    "after_error": m.get("after_error"), "must_ask": m.get("must_ask"),
+                    "n_options": len(q.options),
+                    "tokens_in": r.cost.tokens_in, "usd": r.cost.usd})
+    return out
+
+
+def summarize(recs: Iterable[Mapping[str, Any]], bins: int = ECE_BINS) -> dict[str, Any]:
+    recs = list(recs)
+    answered = [r for r in recs if not r["failed"]]
+    return {"n": len(recs), "accuracy": (sum(r["correct"] for r in recs) / len(recs)
+                                         if recs else None),
+            "ece": (ece([r["confidence"] for r in answered], [r["correct"] for r in answered],
+                        bins) if answered else None),
+            "failed": len(recs) - len(answered)}
+
+
+def breakdown(recs: Sequence[Mapping[str, Any]], bins: int = ECE_BINS) -> dict[str, Any]:
+    """Accuracy / ECE overall, per level and kind (decision point), L2 after an error vs not,
+    and L2 must-ask tool states separately."""
+    out: dict[str, Any] = {"all": summarize(recs, bins)}
+    for level in sorted({r["level"] for r in recs}):
+        lv = [r for r in recs if r["level"] == level]
+        out[level] = summarize(lv, bins)
+        for kind in sorted({r["kind"] for r in lv}):
+            out[f"{level}/{kind}"] = summarize([r for r in lv if r["kind"] == kind], bins)
+        if level == "l2":
+            out["l2/after_error"] = summarize([r for r in lv if r["after_error"]], bins)
+            out["l2/no_error"] = summarize([r for r in lv if not r["after_error"]], bins)
+            out["l2/tool/must_ask"] = summarize(
+                [r for r in lv if r["kind"] == "tool" and r["must_ask"]], bins)
+            out["l2/tool/not_must_ask"] = summarize(
+                [r for r in lv if r["kind"] == "tool" and not r["must_ask"]], bins)
+    return out
