@@ -327,8 +327,15 @@ class Remote:
             if self.progress:
                 from tqdm.auto import tqdm
                 done = tqdm(done, total=len(futures), desc=self.name)
-            for fut in done:
-                results[futures[fut]] = fut.result()
+            try:
+                for fut in done:
+                    results[futures[fut]] = fut.result()
+            except BaseException:
+                # Ctrl-C: drop the queued questions so the pool's exit waits only for the
+                # requests already in flight, not for the whole batch.
+                for fut in futures:
+                    fut.cancel()
+                raise
         return results
 
     def choose(self, questions: Sequence[MultipleChoice]) -> list[ChoiceResult]:

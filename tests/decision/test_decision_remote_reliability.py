@@ -6,8 +6,10 @@ import http.server
 import json
 import math
 import os
+import signal
 import socket
 import threading
+import time
 
 import pytest
 
@@ -31,6 +33,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        time.sleep(self.server.delay)
         with self.server.lock:
             self.server.paths.append(self.path)
         if body["model"] == "err500":
@@ -47,7 +50,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture()
 def server():
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    srv.lock, srv.paths = threading.Lock(), []
+    srv.lock, srv.paths, srv.delay = threading.Lock(), [], 0.0
     threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
     yield srv
     srv.shutdown()
@@ -151,6 +154,18 @@ def test_down_after_zero_never_marks_down():
     res = rm.score([YesNo("c", f"q{i}") for i in range(3)])
     assert rm.down is None and rm.stats["connection_failures"] == 6
     assert all("connection error" in r.error for r in res)
+
+
+def test_ctrl_c_does_not_wait_for_the_queued_questions(server):
+    """KeyboardInterrupt in a batch cancels the questions not yet sent."""
+    server.delay = 0.2
+    rm = Remote(_root(server), "m", concurrency=1, backoff=0.01)
+    with pytest.raises(KeyboardInterrupt):
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        rm.score([YesNo("c", f"q{i}") for i in range(30)])
+    sent = len(server.paths)
+    time.sleep(0.5)
+    assert len(server.paths) == sent < 10  # nothing sent after the interrupt, not 30
 
 
 # ---- optional: a real OpenAI-compatible server (vLLM, llama.cpp server, SGLang) ---------------
