@@ -1,5 +1,5 @@
-"""The `jaxdm` console command: `jaxdm screen ...`, `jaxdm demo`, `jaxdm decide ...` and
-`jaxdm harness ...`."""
+"""The `jaxdm` console command: `jaxdm screen ...`, `jaxdm demo`, `jaxdm decide ...`,
+`jaxdm harness ...`, `jaxdm train-dm ...` and `jaxdm bench ...`."""
 from __future__ import annotations
 
 import argparse
@@ -49,7 +49,15 @@ def main(argv=None) -> int:
     decide.add_parser(sub)
     from jaxdm.harness import run as harness_run
     harness_run.add_parser(sub)
+    from jaxdm.bench import cli as bench_cli
+    from jaxdm.train import cli as train_cli
+    train_cli.add_parser(sub)
+    bench_cli.add_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "train-dm":
+        return train_cli.main(args)
+    if args.command == "bench":
+        return bench_cli.main(args)
     if args.command == "decide":
         return decide.run(args)
     if args.command == "harness":

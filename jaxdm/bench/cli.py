@@ -1,0 +1,39 @@
+"""``jaxdm bench``: AGENT DECISION BENCH L1 / L2 (``jaxdm.bench.run``)."""
+from __future__ import annotations
+
+import sys
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "bench", help="AGENT DECISION BENCH: L1 (BFCL v4 items), L2 (DECISION GYM states)",
+        description="Score decision-model backends on L1 isolated items from bfcl-eval's BFCL "
+                    "v4 files and L2 recorded DECISION GYM states (noisy scripted agent, test "
+                    "split): accuracy, ECE, cost, time, calls; bench.json, report.md, "
+                    "accuracy.png.")
+    p.add_argument("--config", help="YAML file of BenchConfig keys")
+    p.add_argument("--judge", action="append", dest="judges", metavar="SPEC",
+                   help="backend: 'smollm2', 'oracle', or 'kind:key=value,...' (repeatable)")
+    p.add_argument("--out", dest="out_dir", help="output folder")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+
+
+def main(args) -> int:
+    from jaxdm.bench.run import BenchConfig, BenchError, run
+    from jaxdm.config import ConfigError, load_config
+
+    overrides = list(args.overrides)
+    if args.out_dir:
+        overrides.append(f"out_dir={args.out_dir}")
+    if args.no_progress:
+        overrides.append("progress=false")
+    try:
+        cfg = load_config(BenchConfig, args.config, overrides)
+        if args.judges:
+            cfg = type(cfg)(**{**cfg.__dict__, "judges": tuple(args.judges)})
+        run(cfg)
+    except (ConfigError, BenchError) as e:
+        print(f"jaxdm bench: error: {e}", file=sys.stderr)
+        return 2
+    return 0
