@@ -389,7 +389,7 @@ class Harness:
                                                    shift, None)
                 for q, pl, rec in zip(pq, p_plans, p_recs):
                     if pl.who == "dm":
-                        fixed[q.meta["param"]] = q.options[pl.choice]
+                        _set_arg(fixed, q, pl.choice)
                         self._decide(rec, "dm", pl.choice)
                     else:
                         held.append(("params", HeldQuestion("params", q, pl.allowed)))
@@ -401,8 +401,13 @@ class Harness:
             hidden = {"env": env, "state": state, "params": params, "shift": shift,
                       "reflected": reflect_now}
             if needs_tool_call or held:
-                tools = self._tool_schemas(tool_opts, tool_allowed, shift, gym_tools)
-                req = LLMRequest(prompt=prompt, tools=tools if needs_tool_call else (),
+                if needs_tool_call:
+                    tools = self._tool_schemas(tool_opts, tool_allowed, shift, gym_tools)
+                else:  # the model chose the tool; the LLM, called anyway, writes the rest
+                    tools = self._tool_schemas(tool_opts, [tool_opts.index(forced_tool)],
+                                               shift, gym_tools)
+                req = LLMRequest(prompt=prompt, tools=tools,
+                                 forced_tool=None if needs_tool_call else forced_tool,
                                  fixed_args=fixed, questions=tuple(h for _, h in held),
                                  reflect=reflect_now, call_id=f"{ep.task_id}/{t}/a",
                                  hidden=hidden)
@@ -445,6 +450,8 @@ class Harness:
             else:
                 tool_name = forced_tool
                 args = dict(fixed)
+                if reply is not None and reply.tool == forced_tool:
+                    args = {**reply.args, **fixed}  # the LLM's arguments, model values first
                 if reply is not None:
                     for (p, h), a in zip(held, reply.answers):
                         if p == "params":
@@ -452,7 +459,7 @@ class Harness:
                             choice = a if a is not None else h.options_allowed()[0]
                             self._decide(rec, "llm" if a is not None else "llm_failed", choice,
                                          llm_choice=a)
-                            args[h.question.meta["param"]] = h.question.options[choice]
+                            _set_arg(args, h.question, choice)
             # ---- second round: GUARD returns, TRIGGER self-checks, params after an LLM tool --
             tool_canon = gym_tools.tool_named(tool_name, shift)
             if needs_tool_call and reply is not None and reply.tool is not None:
@@ -650,7 +657,7 @@ class Harness:
             rec.llm_choice = prop
             d, r = self.deleg.get("params"), None
             if pl.who == "dm":
-                args[name] = q.options[pl.choice]
+                _set_arg(args, q, pl.choice)
                 self._decide(rec, "dm", pl.choice, llm_choice=prop)
                 continue
             self._decide(rec, rec.who if rec.who == "llm_fallback" else "llm", prop,
@@ -672,9 +679,20 @@ class Harness:
             reply = self._ask_llm(req, tier, state.t, ep)
             for (q, rec, pl), a in zip(re_ask, reply.answers if reply else [None] * len(held)):
                 if a is not None:
-                    args[q.meta["param"]] = q.options[a]
+                    _set_arg(args, q, a)
                     self._decide(rec, "llm_after_" + self.deleg["params"].mode, a)
         return args, tool_name
+
+
+def _set_arg(args: dict[str, Any], q: MultipleChoice, index: int) -> None:
+    """Set the parameter a parameter question is about to option ``index`` ("(omit)" removes
+    it)."""
+    from jaxdm.envs.decision_gym import option_value
+    value = option_value(q, index)
+    if value is None:
+        args.pop(q.meta["param"], None)
+    else:
+        args[q.meta["param"]] = value
 
 
 def _option_of(q: MultipleChoice, value: Any) -> int | None:

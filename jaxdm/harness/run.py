@@ -475,8 +475,10 @@ def cmd_compare(cfg: HarnessConfig) -> dict[str, Any]:
             arm = ArmConfig("combined", tuple(d for n in chosen
                                               for d in arms_by_name[n].delegations))
             eps2, dels2 = _run_arm(cfg, arm, thresholds, idx2, "stage2 combined", {})
-            _save_arm(out, "stage2_llm_alone", ref2, report.setdefault("stage2_arms", {}), [])
-            _save_arm(out, "stage2_combined", eps2, report["stage2_arms"], dels2)
+            s2: dict[str, Any] = {"arms": {}}
+            _save_arm(out, "stage2_llm_alone", ref2, s2, [])
+            _save_arm(out, "stage2_combined", eps2, s2, dels2)
+            report["stage2_arms"] = s2["arms"]
             r2 = stats.stage2(r1, _arm_from_files(out, "stage2_llm_alone"),
                               {"combined": _arm_from_files(out, "stage2_combined")})
             report["stage2"] = r2.table()
@@ -621,7 +623,7 @@ COMMANDS: Mapping[str, Callable[[HarnessConfig], Any]] = {
     "shadow": cmd_shadow, "fit": cmd_fit, "run": cmd_run, "compare": cmd_compare}
 
 
-def _options_parser(prog: str = "jaxdm harness ACTION"):
+def _options_parser(prog: str = "jaxdm harness ACTION", positional: bool = True):
     import argparse
     p = argparse.ArgumentParser(prog=prog, add_help=False)
     p.add_argument("--config", help="YAML of HarnessConfig keys (or a preset name from "
@@ -630,14 +632,15 @@ def _options_parser(prog: str = "jaxdm harness ACTION"):
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--set", action="append", default=[], metavar="key=value",
                    help="a config override (repeatable; same as a bare key=value)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    if positional:
+        p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     return p
 
 
 def add_parser(sub) -> None:
     import argparse
     p = sub.add_parser("harness", help="agent LLM + decision model harness (seed 003)",
-                       parents=[_options_parser()],
+                       parents=[_options_parser(positional=False)],
                        description="Shadow-mode fitting, arms and registered statistics on "
                                    "DECISION GYM with a delegating harness. Options and "
                                    "key=value overrides may come in any order.")
@@ -668,7 +671,8 @@ def main(args) -> int:
                 setattr(args, k, getattr(extra, k))
         args.no_progress = args.no_progress or extra.no_progress
         args.set = list(args.set) + list(extra.set)
-        args.overrides = list(args.overrides) + list(extra.overrides)
+        args.overrides = list(extra.overrides)
+    args.overrides = list(getattr(args, "overrides", []) or [])
     bad = [o for o in list(args.overrides) + list(args.set) if "=" not in o]
     if bad:
         print(f"jaxdm harness {args.action}: error: {bad[0]!r} is not a key=value override",

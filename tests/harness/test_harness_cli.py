@@ -9,8 +9,11 @@ from jaxdm.cli import main
 
 
 def test_harness_all_on_the_smoke_preset(tmp_path, capsys):
+    # a perfect decision model and a wide margin, so that Stage 1 passes at 8 tasks and the
+    # registered Stage 2 combination runs on 8 new tasks
     rc = main(["harness", "all", "shadow_tasks=8", "--config", "smoke", "--out", str(tmp_path),
-               "--no-progress", "--set", "test_tasks=6", "--set", "stage2_tasks=6"])
+               "--no-progress", "--set", "test_tasks=8", "--set", "stage2_tasks=8",
+               "dm.default_accuracy=1.0", "stats.margin=0.4"])
     assert rc == 0
     for f in ("shadow_decisions.jsonl", "shadow_episodes.jsonl", "thresholds.json",
               "calibration.png", "summary.json", "report.md", "report.json", "frontier.png",
@@ -32,6 +35,13 @@ def test_harness_all_on_the_smoke_preset(tmp_path, capsys):
     assert "tool" in fits and fits["tool"]["tau_star"] <= fits["tool"]["q_llm"]
     report = (tmp_path / "report.md").read_text()
     assert "Stage 1" in report and "tool_cascade_fitted" in report
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert rep["stage2_delegations"] and rep["stage2"][0]["name"] == "combined"
+    s2 = [json.loads(x) for x in (tmp_path / "runs/stage2_combined/episodes.jsonl")
+          .read_text().splitlines()]
+    s1 = [json.loads(x) for x in (tmp_path / "runs/llm_alone/episodes.jsonl")
+          .read_text().splitlines()]
+    assert not {r["task_id"] for r in s2} & {r["task_id"] for r in s1}  # new tasks
     out = capsys.readouterr().out
     assert "shadow:" in out and "fit tool" in out
 
