@@ -5,6 +5,12 @@ logical names to mesh axes. A mesh axis that does not divide a dimension (e.g. 3
 a model axis of 2) is dropped for that dimension, so any config shards without errors.
 Activations follow the inputs: shard the batch over `data` (`shard_batch`) and GSPMD
 propagates through the jitted forward.
+
+This module is the one place for placement rules; `jaxdm.rl.sharding` re-exports it for the
+train state. Trees other than the parameters themselves (optimizer state, a train state) are
+placed by the same rules: a leaf whose path ENDS with a parameter path (``mu/layers/q``,
+``policy/embed``) is that parameter's image and gets its sharding; with ``strict=False`` every
+other leaf (step counters, factored second moments whose rank differs) is replicated.
 """
 from __future__ import annotations
 
@@ -96,26 +102,57 @@ def logical_to_spec(logical: Sequence[str | None], shape: Sequence[int], mesh: M
     return PartitionSpec(*spec)
 
 
-def _path_key(path) -> str:
-    return "/".join(str(getattr(p, "key", p)) for p in path)
+def _path_parts(path) -> list[str]:
+    return [str(getattr(p, "key", getattr(p, "name", getattr(p, "idx", p)))) for p in path]
 
 
-def param_shardings(params: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Any:
-    """A NamedSharding for every parameter (same tree as params, or as its shapes)."""
+def param_logical_axes(path) -> tuple[str | None, ...] | None:
+    """Logical axes of the parameter a tree path ends with ("layers/q", "mu/embed", ...)."""
+    parts = _path_parts(path)
+    for n in (2, 1):  # parameter paths are "embed" or "layers/q"
+        if len(parts) >= n and "/".join(parts[-n:]) in PARAM_LOGICAL_AXES:
+            return PARAM_LOGICAL_AXES["/".join(parts[-n:])]
+    return None
+
+
+def param_spec(path, shape: Sequence[int], mesh: Mesh, rules: Rules = DEFAULT_RULES, *,
+               strict: bool = True) -> PartitionSpec:
+    """PartitionSpec of the leaf at ``path`` (a parameter, or its image in optimizer state).
+
+    strict: a leaf that is not a parameter of matching rank raises ValueError naming its path;
+    otherwise it is replicated (``PartitionSpec()``).
+    """
+    logical = param_logical_axes(path)
+    if logical is None or len(logical) != len(shape):
+        if strict:
+            what = ("no logical axes for it" if logical is None else
+                    f"its logical axes {logical} do not fit shape {tuple(shape)}")
+            raise ValueError(f"param_shardings: parameter {'/'.join(_path_parts(path))!r}: "
+                             f"{what}")
+        return PartitionSpec()
+    return logical_to_spec(logical, shape, mesh, rules)
+
+
+def param_shardings(params: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES, *,
+                    strict: bool = True) -> Any:
+    """A NamedSharding for every array leaf (same tree as params, or as its shapes); leaves
+    without a shape stay as they are. ``strict=False`` for optimizer or train state."""
 
     def one(path, leaf):
-        key = _path_key(path)
-        if key not in PARAM_LOGICAL_AXES:
-            raise ValueError(f"param_shardings: no logical axes for parameter {key!r}")
-        return NamedSharding(mesh, logical_to_spec(PARAM_LOGICAL_AXES[key], leaf.shape, mesh,
-                                                   rules))
+        if not hasattr(leaf, "shape"):
+            return leaf
+        return NamedSharding(mesh, param_spec(path, leaf.shape, mesh, rules, strict=strict))
 
     return jax.tree_util.tree_map_with_path(one, params)
 
 
-def shard_params(params: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Any:
-    """Places params on the mesh according to the logical-axis rules."""
-    return jax.device_put(params, param_shardings(params, mesh, rules))
+def shard_params(params: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES, *,
+                 strict: bool = True) -> Any:
+    """Places params (or, with ``strict=False``, any tree holding them, such as optimizer
+    state) on the mesh according to the logical-axis rules."""
+    shardings = param_shardings(params, mesh, rules, strict=strict)
+    return jax.tree.map(lambda x, s: jax.device_put(x, s) if hasattr(x, "shape") else x,
+                        params, shardings)
 
 
 def activation_sharding(mesh: Mesh, logical: Sequence[str | None], shape: Sequence[int],
@@ -128,6 +165,24 @@ def shard_batch(x: jax.Array, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> jax.A
     """Places a [B, ...] input with its batch axis over `data` (other axes replicated)."""
     logical = ("batch",) + (None,) * (x.ndim - 1)
     return jax.device_put(x, activation_sharding(mesh, logical, x.shape, rules))
+
+
+def batch_sharding(mesh: Mesh, ndim: int, rules: Rules = DEFAULT_RULES) -> NamedSharding:
+    """The sharding of every [B, ...] batch array of rank ``ndim``: B over the mesh axis of
+    "batch" (``data``), the rest replicated. Unlike ``shard_batch`` it does not look at B,
+    so B must divide by that axis (training pads its mini-batches to make it so)."""
+    if not isinstance(ndim, int) or ndim < 1:
+        raise ValueError(f"batch_sharding: ndim must be a positive int, got {ndim!r}")
+    target = dict(rules).get("batch")
+    axes = tuple(a for a in ((target,) if isinstance(target, str) else (target or ()))
+                 if a in mesh.shape)
+    lead = None if not axes else axes[0] if len(axes) == 1 else axes
+    return NamedSharding(mesh, PartitionSpec(lead, *([None] * (ndim - 1))))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    """Every device holds the whole array (scalars, RNG keys, small host state)."""
+    return NamedSharding(mesh, PartitionSpec())
 
 
 def initialize_distributed(coordinator_address: str | None = None,

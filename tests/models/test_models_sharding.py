@@ -53,3 +53,30 @@ def test_non_dividing_axes_fall_back_to_replication():
     assert shardings["layers"]["gate"].spec == P(None, "data", "model")
     with pytest.raises(ValueError, match="model=3 must divide the 8 devices"):
         make_mesh(data=1, model=3)
+
+
+@needs_8
+def test_optimizer_state_follows_the_parameter_rules():
+    import optax
+
+    from jaxdm.models.sharding import batch_sharding, param_spec, replicated
+
+    mesh = make_mesh(data=4, model=2)
+    cfg = TINY_QWEN2.replace(num_heads=4, num_kv_heads=2)
+    shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
+    state = jax.eval_shape(optax.adamw(1e-3).init, shapes)
+    # mu/nu mirror the parameters under a prefix: same specs; the step count is replicated.
+    specs = param_shardings({"policy": state}, mesh, strict=False)
+    adam = specs["policy"][0]
+    assert adam.mu["layers"]["q"].spec == P(None, "data", "model", None)
+    assert adam.nu["embed"].spec == P("model", "data")
+    assert adam.count.spec == P()
+    with pytest.raises(ValueError, match=r"parameter '0/count': no logical axes"):
+        param_shardings(state, mesh)  # strict: only parameters
+    with pytest.raises(ValueError, match="do not fit shape"):
+        param_spec(("layers", "q"), (4, 8), mesh)
+    assert param_spec(("layers", "q"), (4, 8), mesh, strict=False) == P()
+    assert batch_sharding(mesh, 3).spec == P("data", None, None)
+    assert replicated(mesh).spec == P()
+    with pytest.raises(ValueError, match="ndim must be a positive int"):
+        batch_sharding(mesh, 0)
