@@ -26,6 +26,8 @@ def test_gate_hand_computed():
         lvopd_gate(adv, mask, normalize="zscore")
     with pytest.raises(TypeError, match="step_mask must be bool"):
         lvopd_gate(adv, mask.astype(jnp.int32))
+    with pytest.raises(TypeError, match="on the host"):
+        jax.jit(lambda a: lvopd_gate(a, mask))(adv)
 
 
 def _batch(seed=0, batch=2, length=6, vocab=120, num_listed=32, dim=16):
@@ -47,9 +49,9 @@ def test_distill_loss_gates_tokens_by_action():
                             [True, True, True, False, False, False]])
     step_adv = jnp.array([[-0.5, 0.4], [-1.0, 0.0]])
     step_mask = jnp.array([[True, True], [True, False]])
+    weights = lvopd_gate(step_adv, step_mask, normalize="none")
     loss, metrics = lvopd_distill_loss(
-        logits, ids, logprobs, step_adv, step_mask, token_action_index, token_mask,
-        normalize="none",
+        logits, ids, logprobs, weights, token_action_index, token_mask,
     )
     kl = np.asarray(topk_reverse_kl(logits, ids, logprobs))
     # Gates: row 0 action 0 -> 0.5, action 1 -> 0; row 1 action 0 -> 1.0. Token-mean over
@@ -64,8 +66,7 @@ def test_distill_loss_gates_tokens_by_action():
     # Gradient reaches only gated action tokens.
     grad = jax.jit(jax.grad(
         lambda z: lvopd_distill_loss(
-            z, ids, logprobs, step_adv, step_mask, token_action_index, token_mask,
-            normalize="none",
+            z, ids, logprobs, weights, token_action_index, token_mask,
         )[0]
     ))(logits)
     touched = np.abs(np.asarray(grad)).sum(-1) > 0
@@ -81,7 +82,7 @@ def test_distill_loss_fused_equals_logits_form():
     token_mask = jnp.ones((2, 6), bool)
     step_adv = jnp.array([[-0.2, -0.7, 0.3], [0.5, -0.1, 0.0]])
     step_mask = jnp.array([[True, True, True], [True, True, False]])
-    args = (ids, logprobs, step_adv, step_mask, token_action_index, token_mask)
+    args = (ids, logprobs, lvopd_gate(step_adv, step_mask), token_action_index, token_mask)
 
     def fused(h, w):
         return lvopd_distill_loss(h, *args, lm_head=w, block_v=32)[0]
@@ -100,10 +101,10 @@ def test_distill_loss_fused_equals_logits_form():
 def test_distill_loss_errors():
     hidden, head, ids, logprobs = _batch()
     token_mask = jnp.ones((2, 6), bool)
-    common = (ids, logprobs, jnp.zeros((2, 2)), jnp.ones((2, 2), bool), jnp.zeros((2, 6), int))
+    common = (ids, logprobs, jnp.zeros((2, 2)), jnp.zeros((2, 6), int))
     with pytest.raises(ValueError, match=r"student must be \[B, L, V\]"):
         lvopd_distill_loss(hidden[0], *common, token_mask)
     with pytest.raises(TypeError, match="token_mask must be bool"):
         lvopd_distill_loss(hidden, *common, token_mask.astype(jnp.int32), lm_head=head)
-    with pytest.raises(ValueError, match="aggregation"):
-        lvopd_distill_loss(hidden, *common, token_mask, lm_head=head, aggregation="mean")
+    with pytest.raises(ValueError, match="reduction"):
+        lvopd_distill_loss(hidden, *common, token_mask, lm_head=head, reduction="mean")
