@@ -88,7 +88,7 @@ def _as_binary(x: Any, name: str) -> np.ndarray:
 
 
 def _as_cost(x: Any, name: str) -> np.ndarray:
-    arr = np.asarray(x, dtype=np.float64) if not isinstance(x, np.ndarray) else x
+    arr = np.asarray(x)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be a 1-D array of per-task costs, got shape {arr.shape}")
     if arr.size == 0:
