@@ -407,6 +407,9 @@ def cmd_run(cfg: HarnessConfig) -> dict[str, Any]:
         eps, dels = _run_arm(cfg, arm, thresholds, idx, arm.name, rates)
         rates[arm.name] = _run_rates(eps)
         _save_arm(out, arm.name, eps, summary, dels, arm)
+        drift = _drift(arm, dels, eps, thresholds)
+        if drift is not None:
+            summary["arms"][arm.name]["drift"] = drift
     # the frontier: CASCADE on one point across thresholds (+ the fitted one)
     ths = list(cfg.frontier_thresholds)
     if thresholds and cfg.frontier_point in thresholds and \
@@ -424,6 +427,33 @@ def cmd_run(cfg: HarnessConfig) -> dict[str, Any]:
         print(f"{name:28s} success {s['success']:.3f}  cost/task ${s['cost']:.5f}  "
               f"LLM calls {s['llm_calls']:5d}  DM calls {s['dm_calls']:5d}")
     return summary
+
+
+def _drift(arm: ArmConfig, dels: Sequence[Delegation], eps: Sequence[Episode],
+           thresholds: Mapping | None, window: int = 100, tolerance: float = 0.15
+           ) -> dict | None:
+    """The drift monitor over a fitted CASCADE arm's answers at its point, in task order:
+    share above τ in a sliding window vs the shadow-mode share at fit time."""
+    from jaxdm.harness.fit import DriftMonitor
+    fitted = [d for d in arm.delegations if d.fitted]
+    if len(dels) != 1 or not fitted or thresholds is None:
+        return None
+    d = dels[0]
+    ref = thresholds[d.point]["share_above"]
+    confs = [r.confidence for e in eps for r in e.decisions
+             if r.point == d.point and r.confidence is not None]
+    if not confs:
+        return None
+    m = DriftMonitor(d.tau, ref, window=min(window, len(confs)), tolerance=tolerance)
+    flagged_at = None
+    for i, c in enumerate(confs):
+        m.update(c)
+        if flagged_at is None and m.needs_refit:
+            flagged_at = i
+    return {"point": d.point, "threshold": d.tau, "reference_share": ref,
+            "final_share": m.share, "window": m.window, "tolerance": tolerance,
+            "needs_refit": m.needs_refit, "first_flag_at": flagged_at,
+            "shares": m.history[::max(1, len(m.history) // 50)]}
 
 
 def _save_arm(out: Path, name: str, eps: Sequence[Episode], summary: dict, dels, arm=None):
@@ -532,6 +562,15 @@ def _report_md(cfg: HarnessConfig, report: Mapping, thresholds: Mapping | None) 
     if "stage2_delegations" in report:
         lines += ["", f"Stage 2 combination (registered rule: per point the passing delegation "
                       f"with the largest saving): {report['stage2_delegations'] or 'none (the LLM keeps every point)'}"]
+    drifts = [(n, a["drift"]) for n, a in s["arms"].items() if a.get("drift")]
+    if drifts:
+        lines += ["", "## Drift monitor (share of answers above τ, sliding window, test tasks)",
+                  "", "| arm | point | τ | share at fit | share now | refit flagged |",
+                  "|---|---|---|---|---|---|"]
+        for n, d in drifts:
+            lines.append(f"| {n} | {d['point']} | {d['threshold']:.3f} | "
+                         f"{d['reference_share']:.3f} | {d['final_share']:.3f} | "
+                         f"{'yes' if d['needs_refit'] else 'no'} |")
     lines += ["", "## Savings by point (single-delegation arms vs the LLM alone)", "",
               "| arm | point | saving per task (USD) | success diff |", "|---|---|---|---|"]
     for name, a in s["arms"].items():

@@ -31,6 +31,8 @@ def test_harness_all_on_the_smoke_preset(tmp_path, capsys):
         rows[0])
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert list(summary["arms"])[0] == "llm_alone" and summary["frontier"]
+    drift = summary["arms"]["tool_cascade_fitted"]["drift"]
+    assert drift["point"] == "tool" and 0 <= drift["final_share"] <= 1
     fits = json.loads((tmp_path / "thresholds.json").read_text())
     assert "tool" in fits and fits["tool"]["tau_star"] <= fits["tool"]["q_llm"]
     report = (tmp_path / "report.md").read_text()
