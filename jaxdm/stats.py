@@ -406,13 +406,17 @@ class Candidate:
     point: str
 
 
+STAGE2_RULE = "per decision point: the passing Stage 1 candidate with the largest mean saving"
+
+
 @dataclasses.dataclass(frozen=True)
 class Registration:
     """The analysis plan, fixed before any result is read (create it with ``register``).
 
     ``stage2_comparisons`` names the Stage 2 arms besides the combination ("combined" is
     always first); ``digest`` fingerprints the whole plan so reports can show what was
-    registered; ``created`` is the wall-clock registration time.
+    registered; ``plan()`` / ``from_plan`` write and read it as JSON; ``created`` is the
+    wall-clock registration time.
     """
 
     candidates: tuple[Candidate, ...]
@@ -423,13 +427,33 @@ class Registration:
     stage2_comparisons: tuple[str, ...] = ("combined",)
     created: float = dataclasses.field(default_factory=time.time)
 
-    @property
-    def digest(self) -> str:
-        plan = {"candidates": [[c.name, c.point] for c in self.candidates],
+    def plan(self) -> dict:
+        """The registered plan as plain JSON (write it out before Stage 1 runs)."""
+        return {"candidates": [[c.name, c.point] for c in self.candidates],
                 "margin": self.margin, "alpha": self.alpha, "ni_method": self.ni_method,
                 "cost_method": self.cost_method, "stage2": list(self.stage2_comparisons),
-                "rule": "per point: passing candidate with the largest mean saving"}
-        return hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()[:16]
+                "rule": STAGE2_RULE}
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.plan(), sort_keys=True).encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_plan(cls, plan: Mapping[str, Any]) -> "Registration":
+        """Inverse of ``plan()`` (validated like ``register``); unknown keys are errors."""
+        keys = {"candidates", "margin", "alpha", "ni_method", "cost_method", "stage2", "rule"}
+        unknown = sorted(set(plan) - keys)
+        if unknown:
+            raise ValueError(f"registration plan: unknown key(s) {unknown}")
+        if plan.get("rule", STAGE2_RULE) != STAGE2_RULE:
+            raise ValueError(f"registration plan: rule {plan['rule']!r} is not {STAGE2_RULE!r}")
+        if "candidates" not in plan:
+            raise ValueError("registration plan: missing 'candidates'")
+        return register([tuple(c) for c in plan["candidates"]],
+                        margin=plan.get("margin", 0.03), alpha=plan.get("alpha", 0.05),
+                        ni_method=plan.get("ni_method", "tango"),
+                        cost_method=plan.get("cost_method", "t"),
+                        stage2_comparisons=plan.get("stage2", ("combined",)))
 
 
 def register(candidates: Sequence[tuple[str, str] | Candidate], *, margin: float = 0.03,
@@ -545,5 +569,5 @@ def stage2(result1: StageResult, reference: Arm, arms: Mapping[str, Arm]) -> Sta
 
 __all__ = ["NonInferiority", "noninferiority", "NONINFERIORITY_METHODS", "paired_outcomes",
            "CostTest", "cost_lower", "COST_METHODS", "Holm", "holm", "Arm", "Comparison",
-           "compare", "Candidate", "Registration", "register", "StageResult", "stage1",
+           "compare", "Candidate", "Registration", "STAGE2_RULE", "register", "StageResult", "stage1",
            "stage2_selection", "stage2"]

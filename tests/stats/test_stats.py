@@ -1,4 +1,5 @@
 """jaxdm.stats: non-inferiority (seed 003's check), cost test, Holm vs statsmodels, two stages."""
+import json
 import math
 
 import numpy as np
@@ -208,3 +209,7 @@ def test_stage_inputs_must_match_the_registration():
     with pytest.raises(ValueError, match="duplicate candidate names"):
         S.register([("a", "tool"), ("a", "stop")])
     assert reg.digest != S.register([("a", "tool"), ("b", "tool")]).digest  # margin differs
+    again = S.Registration.from_plan(json.loads(json.dumps(reg.plan())))
+    assert again.digest == reg.digest and again.candidates == reg.candidates
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['extra'\]"):
+        S.Registration.from_plan({**reg.plan(), "extra": 1})
