@@ -569,5 +569,5 @@ def stage2(result1: StageResult, reference: Arm, arms: Mapping[str, Arm]) -> Sta
 
 __all__ = ["NonInferiority", "noninferiority", "NONINFERIORITY_METHODS", "paired_outcomes",
            "CostTest", "cost_lower", "COST_METHODS", "Holm", "holm", "Arm", "Comparison",
-           "compare", "Candidate", "Registration", "STAGE2_RULE", "register", "StageResult", "stage1",
-           "stage2_selection", "stage2"]
+           "compare", "Candidate", "Registration", "STAGE2_RULE", "register", "StageResult",
+           "stage1", "stage2_selection", "stage2"]
