@@ -12,6 +12,7 @@ worker processes (``backend="process"``) and with W Ray actors on a local Ray in
 pool start-up (and Ray's own start) is excluded from the rates and printed separately.
 
 Usage: python benchmarks/env_workers.py [--quick] [--no-ray]
+       [--plan toy_sleep10ms:32:8:10:3,alfworld:32:2:20:3]   (workload:batch:workers:steps:rounds)
 """
 from __future__ import annotations
 
@@ -111,7 +112,20 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small workload (< 60 s)")
     ap.add_argument("--no-ray", action="store_true", help="process pool and in-process only")
+    ap.add_argument("--plan", default=None,
+                    help="comma-separated workload:batch:workers:steps:rounds entries")
     args = ap.parse_args()
+    plan = None
+    if args.plan:
+        try:
+            plan = [(name, *map(int, rest)) for name, *rest in
+                    (entry.split(":") for entry in args.plan.split(","))]
+            for entry in plan:
+                _workload(entry[0])
+                if len(entry) != 5 or min(entry[1:]) < 1:
+                    raise ValueError(f"{entry}: need workload:batch:workers:steps:rounds >= 1")
+        except ValueError as e:
+            ap.error(f"--plan: {e}")
     backends = ("process",)
     if not args.no_ray:
         try:
@@ -123,7 +137,9 @@ def main() -> int:
             ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
             print(f"# local Ray instance started in {time.perf_counter() - t0:.1f}s")
             backends = ("process", "ray")
-    if args.quick:
+    if plan is not None:
+        pass
+    elif args.quick:
         plan = [("toy_sleep20ms", 16, 4, 4, 2), ("alfworld", 16, 2, 4, 2)]
     else:
         plan = [(f"toy_sleep{ms}ms", 32, 8, 20, 3) for ms in (0, 1, 10, 50)]
