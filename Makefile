@@ -22,11 +22,17 @@ $(STAMP): $(BIN)/python pyproject.toml setup.py
 
 install: $(STAMP)
 
+# Ray (optional extra) only for the tests of VectorEnv(backend="ray"): 79 MB wheel, ~20 s.
+RAY_STAMP := $(VENV)/.jaxdm-ray-installed
+$(RAY_STAMP): $(STAMP)
+	$(BIN)/pip install -e ".[ray]"
+	touch $(RAY_STAMP)
+
 demo: install
 	$(BIN)/python -m jaxdm.models.smollm2 --ensure
 	$(BIN)/jaxdm demo
 
-test: install
+test: install $(RAY_STAMP)
 	$(BIN)/python -m jaxdm.models.smollm2 --ensure
 	$(BIN)/python -m pytest -q
 
