@@ -26,6 +26,13 @@ P = TypeVar("P")
 INFO_KEYS = ("admissible_actions", "valid", "won", "milestone", "no_op")
 
 
+def step_key(task_seed: int, t: int) -> int:
+    """The env key of step ``t`` of an episode of task ``task_seed``: the one per-step key
+    schedule of every env loop (``VectorEnv``, ``LocalVectorEnv``), so an episode does not
+    depend on which pool plays it or on the other slots."""
+    return int(task_seed) * 1_000_003 + int(t)
+
+
 def seed_of(key: Any) -> int:
     """An int seed from an int or a JAX PRNG key (typed or raw uint32 array)."""
     if isinstance(key, (int, np.integer)):

@@ -60,6 +60,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from jaxdm.envs.core import step_key
 from jaxdm.trajectory import Step, Trajectory
 
 # Annotation keys copied from step info into Step.annotations.
@@ -529,7 +530,7 @@ class VectorEnv:
         jobs = {}
         for i, (ep, action) in enumerate(zip(self._episodes, actions)):
             if not ep.done and action is not None:
-                key = ep.task_seed * 1_000_003 + len(ep.steps)  # deterministic per step
+                key = step_key(ep.task_seed, len(ep.steps))
                 tag_before = self._tags[i]
                 jobs[i] = (i, tag_before, self._new_tag(i), action, key)
         self._in_flight = (self._dispatch("step", jobs), actions)

@@ -26,7 +26,8 @@ import numpy as np
 
 from jaxdm import config as cfgmod
 from jaxdm import runlog
-from jaxdm.rl.trainer import ADVANTAGE_ESTIMATORS, TrainConfig, Trainer
+from jaxdm.rl.estimators import ESTIMATORS
+from jaxdm.rl.trainer import RunDirError, TrainConfig, Trainer, TrainingStopped
 
 PRESETS = Path(__file__).resolve().parent / "configs"
 
@@ -43,22 +44,23 @@ def resolve_preset(argv: list[str]) -> list[str]:
     return out
 
 
-def run_one(cfg: TrainConfig, resume: bool) -> list[dict]:
+def run_one(cfg: TrainConfig, resume: bool, overwrite: bool = False) -> list[dict]:
     trainer = Trainer(cfg)
     try:
-        return trainer.run(resume=resume)
+        return trainer.run(resume=resume, overwrite=overwrite)
     finally:
         trainer.close()
 
 
-def compare(cfg: TrainConfig, estimators: list[str], seeds: list[int], resume: bool) -> dict:
+def compare(cfg: TrainConfig, estimators: list[str], seeds: list[int], resume: bool,
+            overwrite: bool = False) -> dict:
     """Train every estimator on every seed; plot mean success curves; return a summary."""
     base = Path(cfg.out_dir)
     curves: dict[str, list[dict]] = {}
     summary: dict[str, dict] = {}
     for est in estimators:
-        if est not in ADVANTAGE_ESTIMATORS:
-            raise SystemExit(f"--compare: unknown estimator {est!r}; known {ADVANTAGE_ESTIMATORS}")
+        if est not in ESTIMATORS:
+            raise SystemExit(f"--compare: unknown estimator {est!r}; known {sorted(ESTIMATORS)}")
         runs = []
         for s in seeds:
             teacher = cfg.teacher if est == "teacher" else dataclasses.replace(cfg.teacher,
@@ -68,7 +70,7 @@ def compare(cfg: TrainConfig, estimators: list[str], seeds: list[int], resume: b
                 algo=dataclasses.replace(cfg.algo, advantage=est),
                 model=dataclasses.replace(cfg.model, init_seed=s))
             print(f"== {est}, seed {s} -> {c.out_dir}", flush=True)
-            runs.append(run_one(c, resume))
+            runs.append(run_one(c, resume, overwrite))
         train = [[r for r in recs if "train/success" in r] for recs in runs]
         n_it = min(len(t) for t in train)
         succ = np.array([[t[i]["train/success"] for i in range(n_it)] for t in train])
@@ -112,15 +114,24 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--resume", action="store_true",
                         help="continue from the latest checkpoint in out_dir")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a run already in out_dir (without it, a fresh run "
+                             "refuses a directory that holds one)")
     parser.add_argument("--compare", default=None,
                         help="comma-separated estimators to compare (grpo,teacher,gigpo)")
     parser.add_argument("--seeds", default="0,1,2", help="seeds for --compare")
     args = parser.parse_args(rest)
-    if args.compare:
-        compare(cfg, args.compare.split(","), [int(s) for s in args.seeds.split(",")],
-                args.resume)
-    else:
-        run_one(cfg, args.resume)
+    if args.resume and args.overwrite:
+        parser.error("--resume and --overwrite exclude each other")
+    try:
+        if args.compare:
+            compare(cfg, args.compare.split(","), [int(s) for s in args.seeds.split(",")],
+                    args.resume, args.overwrite)
+        else:
+            run_one(cfg, args.resume, args.overwrite)
+    except (RunDirError, TrainingStopped, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

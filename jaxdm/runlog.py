@@ -77,28 +77,39 @@ class MetricsWriter:
         self.close()
 
 
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """All records of a metrics file; a malformed line raises ValueError with its number."""
+def read_metrics(path: str | Path, *, drop_torn_tail: bool = False) -> list[dict[str, Any]]:
+    """All records of a metrics file; a malformed line raises ValueError with its number.
+
+    ``drop_torn_tail``: a malformed *last* line is dropped with a message on stderr instead
+    (a crash while writing leaves a torn last line; records are written whole, so it can
+    never be a finished record). A malformed line before the last is still an error.
+    """
     out = []
     with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: invalid JSON ({e.msg})") from None
+        lines = f.readlines()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if drop_torn_tail and n == len(lines):
+                print(f"{path}:{n}: dropping a torn last line ({e.msg}; {len(line)} bytes): "
+                      f"the run stopped while writing it", file=sys.stderr, flush=True)
+                break
+            raise ValueError(f"{path}:{n}: invalid JSON ({e.msg})") from None
     return out
 
 
 def truncate_after(path: str | Path, step: int) -> int:
-    """Keep only records with ``step <= step`` (atomic rewrite); returns how many were kept."""
+    """Keep only records with ``step <= step`` (atomic rewrite); returns how many were kept.
+    A torn last line (a crash mid-write) is dropped with a message."""
     p = Path(path)
     if not p.exists():
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text("", encoding="utf-8")
         return 0
-    keep = [r for r in read_metrics(p) if int(r.get("step", -1)) <= step]
+    keep = [r for r in read_metrics(p, drop_torn_tail=True) if int(r.get("step", -1)) <= step]
     tmp = p.with_suffix(p.suffix + ".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in keep), encoding="utf-8")
     os.replace(tmp, p)

@@ -29,6 +29,7 @@ __all__ = [
     "lvrl_advantages",
     "gigpo_advantages",
     "discounted_step_returns",
+    "gae_advantages",
     "anchor_ids_from_observations",
     "broadcast_to_tokens",
     "group_stats",
@@ -290,6 +291,59 @@ def gigpo_advantages(episode_returns, step_rewards, anchor_ids, group_ids, mask,
     a_step = _normalise_in_groups(step_returns, anchor_ids, mask, num_anchors,
                                   eps=eps, divide_std=normalize_std)
     return jnp.where(mask, a_ep[:, None] + step_weight * a_step, 0.0)
+
+
+# ---------------------------------------------------------------------------------------
+# GAE with a learned critic (PPO baseline, seed 001 §B.2).
+# ---------------------------------------------------------------------------------------
+def gae_advantages(rewards, values, mask, *, gamma: float = 1.0, lam: float = 0.95,
+                   bootstrap=None):
+    """Generalised advantage estimation over each row's executed actions.
+
+    δ_t = r_t + γ V(s_{t+1}) − V(s_t) and A_t = Σ_k (γλ)^k δ_{t+k}, summed backwards within
+    the row's executed prefix. After the row's last executed action T_i − 1 the next value is
+    V(s_{T_i}) when ``bootstrap[i]`` (a cut-off, non-terminal end) and 0 otherwise (a
+    terminal state: "bootstrap 0 after terminal"). Slots past T_i are ignored.
+
+    Args:
+      rewards: [B, T] float, r_t (0 where not executed).
+      values: [B, T + 1] float, V(s_0)..V(s_T).
+      mask: [B, T] bool, executed actions, a prefix of each row.
+      gamma, lam: discount γ and GAE λ.
+      bootstrap: [B] bool, rows whose last state is not terminal (default: none).
+
+    Returns:
+      (advantages [B, T], returns [B, T] = advantages + V(s_t), the value targets), float32,
+      0 where ``mask`` is False.
+    """
+    rewards, values, mask = jnp.asarray(rewards), jnp.asarray(values), jnp.asarray(mask)
+    if mask.ndim != 2 or mask.dtype != jnp.bool_:
+        raise ValueError(f"mask must be bool [B, T], got {mask.dtype} {list(mask.shape)}")
+    b, t = mask.shape
+    _check_bt("rewards", rewards, (b, t))
+    if values.shape != (b, t + 1):
+        raise ValueError(f"values must have shape [B, T+1]={[b, t + 1]}, got {list(values.shape)}")
+    boot = jnp.zeros((b,), bool) if bootstrap is None else jnp.asarray(bootstrap, bool)
+    if boot.shape != (b,):
+        raise ValueError(f"bootstrap must have shape [B]={[b]}, got {list(boot.shape)}")
+    v = values.astype(jnp.float32)
+    r = jnp.where(mask, rewards.astype(jnp.float32), 0.0)
+    # next state's value counts if the next slot is executed, or at the end of a cut-off row
+    next_live = jnp.concatenate([mask[:, 1:], jnp.zeros((b, 1), bool)], axis=1)
+    is_last = mask & ~next_live
+    next_ok = next_live | (is_last & boot[:, None])
+    delta = r + gamma * jnp.where(next_ok, v[:, 1:], 0.0) - v[:, :-1]
+    delta = jnp.where(mask, delta, 0.0)
+    carry_ok = next_live.astype(jnp.float32)  # the running sum crosses into slot t + 1 only if live
+
+    def back(carry, xs):
+        d, c = xs
+        a = d + gamma * lam * c * carry
+        return a, a
+
+    _, adv = jax.lax.scan(back, jnp.zeros((b,), jnp.float32), (delta.T[::-1], carry_ok.T[::-1]))
+    adv = jnp.where(mask, adv[::-1].T, 0.0)
+    return adv, jnp.where(mask, adv + v[:, :-1], 0.0)
 
 
 def anchor_ids_from_observations(observations: Sequence[Sequence[str]], group_ids,

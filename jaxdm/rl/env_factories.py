@@ -1,11 +1,18 @@
 """Picklable environment factories for ``VectorEnv`` workers (no JAX import here).
 
-``EnvSection.name`` in a training config maps to one of these through
-``jaxdm.rl.trainer.ENV_FACTORIES``; keyword arguments become the env's params.
+``EnvSection.name`` in a training config maps to a ``module:callable`` through
+``ENV_FACTORIES`` (the one registry of env names); keyword arguments become the env's params.
 """
 from __future__ import annotations
 
 from typing import Any
+
+ENV_FACTORIES = {
+    "toy_ordering": "jaxdm.envs.toy:make_ordering_env",
+    "toy_pick": "jaxdm.envs.toy:make_pick_env",
+    "alfworld": "jaxdm.rl.env_factories:alfworld_env",
+    "webshop": "jaxdm.rl.env_factories:webshop_env",
+}
 
 
 def alfworld_env(**params: Any):

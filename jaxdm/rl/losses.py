@@ -164,3 +164,44 @@ def ppo_loss(logp, old_logp, ref_logp, advantages, mask, *, clip_eps: float = 0.
         "ppo/entropy/sum": terms.entropy.sum(),
     }
     return loss, metrics
+
+
+def clipped_value_loss(values, old_values, returns, mask, *, clip: float = 0.2):
+    """PPO's clipped value loss: ½ · mean over ``mask`` of max((V − R)², (V_clip − R)²).
+
+    V_clip = V_old + clip(V − V_old, −clip, clip) keeps the critic near the values the
+    advantages were computed with; ``clip <= 0`` turns clipping off (plain ½ (V − R)²).
+
+    Args:
+      values: [M] current critic values; old_values: [M] values at rollout time;
+      returns: [M] targets (GAE returns); mask: [M] bool real rows.
+
+    Returns:
+      (loss, metrics) with ``loss/value``, ``value/clip_frac``, ``value/mean``,
+      ``value/explained_var`` (1 − Var(R − V) / Var(R) over ``mask``).
+    """
+    values, old_values = jnp.asarray(values), jnp.asarray(old_values)
+    returns, mask = jnp.asarray(returns), jnp.asarray(mask, bool)
+    for name, x in (("values", values), ("old_values", old_values), ("returns", returns)):
+        if x.shape != mask.shape or x.ndim != 1:
+            raise ValueError(f"{name} must have the mask's shape [M]={list(mask.shape)}, "
+                             f"got {list(x.shape)}")
+    w = mask.astype(jnp.float32)
+    n = jnp.maximum(w.sum(), 1.0)
+    err = jnp.square(values - returns)
+    if clip > 0:
+        v_clip = old_values + jnp.clip(values - old_values, -clip, clip)
+        err_clip = jnp.square(v_clip - returns)
+        per = jnp.maximum(err, err_clip)
+        clipped = (err_clip > err).astype(jnp.float32)
+    else:
+        per, clipped = err, jnp.zeros_like(err)
+    loss = 0.5 * (per * w).sum() / n
+    mean_r = (returns * w).sum() / n
+    var_r = (jnp.square(returns - mean_r) * w).sum() / n
+    resid = returns - values
+    mean_e = (resid * w).sum() / n
+    var_e = (jnp.square(resid - mean_e) * w).sum() / n
+    return loss, {"loss/value": loss, "value/clip_frac": (clipped * w).sum() / n,
+                  "value/mean": (values * w).sum() / n,
+                  "value/explained_var": 1.0 - var_e / jnp.maximum(var_r, 1e-8)}

@@ -12,9 +12,23 @@ from jaxdm.envs.toy import OrderingEnv, OrderingParams
 from jaxdm.rl import sharding
 from jaxdm.rl import text as rltext
 from jaxdm.rl.policy import GenerativePolicy
+from jaxdm.decision.jobs import score_trajectories
+from jaxdm.rl.estimators import ESTIMATORS, episode_batch
 from jaxdm.rl.rollout import LocalVectorEnv, rollout
-from jaxdm.rl.trainer import (TrainConfig, Trainer, build_advantages, episode_arrays,
-                              make_train_step, score_actions)
+from jaxdm.rl.signals import SIGNALS
+from jaxdm.rl.terms import TermContext, make_train_step
+from jaxdm.rl.trainer import TeacherFailureError, TrainConfig, Trainer
+
+
+def _step(policy, tx, loss_cfg):
+    """The registered-terms step for the policy alone, with a positional wrapper."""
+    step = make_train_step(TermContext(policy, None, loss_cfg), {"policy": tx})
+
+    def run(params, opt, batch, old, ref, adv):
+        p, o, m = step({"policy": params}, {"policy": opt},
+                       {"policy": batch, "old_logp": old, "ref_logp": ref, "adv": adv})
+        return p["policy"], o["policy"], m
+    return run
 
 TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_heads=2",
         "model.num_kv_heads=1", "model.head_dim=16", "policy.form=option",
@@ -112,7 +126,7 @@ def test_sharded_step_equals_single_device(tmp_path):
     # amplify the reduction-order noise of near-zero gradients.
     import optax
     tx = optax.sgd(1.0)
-    step = make_train_step(tr.policy, tx, cfg.algo)
+    step = _step(tr.policy, tx, cfg.loss_config())
     p1, _, m1 = step(tr.params, tx.init(tr.params), batch, old, old, adv)
     mesh = sharding.make_mesh(8, 1)
     params8 = sharding.shard_params(tr.params, mesh)
@@ -165,9 +179,9 @@ def test_invalid_outputs_penalised_on_the_right_actions():
     assert [a.valid for a in acts] == [True, False, True]
     assert acts[1].command == rltext.INVALID_COMMAND and not acts[1].env_valid
     assert res.episodes[0].trajectory.steps[1].valid is False
-    mask, returns, step_r, outcome, groups, invalid = episode_arrays(res.episodes, 4, 0.1)
-    np.testing.assert_allclose(returns[0], [0.0, -0.1, 0.0, 0.0], atol=1e-7)
-    np.testing.assert_array_equal(mask[0], [True, True, True, False])
+    eb = episode_batch(res.episodes, 4, 0.1)
+    np.testing.assert_allclose(eb.returns[0], [0.0, -0.1, 0.0, 0.0], atol=1e-7)
+    np.testing.assert_array_equal(eb.mask[0], [True, True, True, False])
     assert acts[0].out.logp == pytest.approx(-0.5 * len(tok.encode(script[0])))
 
 
@@ -207,33 +221,45 @@ class FlakyTeacher:
 
 
 def test_teacher_failures_are_missing_not_fatal(tmp_path):
-    cfg = ordering_cfg(tmp_path, "iterations=2", "checkpoint_every=0")
+    cfg = ordering_cfg(tmp_path, "iterations=2", "checkpoint_every=0",
+                       "teacher.max_failure_frac=null")
     tr = Trainer(cfg, log=False)
-    tr.teacher = FlakyTeacher()
+    tr.signal_backends["teacher_scores"] = FlakyTeacher()
     m1 = tr.iteration_step()  # the teacher raises: every score missing, training continues
-    assert m1["teacher/errors"] == 1.0
-    assert m1["teacher/missing"] == m1["teacher/requests"] > 0
+    assert m1["teacher/errors"] == m1["teacher/missing"] == m1["teacher/requests"] > 0
     assert "TimeoutError: judge timed out" in m1["teacher/last_error"]
     m2 = tr.iteration_step()
     n = m2["teacher/requests"]
-    assert m2["teacher/errors"] == 0.0 and m2["teacher/missing"] == len(range(0, int(n), 3))
+    assert m2["teacher/errors"] == m2["teacher/missing"] == len(range(0, int(n), 3))
     assert np.isfinite(m2["loss/total"])
     # missing scores leave the outcome advantage untouched
     res = rollout(tr.policy, tr.params, tr.venv, seed=99, key=jax.random.key(1), max_actions=5)
-    trajs = res.trajectories()
-    scores, ok, stats = score_actions(FlakyTeacher(), trajs, question="progress",
-                                      context="hindsight", max_actions=5)
-    assert not ok.any() and stats["teacher/errors"] == 1.0
+    eb = episode_batch(res.episodes, 5, cfg.algo.invalid_penalty)
     t = FlakyTeacher()
     t.calls = 1
-    scores, ok, stats = score_actions(t, trajs, question="progress", context="hindsight",
-                                      max_actions=5)
-    algo_t, algo_g = cfg.algo, dataclasses.replace(cfg.algo, advantage="grpo")
-    a_t, mask = build_advantages(algo_t, res.episodes, num_groups=2, max_actions=5,
-                                 scores=scores, score_ok=ok)
-    a_g, _ = build_advantages(algo_g, res.episodes, num_groups=2, max_actions=5)
+    sig = SIGNALS["teacher_scores"].produce(eb, t, cfg)
+    a_t = ESTIMATORS["teacher"].fn(eb, {"teacher_scores": sig}, cfg.algo, 2).adv
+    a_g = ESTIMATORS["grpo"].fn(eb, {}, cfg.algo, 2).adv
+    ok, mask = sig.mask, eb.mask
     np.testing.assert_array_equal(a_t[mask & ~ok], a_g[mask & ~ok])
     assert np.any(a_t[mask & ok] != a_g[mask & ok])
+    assert not score_trajectories(FlakyTeacher(), eb.trajectories, question="progress",
+                                  context="hindsight", max_actions=5).ok.any()
+    tr.close()
+
+
+def test_all_teacher_requests_failing_stops_the_run(tmp_path):
+    """issue 15 #1: an iteration whose teacher requests all fail stops loudly (default
+    teacher.max_failure_frac=1.0) with the reason in the log and in metrics.jsonl."""
+    from jaxdm.runlog import read_metrics
+    tr = Trainer(ordering_cfg(tmp_path, "iterations=2", "checkpoint_every=1"), log=False)
+    tr.signal_backends["teacher_scores"] = FlakyTeacher()
+    with pytest.raises(TeacherFailureError, match="iteration 1: .* teacher requests failed.*"
+                                                  "TimeoutError: judge timed out"):
+        tr.run()
+    rec = read_metrics(tmp_path / "metrics.jsonl")[-1]
+    assert "judge timed out" in rec["run/error"] and rec["teacher/errors"] > 0
+    assert tr.iteration == 0 and tr.checkpointer.latest_step() is None
     tr.close()
 
 
@@ -254,7 +280,8 @@ def test_generative_policy_with_real_sampler():
     from jaxdm.envs.toy import make_ordering_env
     from jaxdm.models import decoder
     from jaxdm.models.config import ModelConfig
-    from jaxdm.rl.trainer import AlgoSection, _collect_texts
+    from jaxdm.rl.build import collect_texts as _collect_texts
+    from jaxdm.rl.train_config import TrainConfig as _TC
 
     env = make_ordering_env(budget=2)
     tok = rltext.WordTokenizer.from_texts(_collect_texts(env, range(10), 2))
@@ -275,7 +302,7 @@ def test_generative_policy_with_real_sampler():
     np.testing.assert_allclose(np.asarray(lp.sum(1))[:len(acts)], [a.out.logp for a in acts],
                                rtol=1e-4)
     assert int(mask.sum()) == sum(a.out.response_tokens for a in acts)
-    step = make_train_step(pol, optax.sgd(1e-2), AlgoSection())
+    step = _step(pol, optax.sgd(1e-2), _TC().loss_config())
     _, _, met = step(params, optax.sgd(1e-2).init(params), batch, lp, lp,
                      np.ones(8, np.float32))
     assert float(met["ppo/clip_frac"]) == 0.0 and float(met["ppo/entropy"]) > 0

@@ -1,0 +1,104 @@
+"""The learned critic of PPO: a small separate decoder with a scalar value head.
+
+Why a separate critic and not a head on the policy's final hidden state:
+- the option-scoring policy's forward pass (``shared_prefix.score_batch``) returns option
+  log-likelihoods, not the context's hidden state, and the generative policy's hidden state
+  sits at the end of the *response*, not the state; a head there would change the policy's
+  jitted computation (and the exact reproduction of GRPO/teacher/GiGPO runs);
+- the value loss then cannot pull on the policy's representation (no value/policy gradient
+  interference, no tuned value-loss weight against the policy loss), and the critic has its
+  own optimiser state, so the policy's global-norm clip is unchanged;
+- the seed's PPO baseline only needs V(s) per state; a 1-2 layer decoder over the same state
+  tokens the policy reads is cheap next to the policy (``critic.num_layers`` etc.).
+
+The critic reads exactly the policy's state tokens (the option form's context, the
+generative form's prompt: ``state_tokens``) and outputs V(s) = w·h_last + b, where h_last is
+the final hidden state at the state's last token. The terminal state after an episode's last
+action is not scored: ``gae_advantages`` bootstraps 0 there (an episode cut by the action
+budget also ends: the budget is part of the task and shown in the state).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxdm.models import decoder
+from jaxdm.models.config import ModelConfig
+
+__all__ = ["CriticBatch", "init_critic", "critic_values", "critic_batch", "state_tokens",
+           "critic_model_config"]
+
+
+class CriticBatch(NamedTuple):
+    tokens: Any  # [R, S] int32 state tokens, right-padded
+    valid: Any   # [R, S] bool
+
+
+def critic_model_config(vocab_size: int, section: Any, dtype: str = "float32") -> ModelConfig:
+    """The critic decoder's config from a ``CriticSection`` (vocabulary of the policy)."""
+    return ModelConfig(vocab_size=vocab_size, hidden_size=section.hidden_size,
+                       intermediate_size=section.intermediate_size,
+                       num_layers=section.num_layers, num_heads=section.num_heads,
+                       num_kv_heads=section.num_kv_heads, head_dim=section.head_dim,
+                       tie_embeddings=True, dtype=dtype)
+
+
+def init_critic(config: ModelConfig, key: jax.Array) -> dict[str, Any]:
+    """{"decoder": decoder params, "head_w": [D], "head_b": []}; the head starts at 0."""
+    return {"decoder": decoder.init_params(config, key),
+            "head_w": jnp.zeros((config.hidden_size,), jnp.float32),
+            "head_b": jnp.zeros((), jnp.float32)}
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def critic_values(params, config: ModelConfig, batch: CriticBatch):
+    """V(s) [R] for each row of ``batch`` (read at the row's last valid token)."""
+    tokens = jnp.asarray(batch.tokens)
+    valid = jnp.asarray(batch.valid, bool)
+    if tokens.ndim != 2 or valid.shape != tokens.shape:
+        raise ValueError(f"critic batch tokens {list(tokens.shape)} and valid "
+                         f"{list(valid.shape)} must both be [R, S]")
+    r, s = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(s), (r, s))
+    hidden = decoder.forward(params["decoder"], config, tokens, positions, attn_mask=valid)
+    last = jnp.maximum(valid.sum(-1) - 1, 0)
+    h = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0].astype(jnp.float32)
+    return h @ params["head_w"] + params["head_b"]
+
+
+def state_tokens(unit: dict[str, Any]) -> list[int]:
+    """The state tokens the policy read for one recorded action (either policy form)."""
+    if "context" in unit:
+        return list(unit["context"])
+    if "prompt" in unit:
+        return list(unit["prompt"])
+    raise KeyError(f"a policy unit has 'context' (option form) or 'prompt' (generative form); "
+                   f"got keys {sorted(unit)}")
+
+
+def critic_batch(units: Sequence[dict[str, Any]], pad_to: int, pad_id: int) -> CriticBatch:
+    """Right-padded state tokens of ``units`` as a [pad_to, S] batch (S bucketed)."""
+    if pad_to < len(units):
+        raise ValueError(f"pad_to={pad_to} < number of states {len(units)}")
+    seqs = [state_tokens(u) for u in units]
+    longest = max((len(x) for x in seqs), default=1)
+    s = 1 << max(longest - 1, 15).bit_length()  # power of two ≥ 16
+    tokens = np.full((pad_to, s), pad_id, np.int32)
+    valid = np.zeros((pad_to, s), bool)
+    valid[:, 0] = True  # padded rows read one pad token (masked out by the caller)
+    for i, x in enumerate(seqs):
+        tokens[i, :len(x)] = x
+        valid[i, :len(x)] = True
+    return CriticBatch(tokens, valid)
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticSpec:
+    """What the jitted critic computation depends on (part of the train-step cache key)."""
+
+    config: ModelConfig

@@ -1,0 +1,93 @@
+"""The trainer's whole state as one value, checkpointed whole by orbax.
+
+``TrainState`` holds everything a run needs to continue bit-exactly: the trainable pytrees
+(``params["policy"]``, ``params["critic"]`` when a critic is configured), one optimiser state
+per trainable, the device PRNG key, and the host-side iteration counter, data cursor (the
+next training task seed offset) and numpy Generator (mini-batch shuffling). The frozen
+reference policy is *not* stored: it is the initial policy, rebuilt identically from the
+config (``model.init_seed`` or ``model.path``) on resume.
+
+The trainer computes an iteration's new state from the old one and replaces its state only
+when the iteration has finished, so a checkpoint (periodic, on exit, on Ctrl-C, after an
+error) always holds a finished iteration's state.
+
+On disk (``Checkpointer`` items): ``state`` = {"params", "opt_state", "key"} (+ "critic",
+"critic_opt_state"), the layout of earlier runs, and ``host`` = {"iteration", "cursor",
+"host_rng"}.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import warnings
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxdm.rl.checkpoint import numpy_rng_from_state, numpy_rng_state
+
+__all__ = ["TrainState", "to_checkpoint", "from_checkpoint", "nonfinite_leaves",
+           "NonFiniteCheckpointError"]
+
+
+class NonFiniteCheckpointError(ValueError):
+    """A restored checkpoint holds NaN/inf tensors."""
+
+
+@dataclasses.dataclass
+class TrainState:
+    params: dict[str, Any]        # {"policy": ..., "critic": ... (optional)}
+    opt_states: dict[str, Any]    # one optimiser state per trainable
+    key: jax.Array                # device PRNG key (typed)
+    iteration: int
+    cursor: int
+    host_rng: np.random.Generator
+
+    def fork(self) -> "TrainState":
+        """A copy whose host RNG can advance without touching this state's."""
+        return dataclasses.replace(self, host_rng=copy.deepcopy(self.host_rng),
+                                   params=dict(self.params), opt_states=dict(self.opt_states))
+
+
+def to_checkpoint(state: TrainState) -> tuple[dict[str, Any], dict[str, Any]]:
+    arrays = {"params": state.params["policy"], "opt_state": state.opt_states["policy"],
+              "key": jax.random.key_data(state.key)}
+    if "critic" in state.params:
+        arrays["critic"] = state.params["critic"]
+        arrays["critic_opt_state"] = state.opt_states["critic"]
+    host = {"iteration": state.iteration, "cursor": state.cursor,
+            "host_rng": numpy_rng_state(state.host_rng)}
+    return arrays, host
+
+
+def from_checkpoint(arrays: dict[str, Any], host: dict[str, Any], key_sharding) -> TrainState:
+    params = {"policy": arrays["params"]}
+    opts = {"policy": arrays["opt_state"]}
+    if "critic" in arrays:
+        params["critic"], opts["critic"] = arrays["critic"], arrays["critic_opt_state"]
+    key = jax.device_put(jax.random.wrap_key_data(arrays["key"]), key_sharding)
+    return TrainState(params, opts, key, int(host["iteration"]), int(host["cursor"]),
+                      numpy_rng_from_state(host["host_rng"]))
+
+
+def nonfinite_leaves(tree: Any) -> list[str]:
+    """Paths of floating leaves of ``tree`` holding NaN or inf."""
+    bad = []
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        a = np.asarray(leaf)
+        if np.issubdtype(a.dtype, np.floating) and not np.all(np.isfinite(a)):
+            bad.append(jax.tree_util.keystr(path))
+    return bad
+
+
+def check_restored(arrays: dict[str, Any], step: int, mode: str) -> None:
+    """Refuse (``mode="fail"``) or warn about a checkpoint with non-finite tensors."""
+    bad = nonfinite_leaves({k: v for k, v in arrays.items() if k != "key"})
+    if not bad:
+        return
+    msg = (f"checkpoint step {step} holds NaN/inf in {len(bad)} tensor(s), e.g. "
+           f"{bad[:3]} (on_nonfinite_checkpoint={mode!r})")
+    if mode == "fail":
+        raise NonFiniteCheckpointError(msg + "; set on_nonfinite_checkpoint=warn to load it")
+    warnings.warn(msg, RuntimeWarning, stacklevel=2)

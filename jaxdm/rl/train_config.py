@@ -1,0 +1,249 @@
+"""The trainer's typed config (``TrainConfig``), validated against the stage registries.
+
+Defaults follow seed 000 Table 7 (ALFWorld column where the paper gives a pair). Validation
+reads the registries, so every name lives in one place: ``algo.advantage`` must be a
+registered estimator (``jaxdm.rl.estimators``) whose signals (``jaxdm.rl.signals``) are
+configured, ``teacher.kind`` is ``"none"`` or a ``jaxdm.decision.make_backend`` kind, and
+``algo.terms`` names registered loss terms (``jaxdm.rl.terms``). Each error names the
+config key to change.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Literal
+
+__all__ = ["ModelSection", "EnvSection", "PolicySection", "TeacherSection", "CriticSection",
+           "AlgoSection", "OptimSection", "TrainConfig", "RUN_CHANGING_EXEMPT"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection:
+    """The policy model: an HF folder (``path``) or a tiny random decoder for CPU runs."""
+
+    path: str | None = None
+    dtype: str = "float32"
+    init_seed: int = 0
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSection:
+    """Environment: a registered name or an explicit ``module:callable`` factory."""
+
+    name: str = "toy_ordering"
+    factory: str | None = None
+    kwargs: dict = dataclasses.field(default_factory=dict)
+    eval_kwargs: dict = dataclasses.field(default_factory=dict)  # held-out split overrides
+    num_workers: int = 0  # 0: step in-process; >0: VectorEnv worker processes
+    step_timeout: float = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicySection:
+    form: Literal["generative", "option"] = "generative"
+    history: int = 2
+    max_prompt_tokens: int = 2048
+    max_response_tokens: int = 512
+    max_option_tokens: int = 32
+    temperature: float = 1.0
+    top_p: float = 1.0
+    normalize_options: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class TeacherSection:
+    """The judge behind the ``teacher_scores`` signal; ``kind`` is a make_backend kind.
+
+    ``max_failure_frac``: stop the run when at least this share of an iteration's teacher
+    requests fail (1.0: only when every request fails; None: never).
+    """
+
+    kind: str = "oracle"
+    question: Literal["progress", "value"] = "progress"
+    context: Literal["hindsight", "prefix"] = "hindsight"
+    noise: float = 0.0           # oracle
+    seed: int = 0                # oracle noise seed
+    path: str | None = None      # local_readout / local_likelihood / prompted: HF folder
+    base_url: str = ""           # remote
+    model: str = ""
+    api_key_env: str | None = None
+    interface: Literal["constrained", "prompted"] = "constrained"
+    timeout: float = 30.0
+    price_per_1k_in: float | None = None
+    price_per_1k_out: float | None = None
+    max_failure_frac: float | None = 1.0
+
+    def __post_init__(self):
+        from jaxdm.decision import BACKEND_KINDS
+
+        if self.kind != "none" and self.kind not in BACKEND_KINDS:
+            raise ValueError(f"teacher.kind must be 'none' or a backend kind "
+                             f"{list(BACKEND_KINDS)}, got {self.kind!r}")
+        if self.max_failure_frac is not None and not 0.0 < self.max_failure_frac <= 1.0:
+            raise ValueError(f"teacher.max_failure_frac must be in (0, 1] or null, got "
+                             f"{self.max_failure_frac}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticSection:
+    """PPO's learned critic (``jaxdm.rl.critic``): a small separate decoder + value head."""
+
+    kind: Literal["none", "decoder"] = "none"
+    init_seed: int = 0
+    hidden_size: int = 32
+    intermediate_size: int = 64
+    num_layers: int = 1
+    num_heads: int = 2
+    num_kv_heads: int = 1
+    head_dim: int = 16
+    lr: float | None = None      # None: optim.lr
+    value_coef: float = 0.5      # weight of the "value" loss term
+    value_clip: float = 0.2      # <= 0: unclipped value loss
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgoSection:
+    advantage: str = "teacher"
+    lam: float = 0.5
+    eps: float = 1e-6
+    invalid_penalty: float = 0.1
+    gigpo_gamma: float = 0.95
+    gigpo_weight: float = 1.0
+    gamma: float = 1.0           # gae discount
+    gae_lam: float = 0.95
+    gae_normalize: bool = True
+    lvrl_normalize: str = "rms"  # "none" | "rms" (advantages.LVRL_NORMALIZATIONS)
+    clip_eps: float = 0.2
+    dual_clip: float = 3.0
+    kl_coef: float = 0.01
+    entropy_coef: float = 0.001
+    aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = \
+        "token-mean"
+    mini_batch: int = 256
+    ppo_epochs: int = 1
+    terms: dict = dataclasses.field(default_factory=dict)  # extra loss terms: name -> weight
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimSection:
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    b1: float = 0.9
+    b2: float = 0.999
+
+
+# Keys a resumed run may change (they do not change what the run computes).
+RUN_CHANGING_EXEMPT = ("iterations", "progress", "out_dir", "checkpoint_every",
+                       "keep_checkpoints", "eval_every", "on_nonfinite_checkpoint",
+                       "env.num_workers", "env.step_timeout", "teacher.timeout",
+                       "teacher.max_failure_frac", "teacher.api_key_env")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Everything a run needs (defaults: seed 000 Table 7, ALFWorld column)."""
+
+    seed: int = 0
+    iterations: int = 150
+    tasks_per_iter: int = 16
+    group_size: int = 8
+    max_actions: int = 30
+    train_task_offset: int = 0
+    eval_task_offset: int = 1_000_000
+    eval_tasks: int = 0          # held-out tasks per evaluation (0: no evaluation)
+    eval_every: int = 0          # also evaluate every N iterations (0: only at the end)
+    eval_seeds: tuple[int, ...] = (0, 1, 2)
+    eval_greedy: bool = False
+    eval_cutoffs: tuple[int, ...] = (5, 10, 15, 20, 25, 30)  # completion within k actions
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 3
+    out_dir: str = "runs/teacher_grpo"
+    mesh_data: int = -1
+    mesh_model: int = 1
+    progress: bool = True
+    # Two-half rollout pipeline: generate for one half while the other half's envs step
+    # (jaxdm.rl.rollout.rollout(pipeline=True)); pays off when env steps are not cheap.
+    rollout_pipeline: bool = False
+    # A restored checkpoint holding NaN/inf tensors: "fail" (refuse) or "warn" (continue).
+    on_nonfinite_checkpoint: Literal["fail", "warn"] = "fail"
+    model: ModelSection = ModelSection()
+    env: EnvSection = EnvSection()
+    policy: PolicySection = PolicySection()
+    teacher: TeacherSection = TeacherSection()
+    critic: CriticSection = CriticSection()
+    value: dict = dataclasses.field(default_factory=dict)  # LVRL value model (jaxdm.rl.values)
+    algo: AlgoSection = AlgoSection()
+    optim: OptimSection = OptimSection()
+
+    def __post_init__(self):
+        from jaxdm.rl.advantages import LVRL_NORMALIZATIONS
+        from jaxdm.rl.estimators import ESTIMATORS
+        from jaxdm.rl.signals import signal_spec
+        from jaxdm.rl.terms import LOSS_TERMS
+
+        est = ESTIMATORS.get(self.algo.advantage)
+        if est is None:
+            raise ValueError(f"algo.advantage: unknown estimator {self.algo.advantage!r}; "
+                             f"registered: {sorted(ESTIMATORS)}")
+        for need in est.needs:
+            signal_spec(need).check(self)
+        for name, w in self.algo.terms.items():
+            term = LOSS_TERMS.get(name)
+            if term is None:
+                raise ValueError(f"algo.terms: unknown loss term {name!r}; registered: "
+                                 f"{sorted(LOSS_TERMS)}")
+            if name in ("ppo", "value"):
+                raise ValueError(f"algo.terms.{name}: set by the config (ppo: 1; value: "
+                                 f"critic.value_coef), not in algo.terms")
+            if not isinstance(w, (int, float)) or isinstance(w, bool) or not math.isfinite(w):
+                raise ValueError(f"algo.terms.{name}: weight must be a finite number, got {w!r}")
+            if term.needs_critic and self.critic.kind == "none":
+                raise ValueError(f"algo.terms.{name} needs a critic: set critic.kind")
+        if self.algo.lvrl_normalize not in LVRL_NORMALIZATIONS:
+            raise ValueError(f"algo.lvrl_normalize must be one of {LVRL_NORMALIZATIONS}, got "
+                             f"{self.algo.lvrl_normalize!r}")
+        for name in ("iterations", "tasks_per_iter", "group_size", "max_actions"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.algo.mini_batch < 1 or self.algo.ppo_epochs < 1:
+            raise ValueError("algo.mini_batch and algo.ppo_epochs must be >= 1")
+        if any(k < 1 for k in self.eval_cutoffs):
+            raise ValueError(f"eval_cutoffs must be >= 1, got {list(self.eval_cutoffs)}")
+
+    def loss_config(self):
+        """The frozen ``LossConfig`` of this run (the compiled step's cache key part)."""
+        from jaxdm.rl.terms import LossConfig
+
+        terms = [("ppo", 1.0)]
+        if self.critic.kind != "none":
+            terms.append(("value", float(self.critic.value_coef)))
+        terms += [(k, float(w)) for k, w in sorted(self.algo.terms.items())]
+        a = self.algo
+        return LossConfig(terms=tuple(terms), clip_eps=a.clip_eps, dual_clip=a.dual_clip,
+                          kl_coef=a.kl_coef, entropy_coef=a.entropy_coef,
+                          aggregation=a.aggregation, value_clip=self.critic.value_clip)
+
+
+def signals_needed(cfg: TrainConfig) -> tuple[str, ...]:
+    from jaxdm.rl.estimators import ESTIMATORS
+
+    return ESTIMATORS[cfg.algo.advantage].needs
+
+
+def nested_items(d: Any, prefix: str = "") -> dict[str, Any]:
+    """Flat {"a.b": value} view of a nested dict (for comparing run settings)."""
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and k not in ("kwargs", "eval_kwargs", "value", "terms"):
+            out.update(nested_items(v, key + "."))
+        else:
+            out[key] = v
+    return out
