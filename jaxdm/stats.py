@@ -462,7 +462,8 @@ def register(candidates: Sequence[tuple[str, str] | Candidate], *, margin: float
     """Register the Stage 1 candidates ((name, point) pairs) and the Stage 2 comparisons."""
     _check_level(margin, alpha)
     if ni_method not in NONINFERIORITY_METHODS:
-        raise ValueError(f"unknown ni_method {ni_method!r}; known: {sorted(NONINFERIORITY_METHODS)}")
+        raise ValueError(f"unknown ni_method {ni_method!r}; known: "
+                         f"{sorted(NONINFERIORITY_METHODS)}")
     if cost_method not in COST_METHODS:
         raise ValueError(f"unknown cost_method {cost_method!r}; known: {sorted(COST_METHODS)}")
     cands = []
