@@ -1,0 +1,462 @@
+"""LVOPD in the trainer: the ``lvopd`` loss term, its per-unit arrays, and the teacher's
+top-K_T signal (seed 001, section 3.3, appendix B.3).
+
+**Objective.** With ``algo.terms: {lvopd: c}`` the trainer minimises
+
+    L = L_PPO(clipped surrogate with the configured estimator; use algo.advantage: lvrl)
+        + c · Σ_tokens w_a(t) · KL_top16(π_θ(·|s_t) ‖ π_T(·|s_t)) / #action tokens
+
+where w_a is the gate of the action that generated token t (``jaxdm.rl.distill.GATES``:
+``lvopd`` = max(0, −Â), ``pure`` = 1, ``trajectory`` = 1 on failed trajectories), computed on
+the host over the whole iteration batch (``unit_gate_weights``) before mini-batching, and the
+KL is the top-k reverse KL of ``jaxdm.kernels`` on the student's top-16 support against the
+teacher's top-32 log-probs. Our default coefficient c = ``DEFAULT_DISTILL_COEF`` = 1.0 (the
+seed does not state one). The term applies to environment-action tokens: the response tokens
+of each policy turn (``TokenBatch.response_mask``), not prompts.
+
+**Kernel.** The student's final hidden states come from the decoder forward of the training
+batch; only the response positions are gathered ([M, R, d]) and fed to
+``fused_linear_topk_reverse_kl`` with the LM head, so no [T, V] logits tensor exists
+(chunked XLA on CPU; Pallas is selectable with ``impl``). ``lvopd_objective`` is the whole
+LVOPD loss as one pure function (surrogate and distillation from one forward) for callers
+that own their train step; the registered ``lvopd`` term adds the distillation to the
+trainer's ``ppo`` term.
+
+**Per-unit arrays** (``lvopd_unit_arrays``, host): the term reads these mini-batch keys:
+
+- ``lvopd/weights`` [M] float32: the unit's gate weight;
+- ``lvopd/positions`` [M, R] int32: hidden-state row predicting the unit's j-th response
+  token (prompt length − 1 + j);
+- ``lvopd/mask`` [M, R] bool: a real response token whose teacher list exists;
+- ``lvopd/teacher_ids`` [M, R, K_T] int32, ``lvopd/teacher_logprobs`` [M, R, K_T] float32.
+
+**Teacher signal** ``teacher_topk``: for every generated token of the student's rollouts the
+teacher's top-K_T ids and log-probs, from a local jaxdm model (``LocalTeacher``: one packed
+pass per trajectory; each action's prompt + response is one segment, the teacher prompt is
+the policy prompt) or a remote OpenAI-compatible server (``RemoteTeacher``: ``/v1/completions``
+with ``echo``, ``logprobs=K_T`` and token-id prompts; a failed request is counted and its
+trajectory gets no distillation). Teacher and student must share the tokenizer (vocabulary).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxdm.models import decoder
+from jaxdm.models.config import ModelConfig
+from jaxdm.rl import losses
+from jaxdm.rl.distill import gate_weights, lvopd_distill_loss
+from jaxdm.rl.signals import Signal, register_signal
+from jaxdm.rl.terms import register_loss_term
+
+__all__ = ["STUDENT_TOP_K", "TEACHER_TOP_K", "DEFAULT_DISTILL_COEF", "LVOPD_KEYS",
+           "lm_head_matrix", "lvopd_loss_from_hidden", "lvopd_objective", "unit_gate_weights", "lvopd_unit_arrays",
+           "TeacherTopK", "LocalTeacher", "RemoteTeacher", "teacher_topk_signal",
+           "pack_trajectory", "unit_teacher_lists"]
+
+STUDENT_TOP_K = 16
+TEACHER_TOP_K = 32
+DEFAULT_DISTILL_COEF = 1.0
+LVOPD_KEYS = ("lvopd/weights", "lvopd/positions", "lvopd/mask", "lvopd/teacher_ids",
+              "lvopd/teacher_logprobs")
+
+
+def lm_head_matrix(params, config: ModelConfig) -> jax.Array:
+    """The LM head as [d, V] (tied embeddings: the embedding table transposed)."""
+    return params["embed"].T if config.tie_embeddings else params["lm_head"]
+
+
+# ---- the loss ------------------------------------------------------------------------------
+def _response_hidden(params, config: ModelConfig, tokens, valid, positions):
+    """(hidden [M, S, d] of the batch, the rows at ``positions`` [M, R] -> [M, R, d])."""
+    tokens = jnp.asarray(tokens)
+    m, s = tokens.shape
+    pos = jnp.broadcast_to(jnp.arange(s), (m, s))
+    hidden = decoder.forward(params, config, tokens, pos, attn_mask=jnp.asarray(valid, bool))
+    return hidden, jnp.take_along_axis(hidden, jnp.asarray(positions)[..., None], axis=1)
+
+
+def _distill(h_resp, head, batch, *, impl: str):
+    w = jnp.asarray(batch["lvopd/weights"], jnp.float32)[:, None]          # [M, 1]: one action
+    mask = jnp.asarray(batch["lvopd/mask"], bool)
+    return lvopd_distill_loss(h_resp, batch["lvopd/teacher_ids"],
+                              batch["lvopd/teacher_logprobs"], w,
+                              jnp.zeros(mask.shape, jnp.int32), mask, lm_head=head,
+                              k=STUDENT_TOP_K, impl=impl)
+
+
+def lvopd_loss_from_hidden(logp, old_logp, adv, response_mask, h_resp, head, batch: dict, *,
+                           coef: float = DEFAULT_DISTILL_COEF, clip_eps: float = 0.2,
+                           dual_clip: float = 3.0, impl: str = "auto"):
+    """Clipped surrogate on ``logp`` [M, S] (token-mean over ``response_mask``) + coef ·
+    gated top-k distillation of the gathered response hidden states ``h_resp`` [M, R, d]
+    through ``head`` [d, V]. Returns ``(loss, metrics)``."""
+    if not math.isfinite(coef):
+        raise ValueError(f"coef must be finite, got {coef}")
+    mask = jnp.asarray(response_mask, bool)
+    adv_tok = jnp.where(mask, jnp.asarray(adv, jnp.float32)[:, None], 0.0)
+    pg, pg_met = losses.ppo_loss(jnp.where(mask, logp, 0.0), old_logp, None, adv_tok, mask,
+                                 clip_eps=clip_eps, dual_clip=dual_clip, kl_coef=0.0,
+                                 entropy=None, entropy_coef=0.0)
+    dl, met = _distill(h_resp, head, batch, impl=impl)
+    met = dict(met)
+    met["loss/pg"] = pg_met["loss/pg"]
+    met["loss/lvopd_total"] = pg + coef * dl
+    return pg + coef * dl, met
+
+
+def lvopd_objective(params, config: ModelConfig, tokens, valid, response_mask, old_logp,
+                    adv, batch: dict, *, coef: float = DEFAULT_DISTILL_COEF,
+                    clip_eps: float = 0.2, dual_clip: float = 3.0, impl: str = "auto"):
+    """The whole LVOPD loss from ONE decoder forward: clipped surrogate + coef · distillation.
+
+    Args: ``tokens``/``valid``/``response_mask`` [M, S] (a ``TokenBatch``), ``old_logp``
+    [M, S] π_old log-probs, ``adv`` [M] per-unit advantages, ``batch`` the ``LVOPD_KEYS``
+    arrays. Returns ``(loss, metrics)``; metrics hold ``loss/pg`` and the ``lvopd/*`` keys.
+    """
+    hidden, h_resp = _response_hidden(params, config, tokens, valid, batch["lvopd/positions"])
+    targets = jnp.asarray(tokens)[:, 1:]
+    lp = jnp.pad(decoder.token_logprobs(params, config, hidden[:, :-1], targets),
+                 ((0, 0), (1, 0)))
+    return lvopd_loss_from_hidden(lp, old_logp, adv, response_mask, h_resp,
+                                  lm_head_matrix(params, config), batch, coef=coef,
+                                  clip_eps=clip_eps, dual_clip=dual_clip, impl=impl)
+
+
+def _lvopd_term(params, batch, aux):
+    """Registered ``lvopd`` term: the gated distillation (the trainer's ``ppo`` term is the
+    surrogate; the term's weight in ``algo.terms`` is the distillation coefficient)."""
+    policy = aux.policy
+    if getattr(policy, "form", None) != "generative":
+        raise ValueError("algo.terms.lvopd needs the generative policy (policy.form="
+                         f"'generative'); got form {getattr(policy, 'form', None)!r}")
+    missing = [k for k in LVOPD_KEYS if k not in batch]
+    if missing:
+        raise ValueError(f"algo.terms.lvopd: the mini-batch lacks {missing}; the trainer must "
+                         "add lvopd_unit_arrays(...) for the 'teacher_topk' signal")
+    tb = batch["policy"]
+    _, h_resp = _response_hidden(params["policy"], policy.config, tb.tokens, tb.valid,
+                                 batch["lvopd/positions"])
+    return _distill(h_resp, lm_head_matrix(params["policy"], policy.config), batch,
+                    impl="auto")
+
+
+register_loss_term("lvopd", _lvopd_term)
+
+
+# ---- host-side arrays ----------------------------------------------------------------------
+def unit_gate_weights(mode: str, adv: np.ndarray, mask: np.ndarray, unit_rows: np.ndarray,
+                      unit_cols: np.ndarray, *, success: np.ndarray | None = None,
+                      normalize: str = "std") -> np.ndarray:
+    """[N] gate weight of every training unit, the gate computed over the whole [B, T] batch."""
+    w = gate_weights(mode, adv, mask, success=success, normalize=normalize)
+    return w[np.asarray(unit_rows), np.asarray(unit_cols)].astype(np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class TeacherTopK:
+    """The teacher's lists for one action's response tokens: ids/logprobs [r, K_T]."""
+
+    ids: np.ndarray
+    logprobs: np.ndarray
+
+    def __post_init__(self):
+        if self.ids.ndim != 2 or self.ids.shape != self.logprobs.shape:
+            raise ValueError(f"TeacherTopK ids {self.ids.shape} and logprobs "
+                             f"{self.logprobs.shape} must both be [r, K_T]")
+        if not np.isfinite(self.logprobs).all():
+            raise ValueError("TeacherTopK logprobs must be finite")
+
+
+def _bucket(n: int, minimum: int = 8) -> int:
+    n = max(int(n), minimum, 1)
+    return 1 << (n - 1).bit_length()
+
+
+def lvopd_unit_arrays(units: Sequence[dict], weights: Sequence[float],
+                      teacher: Sequence[TeacherTopK | None], pad_to: int,
+                      k_t: int = TEACHER_TOP_K) -> dict[str, np.ndarray]:
+    """The ``LVOPD_KEYS`` arrays of one mini-batch of generative units (padding rows: zeros).
+
+    ``teacher[i]`` None (failed teacher) gives unit i no distillation (mask False).
+    """
+    if not len(units) == len(weights) == len(teacher):
+        raise ValueError(f"{len(units)} units, {len(weights)} weights, {len(teacher)} teacher "
+                         "lists: one each")
+    if pad_to < len(units):
+        raise ValueError(f"pad_to={pad_to} < number of units {len(units)}")
+    r = _bucket(max((len(u["response"]) for u in units), default=1))
+    pos = np.zeros((pad_to, r), np.int32)
+    mask = np.zeros((pad_to, r), bool)
+    ids = np.zeros((pad_to, r, k_t), np.int32)
+    lps = np.full((pad_to, r, k_t), -math.log(k_t) - 1.0, np.float32)  # finite filler
+    w = np.zeros((pad_to,), np.float32)
+    for i, (u, wi, tk) in enumerate(zip(units, weights, teacher)):
+        p, n = len(u["prompt"]), len(u["response"])
+        if p < 1:
+            raise ValueError(f"unit {i}: empty prompt")
+        pos[i, :n] = p - 1 + np.arange(n)
+        w[i] = wi
+        if tk is None or n == 0:
+            continue
+        if tk.ids.shape != (n, k_t):
+            raise ValueError(f"unit {i}: teacher lists {tk.ids.shape} != [response tokens "
+                             f"{n}, K_T {k_t}]")
+        ids[i, :n], lps[i, :n], mask[i, :n] = tk.ids, tk.logprobs, True
+    if not np.isfinite(w).all():
+        raise ValueError("lvopd weights must be finite")
+    return {"lvopd/weights": w, "lvopd/positions": pos, "lvopd/mask": mask,
+            "lvopd/teacher_ids": ids, "lvopd/teacher_logprobs": lps}
+
+
+# ---- teachers ------------------------------------------------------------------------------
+def pack_trajectory(units: Sequence[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                    list[np.ndarray]]:
+    """One row for a trajectory's actions: tokens [S], segment ids [S], positions [S]
+    (restarting per action) and, per action, the row indices predicting its response tokens.
+    """
+    toks, segs, poss, reads = [], [], [], []
+    off = 0
+    for a, u in enumerate(units):
+        p, r = list(u["prompt"]), list(u["response"])
+        seq = p + r
+        toks += seq
+        segs += [a] * len(seq)
+        poss += list(range(len(seq)))
+        reads.append(off + len(p) - 1 + np.arange(len(r)))
+        off += len(seq)
+    return (np.asarray(toks, np.int32), np.asarray(segs, np.int32),
+            np.asarray(poss, np.int32), reads)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "k", "chunk"))
+def _topk_at(params, config, tokens, segments, positions, valid, read_idx, *, k, chunk=256):
+    """Top-k (ids, log-probs) of the next-token distribution at ``read_idx`` [B, N]."""
+    hidden = decoder.forward(params, config, tokens, positions, segment_ids=segments,
+                             attn_mask=valid)
+    h = jnp.take_along_axis(hidden, read_idx[..., None], axis=1)        # [B, N, d]
+    b, n, d = h.shape
+    flat = h.reshape(b * n, d)
+    pad = (-flat.shape[0]) % chunk
+    flat = jnp.pad(flat, ((0, pad), (0, 0))).reshape(-1, chunk, d)
+    head = lm_head_matrix(params, config)
+
+    def one(x):  # [chunk, d] -> top-k of log_softmax without keeping [T, V] beyond a chunk
+        z = jnp.dot(x, head, preferred_element_type=jnp.float32)
+        vals, idx = jax.lax.top_k(z, k)
+        return idx.astype(jnp.int32), vals - jax.nn.logsumexp(z, axis=-1, keepdims=True)
+
+    ids, lps = jax.lax.map(one, flat)
+    ids = ids.reshape(-1, k)[:b * n].reshape(b, n, k)
+    lps = lps.reshape(-1, k)[:b * n].reshape(b, n, k)
+    return ids, lps
+
+
+class LocalTeacher:
+    """A local jaxdm decoder as the teacher: one packed pass per trajectory (``rows_per_call``
+    trajectories per jitted call, shapes bucketed to powers of two)."""
+
+    def __init__(self, params, config: ModelConfig, *, k: int = TEACHER_TOP_K,
+                 rows_per_call: int = 4, vocab_size: int | None = None):
+        if vocab_size is not None and vocab_size != config.vocab_size:
+            raise ValueError(f"teacher vocabulary {config.vocab_size} != student vocabulary "
+                             f"{vocab_size}: teacher and student must share the tokenizer")
+        if not 1 <= k <= config.vocab_size:
+            raise ValueError(f"k={k} must be in [1, V={config.vocab_size}]")
+        self.params, self.config, self.k, self.rows = params, config, int(k), int(rows_per_call)
+
+    def topk(self, trajectories: Sequence[Sequence[dict]]) -> list[list[TeacherTopK] | None]:
+        """Per trajectory, per action, the teacher's lists for its response tokens."""
+        out: list[list[TeacherTopK] | None] = []
+        for s in range(0, len(trajectories), self.rows):
+            chunk = trajectories[s:s + self.rows]
+            packed = [pack_trajectory(units) for units in chunk]
+            b = _bucket(len(chunk), 1)
+            s_len = _bucket(max((len(p[0]) for p in packed), default=1), 16)
+            n_read = _bucket(max((sum(len(r) for r in p[3]) for p in packed), default=1))
+            tokens = np.zeros((b, s_len), np.int32)
+            segs = np.full((b, s_len), -1, np.int32)
+            poss = np.zeros((b, s_len), np.int32)
+            valid = np.zeros((b, s_len), bool)
+            read = np.zeros((b, n_read), np.int32)
+            for i, (t, sg, ps, rd) in enumerate(packed):
+                tokens[i, :len(t)], segs[i, :len(t)], poss[i, :len(t)] = t, sg, ps
+                valid[i, :len(t)] = True
+                cat = np.concatenate(rd) if rd else np.zeros(0, np.int32)
+                read[i, :len(cat)] = cat
+            ids, lps = _topk_at(self.params, self.config, tokens, segs, poss, valid, read,
+                                k=self.k)
+            ids, lps = np.asarray(ids), np.asarray(lps)
+            for i, (_, _, _, rd) in enumerate(packed):
+                lists, o = [], 0
+                for r in rd:
+                    lists.append(TeacherTopK(ids[i, o:o + len(r)], lps[i, o:o + len(r)]))
+                    o += len(r)
+                out.append(lists)
+        return out
+
+    def topk_one_per_action(self, trajectories: Sequence[Sequence[dict]]
+                            ) -> list[list[TeacherTopK]]:
+        """The same lists with one forward per action (the benchmark's baseline)."""
+        out = []
+        for units in trajectories:
+            lists = []
+            for u in units:
+                seq = list(u["prompt"]) + list(u["response"])
+                s_len = _bucket(len(seq), 16)
+                n_read = _bucket(len(u["response"]))
+                tokens = np.zeros((1, s_len), np.int32)
+                tokens[0, :len(seq)] = seq
+                valid = np.zeros((1, s_len), bool)
+                valid[0, :len(seq)] = True
+                read = np.zeros((1, n_read), np.int32)
+                r = len(u["response"])
+                read[0, :r] = len(u["prompt"]) - 1 + np.arange(r)
+                ids, lps = _topk_at(self.params, self.config, tokens,
+                                    np.zeros((1, s_len), np.int32),
+                                    np.broadcast_to(np.arange(s_len), (1, s_len)).astype(np.int32),
+                                    valid, read, k=self.k)
+                lists.append(TeacherTopK(np.asarray(ids)[0, :r], np.asarray(lps)[0, :r]))
+            out.append(lists)
+        return out
+
+
+class RemoteTeacher:
+    """An OpenAI-compatible server as the teacher (``/v1/completions``, vLLM-style).
+
+    One request per action: ``prompt`` = the token ids of prompt + response, ``echo: true``,
+    ``max_tokens: 1``, ``logprobs: K_T``, ``return_tokens_as_token_ids: true`` (keys of
+    ``top_logprobs`` are ``"token_id:<id>"``). The server must allow K_T log-probs (vLLM:
+    ``--max-logprobs 32``). Any failure (HTTP, missing or short lists, unparsable keys,
+    non-finite values) fails the whole trajectory, counted; it gets no distillation.
+    """
+
+    def __init__(self, base_url: str, model: str, *, k: int = TEACHER_TOP_K,
+                 timeout: float = 30.0, max_retries: int = 2, api_key_env: str | None = None):
+        from jaxdm.decision import Remote
+
+        self.remote = Remote(base_url, model, endpoint="completions", timeout=timeout,
+                             max_retries=max_retries, api_key_env=api_key_env)
+        self.model, self.k = model, int(k)
+        self.requests = self.failures = 0
+        self.last_error: str | None = None
+
+    def _one(self, u: dict) -> TeacherTopK:
+        prompt, resp = list(u["prompt"]), list(u["response"])
+        body = {"model": self.model, "prompt": prompt + resp, "echo": True, "max_tokens": 1,
+                "logprobs": self.k, "temperature": 0.0, "return_tokens_as_token_ids": True}
+        data = self.remote.post_json("/v1/completions", body)
+        try:
+            top = data["choices"][0]["logprobs"]["top_logprobs"]
+        except (KeyError, IndexError, TypeError):
+            raise ValueError("reply has no choices[0].logprobs.top_logprobs") from None
+        n_seq = len(prompt) + len(resp)
+        if not isinstance(top, list) or len(top) < n_seq:
+            raise ValueError(f"top_logprobs has {len(top) if isinstance(top, list) else '?'} "
+                             f"entries for {n_seq} prompt tokens")
+        ids = np.zeros((len(resp), self.k), np.int32)
+        lps = np.zeros((len(resp), self.k), np.float32)
+        for j in range(len(resp)):
+            entry = top[len(prompt) + j]
+            if not isinstance(entry, dict) or len(entry) < self.k:
+                raise ValueError(f"response token {j}: {len(entry) if isinstance(entry, dict) else 0}"
+                                 f" top log-probs, need {self.k}")
+            pairs = sorted(((float(v), k) for k, v in entry.items()), reverse=True)[:self.k]
+            for c, (v, key) in enumerate(pairs):
+                if not (isinstance(key, str) and key.startswith("token_id:")):
+                    raise ValueError(f"top_logprobs key {key!r} is not 'token_id:<id>' (set "
+                                     "return_tokens_as_token_ids)")
+                ids[j, c], lps[j, c] = int(key.split(":", 1)[1]), v
+        return TeacherTopK(ids, lps)
+
+    def topk(self, trajectories: Sequence[Sequence[dict]]) -> list[list[TeacherTopK] | None]:
+        out: list[list[TeacherTopK] | None] = []
+        for units in trajectories:
+            self.requests += 1
+            try:
+                out.append([self._one(u) for u in units])
+            except Exception as e:  # noqa: BLE001 - any failure is a counted missing teacher
+                self.failures += 1
+                self.last_error = f"{type(e).__name__}: {e}"
+                out.append(None)
+        return out
+
+
+def teacher_topk_signal(episodes, teacher) -> Signal:
+    """The ``teacher_topk`` signal of an ``EpisodeBatch``: arrays ``ids``/``logprobs``
+    [N_tokens, K_T] (every unit's response tokens in unit order), ``offsets`` [N_units + 1],
+    ``unit_ok`` [N_units]; mask [B] (trajectory's teacher lists exist)."""
+    b = len(episodes.episodes)
+    per_row: list[list[int]] = [[] for _ in range(b)]
+    for j, r in enumerate(np.asarray(episodes.unit_rows)):
+        per_row[int(r)].append(j)
+    rows = [i for i in range(b) if per_row[i]]
+    t0 = time.perf_counter()
+    fails0 = getattr(teacher, "failures", 0)
+    lists = teacher.topk([[episodes.units[j] for j in per_row[i]] for i in rows])
+    n_units = len(episodes.units)
+    unit_lists: list[TeacherTopK | None] = [None] * n_units
+    mask = np.zeros((b,), bool)
+    for i, ls in zip(rows, lists):
+        if ls is None:
+            continue
+        mask[i] = True
+        for j, tk in zip(per_row[i], ls):
+            unit_lists[j] = tk
+    k_t = getattr(teacher, "k", TEACHER_TOP_K)
+    offsets = np.zeros((n_units + 1,), np.int64)
+    for j, u in enumerate(episodes.units):
+        offsets[j + 1] = offsets[j] + len(u["response"])
+    ids = np.zeros((int(offsets[-1]), k_t), np.int32)
+    lps = np.zeros((int(offsets[-1]), k_t), np.float32)
+    ok = np.zeros((n_units,), bool)
+    for j, tk in enumerate(unit_lists):
+        if tk is not None:
+            ids[offsets[j]:offsets[j + 1]], lps[offsets[j]:offsets[j + 1]] = tk.ids, tk.logprobs
+            ok[j] = True
+    stats = {"teacher_topk/requests": float(len(rows)),
+             "teacher_topk/failures": float(getattr(teacher, "failures", 0) - fails0),
+             "teacher_topk/tokens": float(offsets[-1]),
+             "teacher_topk/seconds": time.perf_counter() - t0}
+    return Signal({"ids": ids, "logprobs": lps, "offsets": offsets, "unit_ok": ok}, mask, stats)
+
+
+def unit_teacher_lists(signal: Signal) -> list[TeacherTopK | None]:
+    """Per unit, its ``TeacherTopK`` from a ``teacher_topk`` signal (None where it failed)."""
+    a = signal.arrays
+    off = a["offsets"]
+    return [TeacherTopK(a["ids"][off[j]:off[j + 1]], a["logprobs"][off[j]:off[j + 1]])
+            if a["unit_ok"][j] else None for j in range(len(off) - 1)]
+
+
+def _check(cfg) -> None:
+    if cfg.teacher.kind not in ("remote", "local_readout", "local_likelihood"):
+        raise ValueError("teacher.kind: the 'teacher_topk' signal needs a teacher policy: "
+                         "'remote' (base_url, model) or a local checkpoint (teacher.path)")
+
+
+def _build(cfg, trainer):
+    t = cfg.teacher
+    if t.kind == "remote":
+        return RemoteTeacher(t.base_url, t.model, timeout=t.timeout, api_key_env=t.api_key_env)
+    from jaxdm.models.loading import load_params, read_config
+
+    if not t.path:
+        raise ValueError("teacher.path: a local teacher policy needs a checkpoint folder")
+    config = read_config(t.path)
+    return LocalTeacher(load_params(t.path, config), config,
+                        vocab_size=trainer.model_config.vocab_size)
+
+
+def _produce(episodes, backend, cfg) -> Signal:
+    return teacher_topk_signal(episodes, backend)
+
+
+register_signal("teacher_topk", _produce, build=_build, check=_check)
