@@ -1,7 +1,9 @@
 """`jaxdm decide`: a real HTTP server on 127.0.0.1 (good and bad requests, 16 concurrent
 clients sharing backend calls), the micro-batcher, and both CLI modes as real processes."""
 import http.client
+import http.server
 import json
+import math
 import os
 import re
 import subprocess
@@ -10,7 +12,7 @@ import threading
 
 import pytest
 
-from jaxdm.decide import DecideServer, MicroBatcher
+from jaxdm.decide import DecideServer, MicroBatcher, backend_from_spec
 from jaxdm.decision import MultipleChoice, Oracle
 
 OPTS = [f"tool_{k}" for k in range(8)]
@@ -193,3 +195,56 @@ def test_cli_serve_process_and_bad_backend():
     bad = subprocess.run(_cli("--stdio", "--backend", "oracle:temperature=1"), input="",
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "temperature" in bad.stderr
+
+
+# ------------------------------------------------------- a Remote backend behind decide
+
+class _FakeOpenAI(http.server.BaseHTTPRequestHandler):
+    """OpenAI-compatible chat completions: label 'B' most likely; model 'down' answers 500."""
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if body["model"] == "down":
+            data, code = b'{"error": "boom"}', 500
+        else:
+            top = {"A": math.log(0.2), "B": math.log(0.7), "C": math.log(0.1)}
+            content = [{"token": "B", "logprob": top["B"], "top_logprobs": [
+                {"token": k, "logprob": v} for k, v in top.items()]}]
+            data, code = json.dumps({"choices": [{"message": {"content": "B"},
+                                                  "logprobs": {"content": content}}],
+                                     "usage": {"prompt_tokens": 50, "completion_tokens": 1}}
+                                    ).encode(), 200
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.mark.parametrize("model,status", [("fake", 200), ("down", 502)])
+def test_remote_backend_spec_behind_the_endpoint(model, status):
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeOpenAI)
+    threading.Thread(target=upstream.serve_forever, kwargs={"poll_interval": 0.05},
+                     daemon=True).start()
+    name, backend = backend_from_spec(
+        f"remote:base_url=http://127.0.0.1:{upstream.server_address[1]}/v1,model={model},"
+        "max_retries=0")
+    batcher = MicroBatcher(backend, max_wait_ms=20.0)
+    srv = DecideServer(batcher, name, "127.0.0.1", 0)
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        code, out = _call(srv, "POST", "/decide", {"context": "c", "question": "q",
+                                                   "options": ["x", "y", "z"]})
+        assert code == status and out["model"] == model
+        if status == 200:
+            assert out["choice"] == "y" and out["probs"] == pytest.approx([0.2, 0.7, 0.1])
+        else:
+            assert out["error"]["message"].startswith("backend failed")
+    finally:
+        for s in (srv, upstream):
+            s.shutdown()
+            s.server_close()
+        batcher.close()
