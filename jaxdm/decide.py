@@ -147,7 +147,8 @@ def decode_body(raw: bytes | str) -> Any:
 
 
 class BackendError(RuntimeError):
-    """The backend raised (``rejected``: ValueError/TypeError about the question) or failed."""
+    """The backend raised for a question; ``status`` is 422 for ValueError/TypeError (it
+    rejected the question), 500 otherwise."""
 
     def __init__(self, message: str, status: int):
         super().__init__(message)
@@ -226,7 +227,12 @@ class MicroBatcher:
                     stop = True
                     break
                 batch.append(nxt)
-            self._answer(batch)
+            try:
+                self._answer(batch)
+            except Exception as e:  # noqa: BLE001 - never leave a client waiting forever
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(BackendError(f"batcher: {type(e).__name__}: {e}", 500))
 
     def _call(self, questions: list[MultipleChoice]) -> list[ChoiceResult]:
         with self._lock:
