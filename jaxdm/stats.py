@@ -137,8 +137,6 @@ class NonInferiority(NamedTuple):
     noninferior: bool      # p_value <= alpha
 
 
-
-
 def _wald_z(n: int, n10: int, n01: int, delta0: float) -> float:
     d = (n01 - n10) / n
     var = ((n01 + n10) / n - d * d) / n
@@ -153,7 +151,7 @@ def _tango_restricted_q10(n: int, n10: int, n01: int, delta0: float) -> float:
     It maximises n01·log(q + δ0) + n10·log(q) + (n − n01 − n10)·log(1 − 2q − δ0); clearing
     denominators in the score equation gives 2n·q² + B·q + C = 0 with
     B = −(n01 + n10) + δ0·(2n − n01 + n10) and C = −n10·δ0·(1 − δ0), whose larger root is the
-    estimate (Tango 1998, eq. 4, with his cells relabelled).
+    estimate (Tango 1998's restricted estimate, with his cells relabelled).
     """
     b_ = -(n01 + n10) + delta0 * (2.0 * n - n01 + n10)
     c_ = -n10 * delta0 * (1.0 - delta0)
