@@ -12,6 +12,13 @@ fits in the steps left, rises towards 1 as the plan shrinks relative to the time
 a step that shortens the plan by one raises V (by (L − n) / (L (L − 1))) while a step that
 does not lowers it, so its differences are signed like progress.
 
+A second form, ``value_from_length(..., q=...)``, V(s) = q ** n(s) (0 when n(s) > L(s)), is
+the success chance of an agent that follows the plan with probability q per step. It is the
+one the BabyAI experiment uses: when a weak policy's groups mostly fail (p̂_u ≈ 0), the linear
+form puts V(s_1) near 1 − n/L ≈ 0.5 while LVRL anchors V(s_0) = p̂_u ≈ 0, so the first action
+of every rollout gets a large, uninformative advantage that swamps the interior signal after
+normalisation; q ** n is near 0 far from the target and rises as the plan shrinks.
+
 Two implementations of n(s):
 
 - ``plan_length`` (host, exact): ``solver.plan`` on one state, including a carried wrong
@@ -21,7 +28,12 @@ Two implementations of n(s):
   enter the front cell + its cost), with goal poses those facing the target. It equals the
   solver's plan for hands-free agents without locked doors on their route (the tests check
   it on rollout states); a carried non-target object adds 2 (drop, then a turn on average:
-  an approximation, documented), and a locked door counts as a wall.
+  an approximation, documented), and a locked door counts as a wall. It is split into
+  ``distance_field`` (per grid: the fixed point for every pose) and
+  ``plan_length_from_field`` (a lookup), so a training loop can compute the field once per
+  episode (its initial grid) and look poses up at every step: the plan length then ignores
+  later grid changes (an opened door is credited on the step through it, as the field
+  charges 2 for entering a closed door).
 """
 from __future__ import annotations
 
@@ -36,6 +48,7 @@ from jaxdm.envs.babyai.env import BabyAIParams, BabyAIState
 from jaxdm.envs.babyai.solver import solve
 
 __all__ = ["oracle_value", "plan_length", "plan_length_jax", "oracle_value_jax",
+           "distance_field", "plan_length_from_field", "value_from_length",
            "trajectory_oracle_values", "CARRY_PENALTY"]
 
 _INF = jnp.int32(1 << 20)
@@ -63,11 +76,9 @@ def _shift(a, dx: int, dy: int, fill):
 
 
 @jax.jit
-def plan_length_jax(state: BabyAIState) -> jax.Array:
-    """Shortest-plan length (int32; ≥ 2**20 when there is none) from one state; vmap it.
-
-    See the module docstring for what it counts and where it equals ``plan_length``.
-    """
+def distance_field(state: BabyAIState) -> jax.Array:
+    """Actions (without the pickup) from every pose to face the target: int32 [W, H, 4]
+    (≥ 2**20 where there is no route), for ``state``'s grid. vmap it over a batch."""
     grid = state.grid.astype(jnp.int32)
     ctype, cstate = grid[..., 0], grid[..., 2]
     is_target = (ctype == state.target[0]) & (grid[..., 1] == state.target[1])
@@ -90,17 +101,21 @@ def plan_length_jax(state: BabyAIState) -> jax.Array:
         new = jnp.minimum(dist, jnp.minimum(turn, front_cost + ahead))
         return jnp.where(standable[..., None], jnp.minimum(new, _INF), _INF)
 
-    def cond(carry):
-        return carry[1]
-
     def body(carry):
         dist, _ = carry
         new = relax(dist)
         return new, jnp.any(new != dist)
 
-    dist, _ = jax.lax.while_loop(cond, body, (dist0, jnp.bool_(True)))
+    dist, _ = jax.lax.while_loop(lambda c: c[1], body, (dist0, jnp.bool_(True)))
+    return dist
+
+
+@jax.jit
+def plan_length_from_field(field: jax.Array, state: BabyAIState) -> jax.Array:
+    """Plan length of ``state``'s pose in a ``distance_field`` (+ pickup, + CARRY_PENALTY
+    when holding a non-target object)."""
     x, y, d = state.agent_pos[0], state.agent_pos[1], state.agent_dir
-    n = dist[x, y, d] + 1  # + pickup
+    n = field[x, y, d] + 1  # + pickup
     carrying_other = (state.carrying[0] != 0) & ~(
         (state.carrying[0] == state.target[0]) & (state.carrying[1] == state.target[1]))
     n = n + jnp.where(carrying_other, CARRY_PENALTY, 0)
@@ -108,12 +123,28 @@ def plan_length_jax(state: BabyAIState) -> jax.Array:
 
 
 @jax.jit
+def plan_length_jax(state: BabyAIState) -> jax.Array:
+    """Shortest-plan length (int32; ≥ 2**20 when there is none) from one state; vmap it.
+
+    See the module docstring for what it counts and where it equals ``plan_length``.
+    """
+    return plan_length_from_field(distance_field(state), state)
+
+
+def value_from_length(n, step_count, max_steps, q: float | None = None) -> jax.Array:
+    """clip(1 − n / L, 0, 1) with L = max_steps − step_count (0 when no step is left), or
+    with ``q`` the geometric form q ** n (0 when n > L; see the module docstring)."""
+    n = jnp.asarray(n).astype(jnp.float32)
+    left = (max_steps - step_count).astype(jnp.float32)
+    if q is not None:
+        return jnp.where((left > 0) & (n <= left), jnp.power(q, n), 0.0)
+    return jnp.clip(jnp.where(left > 0, 1.0 - n / jnp.maximum(left, 1.0), 0.0), 0.0, 1.0)
+
+
+@jax.jit
 def oracle_value_jax(state: BabyAIState, max_steps) -> jax.Array:
     """``oracle_value`` of ``plan_length_jax`` (float32; vmap it over a batch of states)."""
-    n = plan_length_jax(state).astype(jnp.float32)
-    left = (max_steps - state.step_count).astype(jnp.float32)
-    v = jnp.where(left > 0, 1.0 - n / jnp.maximum(left, 1.0), 0.0)
-    return jnp.clip(v, 0.0, 1.0)
+    return value_from_length(plan_length_jax(state), state.step_count, max_steps)
 
 
 def trajectory_oracle_values(text_env, key, actions, params: BabyAIParams | None = None,

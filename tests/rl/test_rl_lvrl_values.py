@@ -270,3 +270,42 @@ def test_value_curve_png(tmp_path):
     sig = values_signal(trajs, [0, 0], OracleValueModel(), num_steps=5)
     out = plot_value_curves(trajs, sig.values, tmp_path / "curves.png", title="t")
     assert out.stat().st_size > 2000
+
+
+# ---- the trainer's registered "values" signal and "lvrl" estimator --------------------------
+def test_registry_values_signal_and_lvrl_estimator():
+    import types
+
+    from jaxdm.config import from_dict
+    from jaxdm.rl.estimators import ESTIMATORS
+    from jaxdm.rl.signals import signal_spec
+    from jaxdm.rl.train_config import TrainConfig
+
+    with pytest.raises(ValueError, match=r"value\.kind"):
+        from_dict(TrainConfig, {"algo": {"advantage": "lvrl"}})
+    with pytest.raises(ValueError, match=r"value\.kind"):
+        from_dict(TrainConfig, {"algo": {"advantage": "lvrl"}, "value": {"kind": "magic"}})
+    with pytest.raises(ValueError, match=r"value\.temperature"):
+        from_dict(TrainConfig, {"algo": {"advantage": "lvrl"},
+                                "value": {"kind": "oracle", "temperature": 1}})
+    with pytest.raises(ValueError, match=r"value\.backend"):
+        from_dict(TrainConfig, {"algo": {"advantage": "lvrl"}, "value": {"kind": "readout"}})
+    cfg = from_dict(TrainConfig, {"algo": {"advantage": "lvrl", "lvrl_normalize": "none"},
+                                  "value": {"kind": "oracle", "noise": 0.0}, "max_actions": 5})
+    assert ESTIMATORS["lvrl"].needs == ("values",)
+    spec = signal_spec("values")
+    backend = spec.build(cfg, None)
+    trajs = [Trajectory(t.goal, t.steps, t.final_observation, t.reward, t.success, t.budget,
+                        metadata={"oracle_values": vals})
+             for t, vals in ((_traj(0, 4, True), [0.3, 0.4, 0.6, 0.8, 1.0]),
+                             (_traj(1, 3, False), [0.3, 0.2, 0.1, 0.0]),
+                             (_traj(2, 2, False), [0.3, 0.2, 0.0]))]
+    lengths = np.array([4, 3, 2])
+    mask = np.arange(5)[None] < lengths[:, None]
+    eb = types.SimpleNamespace(trajectories=trajs, groups=np.array([0, 0, 0], np.int32),
+                               mask=mask, errored=np.array([False, False, True]))
+    sig = spec.produce(eb, backend, cfg)
+    np.testing.assert_array_equal(sig.mask, [True, True, False])  # errored row: no values
+    assert sig.arrays["values"].shape == (3, 6) and sig.stats["value/failures"] == 0
+    np.testing.assert_allclose(sig.arrays["values"][0, :5], [1 / 3, 0.4, 0.6, 0.8, 1.0],
+                               atol=1e-6)

@@ -5,7 +5,9 @@
   decision backend, one packed pass per trajectory with ``LocalReadout``; ``list``, one JSON
   list per trajectory through a text generator; ``oracle``, the env's own value + noise);
 - ``signal``: the ``values`` signal [B, T + 1] with its row mask, metrics and value curves;
-- ``estimator``: anchored value differences with a per-row GRPO fallback.
+- ``estimator``: anchored value differences with a per-row GRPO fallback;
+- ``trainer_signal``: registers the trainer's ``values`` signal (``jaxdm.rl.signals``) built
+  from the config's ``value:`` section (imported here, so the signal exists on first use).
 """
 from jaxdm.rl.values.context import (SUMMARISERS, RolloutSummary, StepSummary,
                                      render_group_context, summarize_deterministic,
@@ -17,6 +19,7 @@ from jaxdm.rl.values.models import (ORACLE_VALUES, VALUE_MODELS, ListValueModel,
                                     ValueResult, parse_value_list, state_context,
                                     state_question)
 from jaxdm.rl.values.signal import ValuesSignal, plot_value_curves, values_signal
+from jaxdm.rl.values.trainer_signal import check_value_spec, value_model_from_spec
 
 __all__ = [
     "SUMMARISERS", "RolloutSummary", "StepSummary", "render_group_context",
@@ -25,4 +28,5 @@ __all__ = [
     "ORACLE_VALUES", "VALUE_MODELS", "ListValueModel", "OracleValueModel",
     "ReadoutValueModel", "ValueQuery", "ValueResult", "parse_value_list", "state_context",
     "state_question", "ValuesSignal", "plot_value_curves", "values_signal",
+    "check_value_spec", "value_model_from_spec",
 ]
