@@ -398,3 +398,57 @@ def _single_step(env):
         _, st, _, term, trunc, _ = env.step_env(jax.random.key(0), state, a, params)
         return st, term, trunc
     return step
+
+
+# ---- ALFWorld (native engine): host continuations from action-replayed states --------------
+def alfworld_action(state, rng, eps: float) -> str:
+    """The noisy planner: with probability ``eps`` a uniformly random admissible command,
+    else the next command of the expert's plan from ``state`` (random when it has none)."""
+    from jaxdm.envs.alfworld import plan_from
+
+    commands = sorted(state.command_map())
+    if rng.random() >= eps:
+        try:
+            plan = plan_from(state.game, state)
+        except RuntimeError:
+            plan = []
+        if plan:
+            return plan[0]
+    return rng.choice(commands)
+
+
+def alfworld_episode(env, seed: int, params, rng, eps: float, state=None, obs=None
+                     ) -> tuple[list[str], list[str], bool]:
+    """Play the noisy planner from ``state`` (default: the reset of ``seed``) to the end;
+    returns (commands, observations incl. the start one, won)."""
+    if state is None:
+        obs, state = env.reset(seed, params)
+    cmds, seen = [], [obs]
+    while True:
+        if state.won or state.t >= params.max_steps:
+            return cmds, seen, bool(state.won)
+        a = alfworld_action(state, rng, eps)
+        obs, state, _, done, _ = env.step(seed, state, a, params)
+        cmds.append(a)
+        seen.append(obs)
+        if done:
+            return cmds, seen, bool(state.won)
+
+
+def alfworld_mc_values(env, seed: int, params, commands: Sequence[str],
+                       observations: Sequence[str], rng, *, eps: float,
+                       n: int = N_CONTINUATIONS, stats: ReplayStats | None = None
+                       ) -> tuple[np.ndarray, int]:
+    """V̂(s_0..s_k) of one recorded episode: its states are rebuilt by re-executing the
+    commands (a diverging replay keeps only the agreeing prefix, counted in ``stats``), then
+    n host continuations of the noisy planner from each. Returns ([T + 1] with NaN past the
+    kept prefix, k kept transitions)."""
+    states, kept = replay_actions(env, seed, commands, observations, params, stats=stats)
+    out = np.full(len(commands) + 1, np.nan)
+    for t, st in enumerate(states):
+        wins = 0
+        for _ in range(n):
+            wins += alfworld_episode(env, seed, params, rng, eps, state=st,
+                                     obs=observations[t])[2]
+        out[t] = wins / n
+    return out, kept

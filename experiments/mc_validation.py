@@ -1,0 +1,184 @@
+"""Monte-Carlo validation of predicted value changes (seed 001, section 4.4, appendix F).
+
+For recorded episodes of a noisy policy, every state's MC value is the success fraction of
+32 continuations of that policy (``jaxdm.rl.mc_validation``); transitions with
+|ΔV_MC| >= 3σ = 0.375 are events (pitfalls / recoveries), and each value model is scored by
+whether its predicted change has the same sign, by trajectory third.
+
+- BabyAI (JAX env): the noisy shortest-path agent; continuations from the stored states,
+  all (state, continuation) pairs vmapped in one jitted batch.
+- ALFWorld (native engine): the noisy planner (random admissible command with probability
+  eps, else the expert's next command); states rebuilt by re-executing the recorded
+  commands (diverging replays dropped and counted), continuations on the host.
+
+Value models: the env Oracle (BabyAI: q ** plan length, the LVRL BabyAI form; ALFWorld:
+1 − plan length / steps left) and noisy Oracles (Gaussian noise, clipped to [0, 1]). The
+SmolLM2 value model is not run here (see experiments/README.md).
+
+    python experiments/mc_validation.py --quick          # < 60 s on 2 loaded cores
+    python experiments/mc_validation.py                  # the full run (a few minutes)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxdm.rl import mc_validation as mc
+
+NOISES = (0.0, 0.1, 0.3)
+
+
+def _noisy(values: np.ndarray, noise: float, seed: int) -> np.ndarray:
+    if noise == 0:
+        return values
+    rng = np.random.default_rng(seed)
+    return np.where(np.isnan(values), np.nan,
+                    np.clip(values + rng.normal(0, noise, values.shape), 0, 1))
+
+
+def run_babyai(args) -> dict:
+    from jaxdm.envs.babyai import BabyAIEnv, BabyAIParams
+    from jaxdm.envs.babyai.value import plan_length_jax, value_from_length
+
+    env = BabyAIEnv()
+    params = BabyAIParams.for_split("train", max_steps=args.babyai_max_steps)
+    t0 = time.perf_counter()
+    ep = mc.babyai_record_episodes(env, params, jax.random.key(args.seed), args.episodes,
+                                   args.babyai_eps)
+    v_mc = mc.babyai_mc_values(env, params, ep, jax.random.key(args.seed + 1),
+                               eps=args.babyai_eps, n=args.n)
+    mc_s = time.perf_counter() - t0
+    flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), ep.states)
+    n_plan = jax.jit(jax.vmap(plan_length_jax))(flat)
+    oracle = np.asarray(value_from_length(n_plan, flat.step_count, params.max_steps,
+                                          q=args.babyai_q)).reshape(ep.actions.shape[0], -1)
+    h = np.arange(oracle.shape[1])
+    oracle = np.where(h[None] <= ep.lengths[:, None], oracle, np.nan)
+    oracle[np.arange(len(ep.lengths)), ep.lengths] = ep.success  # anchored terminal value
+    return _score("babyai", v_mc, oracle, ep.lengths, None, args, {
+        "episodes": int(args.episodes), "success": float(ep.success.mean()),
+        "mean_length": float(ep.lengths.mean()), "policy_eps": args.babyai_eps,
+        "max_steps": args.babyai_max_steps, "oracle_q": args.babyai_q,
+        "continuations": int(ep.lengths.sum()) * args.n, "mc_seconds": mc_s})
+
+
+def run_alfworld(args) -> dict:
+    from jaxdm.envs.alfworld import AlfWorldEnv, AlfWorldParams
+    from jaxdm.envs.alfworld.value import oracle_values
+
+    params = AlfWorldParams(split="valid_unseen", max_steps=args.alfworld_budget)
+    env = AlfWorldEnv(params)
+    rng = random.Random(args.seed)
+    stats = mc.ReplayStats()
+    rows, preds, lengths, keeps = [], [], [], []
+    t0 = time.perf_counter()
+    n_cont = 0
+    for seed in range(args.episodes):
+        cmds, obs, won = mc.alfworld_episode(env, seed, params, rng, args.alfworld_eps)
+        v, kept = mc.alfworld_mc_values(env, seed, params, cmds, obs, rng,
+                                        eps=args.alfworld_eps, n=args.n, stats=stats)
+        n_cont += (kept + 1) * args.n
+        v[len(cmds)] = float(won) if kept == len(cmds) else v[len(cmds)]
+        _, st = env.reset(seed, params)
+        rows.append(v)
+        preds.append(oracle_values(st.game, cmds, args.alfworld_budget))
+        lengths.append(len(cmds))
+        keeps.append(np.arange(len(cmds)) < kept)
+    mc_s = time.perf_counter() - t0
+    h = max(lengths) + 1
+    pad = lambda xs: np.stack([np.pad(np.asarray(x, float), (0, h - len(x)),  # noqa: E731
+                                      constant_values=np.nan) for x in xs])
+    keep = np.stack([np.pad(k, (0, h - 1 - len(k))) for k in keeps])
+    return _score("alfworld", pad(rows), pad(preds), np.array(lengths), keep, args, {
+        "episodes": int(args.episodes),
+        "success": float(np.mean([r[l] for r, l in zip(rows, lengths)])),
+        "mean_length": float(np.mean(lengths)), "policy_eps": args.alfworld_eps,
+        "budget": args.alfworld_budget, "replays": stats.replayed,
+        "replays_diverged": stats.diverged, "dropped_transitions": stats.dropped_transitions,
+        "continuations": n_cont, "mc_seconds": mc_s})
+
+
+def _score(env_name, v_mc, oracle, lengths, keep, args, info) -> dict:
+    summaries, events = {}, {}
+    for noise in NOISES:
+        name = "oracle" if noise == 0 else f"oracle+noise{noise:g}"
+        pred = _noisy(oracle, noise, args.seed + int(noise * 1000))
+        ev = mc.label_events(np.nan_to_num(v_mc), np.nan_to_num(pred), lengths, keep, n=args.n)
+        summaries[name], events[name] = mc.summarize_events(ev), ev
+    fig = Path(args.out) / f"mc_{env_name}.png"
+    mc.plot_events(summaries, events, fig)
+    return {"env": env_name, **info, "models": summaries, "figure": fig.name}
+
+
+def _fmt(x):
+    return "–" if x is None else (f"{x:.2f}" if isinstance(x, float) else str(x))
+
+
+def report(results: list[dict]) -> str:
+    lines = ["| env | value model | transitions | events (pit/rec) | expected spurious | "
+             "agree pitfalls | agree recoveries | agree 1st / 2nd / 3rd third | "
+             "median pred abs dV 1st / 2nd / 3rd |", "|" + "---|" * 9]
+    for r in results:
+        for name, s in r["models"].items():
+            thirds = " / ".join(_fmt(s[f"{p}/agree"]) for p in ("first", "middle", "last"))
+            med = " / ".join(_fmt(s[f"{p}/median_abs_pred"]) for p in ("first", "middle",
+                                                                        "last"))
+            lines.append(f"| {r['env']} | {name} | {s['transitions']} | {s['events']} "
+                         f"({s['pitfalls']}/{s['recoveries']}) | "
+                         f"{s['expected_spurious_events']:.2f} | {_fmt(s['agree_pitfalls'])} | "
+                         f"{_fmt(s['agree_recoveries'])} | {thirds} | {med} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="few episodes (< 60 s)")
+    p.add_argument("--episodes", type=int, default=None)
+    p.add_argument("--n", type=int, default=mc.N_CONTINUATIONS)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--envs", default="babyai,alfworld")
+    p.add_argument("--babyai-eps", type=float, default=0.5)
+    p.add_argument("--babyai-max-steps", type=int, default=48)
+    p.add_argument("--babyai-q", type=float, default=0.95)
+    p.add_argument("--alfworld-eps", type=float, default=0.5)
+    p.add_argument("--alfworld-budget", type=int, default=20)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    args.episodes = args.episodes or (6 if args.quick else 64)
+    args.out = args.out or ("experiments/results/mc_validation" + ("_quick" if args.quick
+                                                                   else ""))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    runners = {"babyai": run_babyai, "alfworld": run_alfworld}
+    results = []
+    for name in args.envs.split(","):
+        if name not in runners:
+            print(f"--envs: unknown env {name!r}; choose from {sorted(runners)}", file=sys.stderr)
+            return 2
+        results.append(runners[name](args))
+        print(f"{name}: {results[-1]['continuations']} continuations in "
+              f"{results[-1]['mc_seconds']:.1f} s", flush=True)
+    table = report(results)
+    print(table)
+    (out / "summary.json").write_text(json.dumps(results, indent=1))
+    (out / "report.md").write_text(f"# Monte-Carlo validation ({'quick' if args.quick else 'full'}"
+                                   f", n = {args.n}, 3σ = {mc.event_threshold(args.n):.3f})\n\n"
+                                   f"{table}\n")
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True).stdout.strip()
+    (out / "PRODUCED_BY.txt").write_text(f"python experiments/mc_validation.py "
+                                         f"{' '.join(argv or sys.argv[1:])} at {rev}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
