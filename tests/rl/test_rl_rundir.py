@@ -1,0 +1,170 @@
+"""Run directories and interruptions (issue 15 #2-#6): nothing lost, nothing silently wrong."""
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from jaxdm import runlog
+from jaxdm.rl.state import NonFiniteCheckpointError
+from jaxdm.rl.trainer import (NonFiniteLossError, ResumeMismatchError, RunDirError, Trainer)
+from tests.rl import test_rl_trainer as base
+
+
+def cfg_at(path, *extra):
+    return base.ordering_cfg(path, "checkpoint_every=0", *extra)
+
+
+def leaves(tr):
+    return [np.asarray(x) for x in jax.tree.leaves((tr.state.params, tr.state.opt_states,
+                                                    jax.random.key_data(tr.state.key)))]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    tr = Trainer(cfg_at(tmp_path_factory.mktemp("full")), log=False)
+    tr.run()
+    out = leaves(tr), tr.state.cursor, tr.state.host_rng.bit_generator.state
+    tr.close()
+    return out
+
+
+def interrupt_in_iteration_2(tr, obj, name, nth):
+    """Make the ``nth`` call of ``obj.name`` during iteration 2 raise KeyboardInterrupt."""
+    orig, calls = getattr(obj, name), {"n": 0}
+
+    def wrapped(*a, **kw):
+        if tr.state.iteration == 1:
+            calls["n"] += 1
+            if calls["n"] == nth:
+                raise KeyboardInterrupt
+        return orig(*a, **kw)
+    return wrapped
+
+
+@pytest.mark.parametrize("point", ["rollout", "mid_update", "before_record"])
+def test_sigint_checkpoints_only_a_finished_iteration(tmp_path, uninterrupted, point,
+                                                      monkeypatch):
+    """Ctrl-C in iteration 2 (during its rollout, after one of its mini-batch updates, or
+    after it finished but before its metrics record) saves iteration 1's state; resuming
+    gives exactly the uninterrupted run (params, optimiser, key, cursor, host RNG)."""
+    tr = Trainer(cfg_at(tmp_path), log=False)
+    if point == "rollout":
+        tr.venv.step_wait = interrupt_in_iteration_2(tr, tr.venv, "step_wait", 2)
+    elif point == "mid_update":
+        tr.train_step = interrupt_in_iteration_2(tr, tr, "train_step", 2)
+    else:
+        orig, calls = runlog.MetricsWriter.write, {"n": 0}
+
+        def write(self, step, metrics):
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise KeyboardInterrupt
+            return orig(self, step, metrics)
+        monkeypatch.setattr(runlog.MetricsWriter, "write", write)
+    with pytest.raises(KeyboardInterrupt):
+        tr.run()
+    assert tr.checkpointer.latest_step() == 1 and tr.iteration == 1
+    tr.close()
+    monkeypatch.undo()
+    resumed = Trainer(cfg_at(tmp_path), log=False)
+    resumed.run(resume=True)
+    want, cursor, rng = uninterrupted
+    for a, b in zip(want, leaves(resumed)):
+        np.testing.assert_array_equal(a, b)
+    assert resumed.state.cursor == cursor and resumed.state.host_rng.bit_generator.state == rng
+    assert [r["step"] for r in runlog.read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3]
+    resumed.close()
+
+
+def test_fresh_run_refuses_a_run_dir_unless_overwrite(tmp_path):
+    cfg = cfg_at(tmp_path, "iterations=1", "checkpoint_every=1")
+    tr = Trainer(cfg, log=False)
+    tr.run()
+    tr.close()
+    before = (tmp_path / "metrics.jsonl").read_text()
+    again = Trainer(cfg, log=False)
+    with pytest.raises(RunDirError, match=r"holds a run \(checkpoint steps \[1\], 1 metrics "
+                                          r"lines\): pass --resume .* or --overwrite"):
+        again.run()
+    assert (tmp_path / "metrics.jsonl").read_text() == before  # nothing touched
+    assert again.checkpointer.all_steps() == [1]
+    recs = again.run(overwrite=True)
+    assert [r["step"] for r in recs] == [1] and again.checkpointer.all_steps() == [1]
+    again.close()
+
+
+def test_resume_refuses_changed_settings_and_keeps_final_eval_once(tmp_path):
+    cfg = cfg_at(tmp_path, "iterations=1", "eval_tasks=2", "eval_seeds=[0]")
+    tr = Trainer(cfg, log=False)
+    tr.run()
+    tr.close()
+    for override, keys in ((("optim.lr=0.5", "seed=7"), r"optim.lr: 0.003 -> 0.5, seed: 0 -> 7"),
+                           (("model.hidden_size=64",), r"model.hidden_size: 32 -> 64")):
+        changed = cfg_at(tmp_path, "iterations=1", "eval_tasks=2", "eval_seeds=[0]", *override)
+        t2 = Trainer(changed, log=False)
+        with pytest.raises(ResumeMismatchError, match=keys):
+            t2.run(resume=True)
+        t2.close()
+    # iterations and checkpointing may change; resuming the finished run evaluates nothing
+    t3 = Trainer(dataclasses.replace(cfg, checkpoint_every=5), log=False)
+    t3.run(resume=True)
+    t3.close()
+    recs = runlog.read_metrics(tmp_path / "metrics.jsonl")
+    assert [("train/success" in r, "eval/All" in r) for r in recs] == [(True, False),
+                                                                        (False, True)]
+
+
+def test_torn_last_metrics_line_is_dropped_on_resume(tmp_path, capsys):
+    cfg = cfg_at(tmp_path, "iterations=2", "checkpoint_every=1")
+    tr = Trainer(cfg, log=False)
+    tr.run(stop_after=1)
+    tr.close()
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 2, "time": 17000.5, "train/succ')  # a crash mid-write
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: invalid JSON"):
+        runlog.read_metrics(tmp_path / "metrics.jsonl")
+    t2 = Trainer(cfg, log=False)
+    t2.run(resume=True)
+    t2.close()
+    assert "dropping a torn last line" in capsys.readouterr().err
+    assert [r["step"] for r in runlog.read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
+
+
+def test_nonfinite_loss_stops_naming_iteration_and_term(tmp_path):
+    cfg = cfg_at(tmp_path, "iterations=3", "checkpoint_every=1")
+    tr = Trainer(cfg, log=False)
+    step = tr.train_step
+
+    def poisoned(params, opts, batch):
+        if tr.state.iteration == 1:  # iteration 2: a NaN advantage reaches the loss
+            batch = dict(batch, adv=batch["adv"] * np.float32("nan"))
+        return step(params, opts, batch)
+    tr.train_step = poisoned
+    with pytest.raises(NonFiniteLossError, match=r"iteration 2: non-finite loss/pg"):
+        tr.run()
+    assert tr.checkpointer.latest_step() == 1 and tr.iteration == 1
+    assert all(np.isfinite(x).all() for x in leaves(tr))
+    last = runlog.read_metrics(tmp_path / "metrics.jsonl")[-1]
+    assert last["step"] == 2 and last["run/nonfinite"] == "loss/pg"
+    tr.close()
+
+
+def test_checkpoint_with_nan_tensors_fails_or_warns(tmp_path):
+    cfg = cfg_at(tmp_path, "iterations=1")
+    tr = Trainer(cfg, log=False)
+    pol = tr.state.params["policy"]
+    tr.state.params["policy"] = jax.tree.map(lambda x: x * np.float32("nan"), pol)
+    tr.state.iteration = 1
+    tr.save()
+    tr.close()
+    t2 = Trainer(cfg, log=False)
+    with pytest.raises(NonFiniteCheckpointError, match=r"checkpoint step 1 holds NaN/inf.*"
+                                                       r"on_nonfinite_checkpoint=warn"):
+        t2.restore()
+    t2.close()
+    t3 = Trainer(dataclasses.replace(cfg, on_nonfinite_checkpoint="warn"), log=False)
+    with pytest.warns(RuntimeWarning, match="holds NaN/inf"):
+        assert t3.restore()
+    assert t3.iteration == 1
+    t3.close()
