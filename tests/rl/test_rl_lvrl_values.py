@@ -102,6 +102,10 @@ def test_oracle_noise_is_seeded_per_query_and_clipped():
     assert a.values.shape == (4,) and (a.values >= 0).all() and (a.values <= 1).all()
     with pytest.raises(ValueError, match="noise"):
         OracleValueModel(noise=-1.0)
+    # No seed to replay: a counted failure (the row falls back to GRPO), never an exception.
+    lost = Trajectory("g", traj.steps, "end", env="babyai")
+    (res,) = m.values([ValueQuery(lost, "")])
+    assert not res.ok and "task_seed" in res.error
 
 
 # ---- group context ------------------------------------------------------------------------

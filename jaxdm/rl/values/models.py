@@ -201,15 +201,15 @@ class ListValueModel:
 
 def _babyai_oracle(traj: Trajectory) -> np.ndarray:
     """Replays a BabyAI text trajectory from its reset seed (metadata "key", as
-    ``play_trajectory`` records it) on its split's standard task distribution with
+    ``play_trajectory`` records it, or "task_seed", as the trainer's rollout does) on its split's standard task distribution with
     ``max_steps = traj.budget``; the replay must reproduce the first observation."""
     from jaxdm.envs.babyai.text import make_text_env
     from jaxdm.envs.babyai.value import trajectory_oracle_values
 
-    key = traj.metadata.get("key")
+    key = traj.metadata.get("key", traj.metadata.get("task_seed"))
     if key is None:
-        raise ValueError("BabyAI oracle values need metadata['key'] (the reset seed) or "
-                         "metadata['oracle_values']")
+        raise ValueError("BabyAI oracle values need metadata['key'] or ['task_seed'] (the "
+                         "reset seed) or metadata['oracle_values']")
     env = make_text_env(str(traj.metadata.get("split", "train")), max_steps=int(traj.budget))
     obs, _ = env.reset(key)
     if traj.steps and obs != traj.steps[0].observation:
@@ -240,7 +240,8 @@ class OracleValueModel:
     A trajectory whose metadata holds "oracle_values" (a list of T + 1 numbers, recorded by
     a rollout that had the env states) uses them; otherwise ``ORACLE_VALUES[traj.env]``
     recomputes them by replay. The noise of one trajectory depends on ``seed`` and the
-    query's ``ident`` only.
+    query's ``ident`` only. A trajectory whose values cannot be computed (no seed to replay,
+    a replay that diverges) is a failed result, not an exception.
     """
 
     def __init__(self, noise: float = 0.0, seed: int = 0):
@@ -266,7 +267,11 @@ class OracleValueModel:
         out = []
         for q in queries:
             t0 = time.perf_counter()
-            v = self.clean_values(q.trajectory)[1:-1].astype(np.float64)
+            try:
+                v = self.clean_values(q.trajectory)[1:-1].astype(np.float64)
+            except (ValueError, RuntimeError) as e:  # counted upstream; the row falls back
+                out.append(_failed(f"oracle: {e}", Cost(seconds=time.perf_counter() - t0)))
+                continue
             if self.noise > 0 and v.size:
                 rng = np.random.default_rng(_stable_seed(self.seed, q.ident))
                 v = np.clip(v + rng.normal(0.0, self.noise, v.shape), 0.0, 1.0)
