@@ -648,10 +648,19 @@ class VectorEnv:
             if slots:
                 batch.pending[w_idx] = slots
         for w_idx in list(batch.pending):
-            try:
-                self._send(batch, w_idx)
-            except (OSError, BrokenPipeError, ValueError):
-                self._fail_head(batch, w_idx, "env worker pipe broken before send")
+            # A worker that died while idle (or whose pipe breaks before the jobs go out) has
+            # not seen them: the parent holds every slot's state, so the jobs go to a
+            # replacement unchanged and no episode is lost. Only a second failure fails a job.
+            if not self._workers[w_idx].proc.is_alive():
+                self._replace_worker(w_idx)
+            for attempt in range(2):
+                try:
+                    self._send(batch, w_idx)
+                    break
+                except (OSError, BrokenPipeError, ValueError):
+                    self._replace_worker(w_idx)
+            else:
+                self._fail_head(batch, w_idx, "env worker pipe broken before send (twice)")
                 self._restart_and_resend(batch, w_idx)
         return batch
 

@@ -15,6 +15,7 @@ from jaxdm import config as cfgmod
 from jaxdm.envs.toy import make_ordering_env
 from jaxdm.envs.vector import EnvFactory, VectorEnv
 from jaxdm.rl import trainer as trainer_mod
+from jaxdm.rl import evaluation as evaluation_mod
 from jaxdm.rl.policy import ActionOut
 from jaxdm.rl.rollout import LocalVectorEnv, pipeline_halves, rollout
 from jaxdm.rl.trainer import TrainConfig, Trainer
@@ -229,7 +230,7 @@ def test_pipeline_overlaps_generation_with_env_steps():
 
 def test_trainer_config_and_wiring(tmp_path, monkeypatch):
     presets = {p.stem: cfgmod.load_config(TrainConfig, p)
-               for p in sorted((REPO / "experiments" / "configs").glob("*.yaml"))}
+               for p in sorted((REPO / "experiments" / "configs").glob("teacher_grpo_*.yaml"))}
     assert presets["teacher_grpo_alfworld_qwen1.5b"].rollout_pipeline is False
     assert presets["teacher_grpo_webshop_qwen1.5b"].rollout_pipeline is False
     assert presets["teacher_grpo_cpu"].rollout_pipeline is False
@@ -250,6 +251,7 @@ def test_trainer_config_and_wiring(tmp_path, monkeypatch):
         return rollout(*args, **kwargs)
 
     monkeypatch.setattr(trainer_mod, "rollout", spy)
+    monkeypatch.setattr(evaluation_mod, "rollout", spy)
     tr = Trainer(cfg, log=False)
     try:
         # The real (tiny, random) option policy, greedy: pipelined == sequential episodes.
