@@ -28,6 +28,8 @@ trainer's ``ppo`` term.
 - ``lvopd/positions`` [M, R] int32: hidden-state row predicting the unit's j-th response
   token (prompt length − 1 + j);
 - ``lvopd/mask`` [M, R] bool: a real response token whose teacher list exists;
+- ``lvopd/response`` [M, R] bool: a real response token (the surrogate's mask in
+  ``lvopd_objective``);
 - ``lvopd/teacher_ids`` [M, R, K_T] int32, ``lvopd/teacher_logprobs`` [M, R, K_T] float32.
 
 **Teacher signal** ``teacher_topk``: for every generated token of the student's rollouts the
@@ -57,7 +59,8 @@ from jaxdm.rl.signals import Signal, register_signal
 from jaxdm.rl.terms import register_loss_term
 
 __all__ = ["STUDENT_TOP_K", "TEACHER_TOP_K", "DEFAULT_DISTILL_COEF", "LVOPD_KEYS",
-           "lm_head_matrix", "lvopd_loss_from_hidden", "lvopd_objective", "unit_gate_weights", "lvopd_unit_arrays",
+           "lm_head_matrix", "lvopd_loss_from_hidden", "lvopd_loss_fused",
+           "lvopd_objective", "unit_gate_weights", "lvopd_unit_arrays",
            "TeacherTopK", "LocalTeacher", "RemoteTeacher", "teacher_topk_signal",
            "pack_trajectory", "unit_teacher_lists"]
 
@@ -112,22 +115,84 @@ def lvopd_loss_from_hidden(logp, old_logp, adv, response_mask, h_resp, head, bat
     return pg + coef * dl, met
 
 
-def lvopd_objective(params, config: ModelConfig, tokens, valid, response_mask, old_logp,
-                    adv, batch: dict, *, coef: float = DEFAULT_DISTILL_COEF,
-                    clip_eps: float = 0.2, dual_clip: float = 3.0, impl: str = "auto"):
-    """The whole LVOPD loss from ONE decoder forward: clipped surrogate + coef · distillation.
+def lvopd_loss_fused(h_resp, head, targets, old_logp, adv, weights, mask, teacher_ids,
+                     teacher_logprobs, *, distill_mask=None, coef: float = DEFAULT_DISTILL_COEF,
+                     clip_eps: float = 0.2, dual_clip: float = 3.0, impl: str = "xla",
+                     block_v: int | None = None):
+    """The LVOPD loss head with ONE streaming pass over the vocabulary for both parts.
 
-    Args: ``tokens``/``valid``/``response_mask`` [M, S] (a ``TokenBatch``), ``old_logp``
-    [M, S] π_old log-probs, ``adv`` [M] per-unit advantages, ``batch`` the ``LVOPD_KEYS``
-    arrays. Returns ``(loss, metrics)``; metrics hold ``loss/pg`` and the ``lvopd/*`` keys.
+    The streaming statistics of ``h_resp @ head`` (log-sum-exp and the student's top-16,
+    ``jaxdm.kernels``) give both log π(target) = z_target − lse for the clipped surrogate and
+    the top-k reverse KL for the distillation; no [T, V] tensor exists in the forward or the
+    backward. All arrays are over the response tokens: ``h_resp`` [M, R, d], ``targets`` /
+    ``old_logp`` / ``mask`` [M, R], ``adv`` / ``weights`` [M], teacher lists [M, R, K_T];
+    ``distill_mask`` [M, R] (default ``mask``) the tokens whose teacher lists exist.
+    Returns ``(loss, metrics)``.
     """
-    hidden, h_resp = _response_hidden(params, config, tokens, valid, batch["lvopd/positions"])
-    targets = jnp.asarray(tokens)[:, 1:]
-    lp = jnp.pad(decoder.token_logprobs(params, config, hidden[:, :-1], targets),
-                 ((0, 0), (1, 0)))
-    return lvopd_loss_from_hidden(lp, old_logp, adv, response_mask, h_resp,
-                                  lm_head_matrix(params, config), batch, coef=coef,
-                                  clip_eps=clip_eps, dual_clip=dual_clip, impl=impl)
+    from jaxdm.kernels import kl_from_stats, lse_topk_pallas, lse_topk_xla, weighted_kl_loss
+    from jaxdm.kernels.topk_reverse_kl import DEFAULT_FLOOR_MIN
+
+    if not math.isfinite(coef):
+        raise ValueError(f"coef must be finite, got {coef}")
+    h_resp, head = jnp.asarray(h_resp), jnp.asarray(head)
+    m, r, d = h_resp.shape
+    if head.ndim != 2 or head.shape[0] != d:
+        raise ValueError(f"head must be [d={d}, V], got {head.shape}")
+    distill_mask = mask if distill_mask is None else distill_mask
+    for name, x in (("targets", targets), ("old_logp", old_logp), ("mask", mask),
+                    ("distill_mask", distill_mask)):
+        if jnp.shape(x) != (m, r):
+            raise ValueError(f"{name} must be [M, R] = {(m, r)}, got {jnp.shape(x)}")
+    vocab = head.shape[1]
+    rows = h_resp.reshape(m * r, d)
+    if impl == "xla":
+        stats = lse_topk_xla.lse_topk_linear(rows, head, STUDENT_TOP_K,
+                                             block_v or lse_topk_xla.DEFAULT_BLOCK_V)
+    elif impl == "pallas":
+        stats = lse_topk_pallas.lse_topk_linear(rows, head, k=STUDENT_TOP_K)
+    else:
+        raise ValueError(f"impl must be 'xla' or 'pallas', got {impl!r}")
+    cols = jnp.take(head, jnp.asarray(targets).reshape(-1), axis=1)           # [d, N]
+    z_t = jnp.einsum("nd,dn->n", rows, cols, preferred_element_type=jnp.float32)
+    logp = (z_t - stats.lse).reshape(m, r)
+    mask = jnp.asarray(mask, bool)
+    adv_tok = jnp.where(mask, jnp.asarray(adv, jnp.float32)[:, None], 0.0)
+    pg, pg_met = losses.ppo_loss(jnp.where(mask, logp, 0.0), old_logp, None, adv_tok, mask,
+                                 clip_eps=clip_eps, dual_clip=dual_clip, kl_coef=0.0,
+                                 entropy=None, entropy_coef=0.0)
+    kl = kl_from_stats(stats, jnp.asarray(teacher_ids).reshape(m * r, -1),
+                       jnp.asarray(teacher_logprobs).reshape(m * r, -1), vocab,
+                       DEFAULT_FLOOR_MIN).reshape(m, r)
+    w_tok = jnp.broadcast_to(jnp.asarray(weights, jnp.float32)[:, None], (m, r))
+    dmask = jnp.asarray(distill_mask, bool)
+    dl, dmet = weighted_kl_loss(jnp.where(dmask, kl, 0.0), w_tok, dmask)
+    met = {"loss/pg": pg_met["loss/pg"], "lvopd/loss": dl, "lvopd/kl_mean": dmet[
+        "distill/kl_mean"], "lvopd/gate_mean": dmet["distill/weight_mean"],
+        "lvopd/gated_token_fraction": dmet["distill/active_fraction"],
+        "loss/lvopd_total": pg + coef * dl}
+    return pg + coef * dl, met
+
+
+def lvopd_objective(params, config: ModelConfig, tokens, valid, old_logp, adv, batch: dict,
+                    *, coef: float = DEFAULT_DISTILL_COEF, clip_eps: float = 0.2,
+                    dual_clip: float = 3.0, impl: str = "xla"):
+    """The whole LVOPD loss from ONE decoder forward and ONE streaming vocabulary pass:
+    clipped surrogate on every response token + coef · gated distillation
+    (``lvopd_loss_fused`` on the gathered response hidden states).
+
+    Args: ``tokens``/``valid`` [M, S] (a ``TokenBatch``), ``old_logp`` [M, S] π_old
+    log-probs aligned with the tokens, ``adv`` [M] per-unit advantages, ``batch`` the
+    ``LVOPD_KEYS`` arrays plus ``lvopd/response``. Returns ``(loss, metrics)``.
+    """
+    pos = jnp.asarray(batch["lvopd/positions"])
+    _, h_resp = _response_hidden(params, config, tokens, valid, pos)
+    targets = jnp.take_along_axis(jnp.asarray(tokens), pos + 1, axis=1)
+    old = jnp.take_along_axis(jnp.asarray(old_logp), pos + 1, axis=1)
+    return lvopd_loss_fused(h_resp, lm_head_matrix(params, config), targets, old, adv,
+                            batch["lvopd/weights"], batch["lvopd/response"],
+                            batch["lvopd/teacher_ids"], batch["lvopd/teacher_logprobs"],
+                            distill_mask=batch["lvopd/mask"], coef=coef, clip_eps=clip_eps,
+                            dual_clip=dual_clip, impl=impl)
 
 
 def _lvopd_term(params, batch, aux):
@@ -195,6 +260,7 @@ def lvopd_unit_arrays(units: Sequence[dict], weights: Sequence[float],
     r = _bucket(max((len(u["response"]) for u in units), default=1))
     pos = np.zeros((pad_to, r), np.int32)
     mask = np.zeros((pad_to, r), bool)
+    response = np.zeros((pad_to, r), bool)
     ids = np.zeros((pad_to, r, k_t), np.int32)
     lps = np.full((pad_to, r, k_t), -math.log(k_t) - 1.0, np.float32)  # finite filler
     w = np.zeros((pad_to,), np.float32)
@@ -203,6 +269,7 @@ def lvopd_unit_arrays(units: Sequence[dict], weights: Sequence[float],
         if p < 1:
             raise ValueError(f"unit {i}: empty prompt")
         pos[i, :n] = p - 1 + np.arange(n)
+        response[i, :n] = True
         w[i] = wi
         if tk is None or n == 0:
             continue
@@ -213,6 +280,7 @@ def lvopd_unit_arrays(units: Sequence[dict], weights: Sequence[float],
     if not np.isfinite(w).all():
         raise ValueError("lvopd weights must be finite")
     return {"lvopd/weights": w, "lvopd/positions": pos, "lvopd/mask": mask,
+            "lvopd/response": response,
             "lvopd/teacher_ids": ids, "lvopd/teacher_logprobs": lps}
 
 

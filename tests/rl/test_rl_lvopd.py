@@ -13,7 +13,7 @@ import pytest
 
 from jaxdm.models import decoder
 from jaxdm.models.config import ModelConfig
-from jaxdm.rl import lvopd
+from jaxdm.rl import losses, lvopd
 from jaxdm.rl.distill import gate_weights, lvopd_distill_loss
 from jaxdm.rl.terms import LOSS_TERMS, LossConfig
 
@@ -207,13 +207,21 @@ def test_registered_term_and_objective_on_a_decoder(tiny):
     # The teacher is the student itself: the KL on the top-16 support is 0 (rounding).
     assert abs(float(met["lvopd/kl_mean"])) < 1e-5
     # The objective's distillation part equals the term; its surrogate part is PPO's.
-    old = np.zeros((8, s), np.float32)
+    old = np.asarray(rng_old := np.random.default_rng(5).normal(size=(8, s)) - 5, np.float32)
+    del rng_old
     adv = np.linspace(-1, 1, 8).astype(np.float32)
-    total, omet = lvopd.lvopd_objective(params, config, tokens, valid, resp, old, adv, arrays,
+    total, omet = lvopd.lvopd_objective(params, config, tokens, valid, old, adv, arrays,
                                         coef=2.0)
     np.testing.assert_allclose(float(omet["lvopd/loss"]), float(term_loss), rtol=1e-5)
-    np.testing.assert_allclose(float(total), float(omet["loss/pg"]) + 2 * float(term_loss),
-                               rtol=1e-5)
+    hidden = decoder.forward(params, config, jnp.asarray(tokens),
+                             jnp.broadcast_to(jnp.arange(s), (8, s)), attn_mask=valid)
+    lp = jnp.pad(decoder.token_logprobs(params, config, hidden[:, :-1], tokens[:, 1:]),
+                 ((0, 0), (1, 0)))
+    pg, _ = losses.ppo_loss(jnp.where(resp, lp, 0.0), old, None,
+                            np.where(resp, adv[:, None], 0.0), resp, kl_coef=0.0,
+                            entropy_coef=0.0)
+    np.testing.assert_allclose(float(omet["loss/pg"]), float(pg), rtol=1e-5)
+    np.testing.assert_allclose(float(total), float(pg) + 2 * float(term_loss), rtol=1e-5)
     with pytest.raises(ValueError, match="generative policy"):
         LOSS_TERMS["lvopd"].fn({"policy": params}, batch,
                                types.SimpleNamespace(policy=types.SimpleNamespace(form="option")))
@@ -291,3 +299,35 @@ def test_remote_teacher_equals_local_and_counts_failures(tiny, server):
         assert (lists[j] is not None) == ok
         if ok:
             assert lists[j].ids.shape == (len(u["response"]), 32)
+
+
+def test_fused_loss_head_equals_the_two_pass_form():
+    """One streaming pass for log π(target) and the KL == chunked log-probs + fused KL."""
+    rng = np.random.default_rng(4)
+    m, r, d, vocab, kt = 3, 5, 8, 300, lvopd.TEACHER_TOP_K
+    h = jnp.asarray(rng.normal(size=(m, r, d)), jnp.float32)
+    head = jnp.asarray(rng.normal(size=(d, vocab)) * 0.5, jnp.float32)
+    targets = jnp.asarray(rng.integers(0, vocab, size=(m, r)), jnp.int32)
+    old = jnp.asarray(rng.normal(size=(m, r)) - 6, jnp.float32)
+    adv = jnp.asarray([0.4, -1.0, 1.5], jnp.float32)
+    w = jnp.asarray([1.0, 0.0, 0.6], jnp.float32)
+    mask = jnp.asarray(rng.random((m, r)) < 0.8)
+    tl = jax.nn.log_softmax(jnp.asarray(rng.normal(size=(m, r, vocab)) * 2), -1)
+    lps, ids = jax.lax.top_k(tl, kt)
+    batch = {"lvopd/weights": w, "lvopd/positions": jnp.zeros((m, r), jnp.int32),
+             "lvopd/mask": mask, "lvopd/teacher_ids": ids.astype(jnp.int32),
+             "lvopd/teacher_logprobs": lps}
+
+    def fused(h, head):
+        return lvopd.lvopd_loss_fused(h, head, targets, old, adv, w, mask, ids.astype(jnp.int32),
+                                      lps, coef=0.7, block_v=64)[0]
+
+    def two_pass(h, head):
+        lp = jnp.take_along_axis(jax.nn.log_softmax(h @ head, -1), targets[..., None], -1)[..., 0]
+        return lvopd.lvopd_loss_from_hidden(lp, old, adv, mask, h, head, batch, coef=0.7)[0]
+
+    v1, g1 = jax.value_and_grad(fused, argnums=(0, 1))(h, head)
+    v2, g2 = jax.value_and_grad(two_pass, argnums=(0, 1))(h, head)
+    np.testing.assert_allclose(float(v1), float(v2), rtol=1e-5)
+    for a, b in zip(g1, g2):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
