@@ -626,18 +626,22 @@ def _calibration_figure(dec: Sequence[Mapping], fits: Mapping, path: Path) -> No
 
 def _frontier_figure(summary: Mapping, path: Path) -> None:
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(5, 4))
-    fr = summary.get("frontier", [])
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    fr = sorted(summary.get("frontier", []), key=lambda f: f["cost"])
     if fr:
-        ax.plot([f["cost"] for f in fr], [f["success"] for f in fr], "o-", label="cascade sweep")
+        ax.plot([f["cost"] for f in fr], [f["success"] for f in fr], "o-", color="black",
+                label="CASCADE threshold sweep", zorder=3)
         for f in fr:
-            ax.annotate(f"{f['threshold']:g}", (f["cost"], f["success"]), fontsize=7)
-    for name, a in summary["arms"].items():
-        ax.scatter([a["cost"]], [a["success"]], marker="s", s=18)
-        ax.annotate(name, (a["cost"], a["success"]), fontsize=6)
+            ax.annotate(f"τ={f['threshold']:.2g}", (f["cost"], f["success"]), fontsize=7,
+                        xytext=(3, -10), textcoords="offset points")
+    markers = "sD^v<>pP*Xhd"
+    for i, (name, a) in enumerate(summary["arms"].items()):
+        ax.scatter([a["cost"]], [a["success"]], marker=markers[i % len(markers)], s=36,
+                   label=name, zorder=4)
     ax.set_xlabel("cost per task (USD)")
     ax.set_ylabel("task success")
-    ax.set_title("cost vs success")
+    ax.set_title("cost vs success (same test tasks)")
+    ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
