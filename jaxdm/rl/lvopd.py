@@ -62,7 +62,7 @@ __all__ = ["STUDENT_TOP_K", "TEACHER_TOP_K", "DEFAULT_DISTILL_COEF", "LVOPD_KEYS
            "lm_head_matrix", "lvopd_loss_from_hidden", "lvopd_loss_fused",
            "lvopd_objective", "unit_gate_weights", "lvopd_unit_arrays",
            "TeacherTopK", "LocalTeacher", "RemoteTeacher", "teacher_topk_signal",
-           "pack_trajectory", "unit_teacher_lists"]
+           "pack_trajectory", "unit_teacher_lists", "LVOPDBatcher"]
 
 STUDENT_TOP_K = 16
 TEACHER_TOP_K = 32
@@ -282,6 +282,34 @@ def lvopd_unit_arrays(units: Sequence[dict], weights: Sequence[float],
     return {"lvopd/weights": w, "lvopd/positions": pos, "lvopd/mask": mask,
             "lvopd/response": response,
             "lvopd/teacher_ids": ids, "lvopd/teacher_logprobs": lps}
+
+
+class LVOPDBatcher:
+    """The trainer-side glue for one iteration: the gate over the WHOLE batch once, then the
+    ``LVOPD_KEYS`` arrays of any mini-batch of unit indices.
+
+    ``episodes``: the ``EpisodeBatch``; ``adv``: its [B, T] step advantages (the configured
+    estimator's, LVRL by default); ``signal``: the iteration's ``teacher_topk`` signal;
+    ``gate``: a ``jaxdm.rl.distill.GATES`` name (``lvopd``, ``pure``, ``trajectory``; the
+    latter reads success = outcome > 0).
+    """
+
+    def __init__(self, episodes, adv: np.ndarray, signal: Signal, *, gate: str = "lvopd",
+                 normalize: str = "std"):
+        success = np.asarray(episodes.outcome) > 0
+        self.weights = unit_gate_weights(gate, adv, episodes.mask, episodes.unit_rows,
+                                         episodes.unit_cols, success=success,
+                                         normalize=normalize)
+        self.units = episodes.units
+        self.teacher = unit_teacher_lists(signal)
+        if len(self.teacher) != len(self.units):
+            raise ValueError(f"teacher_topk signal has {len(self.teacher)} units, the batch "
+                             f"{len(self.units)}")
+
+    def arrays(self, idx: Sequence[int], pad_to: int) -> dict[str, np.ndarray]:
+        idx = [int(j) for j in idx]
+        return lvopd_unit_arrays([self.units[j] for j in idx], self.weights[idx],
+                                 [self.teacher[j] for j in idx], pad_to)
 
 
 # ---- teachers ------------------------------------------------------------------------------

@@ -331,3 +331,24 @@ def test_fused_loss_head_equals_the_two_pass_form():
     np.testing.assert_allclose(float(v1), float(v2), rtol=1e-5)
     for a, b in zip(g1, g2):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
+def test_batcher_gates_the_whole_batch_and_builds_minibatches(tiny):
+    config, params, trajs = tiny
+    units = [u for t in trajs for u in t]
+    rows = np.repeat(np.arange(3), [len(t) for t in trajs])
+    cols = np.concatenate([np.arange(len(t)) for t in trajs])
+    mask = np.zeros((3, 3), bool)
+    mask[rows, cols] = True
+    adv = np.where(mask, np.array([[-1.0, 0.5, 0], [0.2, 0, 0], [-0.3, -2.0, 1.0]]), 0)
+    eb = types.SimpleNamespace(episodes=[None] * 3, units=units, unit_rows=rows,
+                               unit_cols=cols, mask=mask, outcome=np.array([0.0, 1.0, 0.0]))
+    sig = lvopd.teacher_topk_signal(eb, lvopd.LocalTeacher(params, config))
+    for gate, expect in (("lvopd", gate_weights("lvopd", adv, mask)[rows, cols]),
+                         ("pure", np.ones(6)), ("trajectory", np.array([1, 1, 0, 1, 1, 1]))):
+        b = lvopd.LVOPDBatcher(eb, adv, sig, gate=gate)
+        np.testing.assert_allclose(b.weights, expect, rtol=1e-6)
+        a = b.arrays([5, 0], pad_to=4)
+        np.testing.assert_allclose(a["lvopd/weights"], [expect[5], expect[0], 0, 0], rtol=1e-6)
+        assert a["lvopd/mask"][0, :3].all() and not a["lvopd/mask"][0, 3:].any()
+        assert a["lvopd/response"][1, :3].all() and not a["lvopd/response"][2:].any()
