@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxdm.rl import mc_validation as mc

@@ -45,7 +45,7 @@ import dataclasses
 import functools
 import math
 import time
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -461,9 +461,9 @@ class RemoteTeacher:
         lps = np.zeros((len(resp), self.k), np.float32)
         for j in range(len(resp)):
             entry = top[len(prompt) + j]
-            if not isinstance(entry, dict) or len(entry) < self.k:
-                raise ValueError(f"response token {j}: {len(entry) if isinstance(entry, dict) else 0}"
-                                 f" top log-probs, need {self.k}")
+            got = len(entry) if isinstance(entry, dict) else 0
+            if got < self.k:
+                raise ValueError(f"response token {j}: {got} top log-probs, need {self.k}")
             pairs = sorted(((float(v), k) for k, v in entry.items()), reverse=True)[:self.k]
             for c, (v, key) in enumerate(pairs):
                 if not (isinstance(key, str) and key.startswith("token_id:")):
