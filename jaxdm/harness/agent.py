@@ -225,7 +225,9 @@ class Harness:
     # ---- decision model --------------------------------------------------------------------
     def _ask_dm(self, questions: Sequence[MultipleChoice], step: int, ep: Episode
                 ) -> list[ChoiceResult | None]:
-        """One batched model call; failed answers are None (counted)."""
+        """One batched model call; failed answers are None (counted). When the batch call
+        raises, each question is asked alone once, so one question the model cannot take (say,
+        more options than its labels) does not fail its neighbours."""
         if not questions:
             return []
         t0 = time.perf_counter()
@@ -235,6 +237,16 @@ class Harness:
                 raise ValueError(f"decision model returned {len(results)} answers for "
                                  f"{len(questions)} questions")
         except Exception as e:  # noqa: BLE001 - any model/adapter failure: the LLM decides
+            if len(questions) > 1:
+                ep.calls.append(CallRecord("dm", getattr(self.dm, "name", "dm"), step,
+                                           usd=self.settings.dm_price_per_call,
+                                           seconds=self.settings.dm_latency_s
+                                           + time.perf_counter() - t0, ok=False,
+                                           error=f"{type(e).__name__}: {e}"))
+                out = [self._ask_dm([q], step, ep)[0] for q in questions]
+                self._last_dm_share = (self.settings.dm_price_per_call,
+                                       self.settings.dm_latency_s)
+                return out
             ep.dm_failures += len(questions)
             ep.calls.append(CallRecord("dm", getattr(self.dm, "name", "dm"), step,
                                        usd=self.settings.dm_price_per_call,
@@ -271,7 +283,7 @@ class Harness:
 
     # ---- one episode -----------------------------------------------------------------------
     def run_task(self, env: Any, seed: int, params: Any) -> Episode:
-        from jaxdm.envs.decision_gym import (param_questions, render_context, stop_question,
+        from jaxdm.envs.decision_gym import (format_action, render_context, stop_question,
                                              tool_question)
         from jaxdm.envs.decision_gym import tools as gym_tools
         from jaxdm.envs.decision_gym.world import SHIFT
@@ -472,7 +484,6 @@ class Harness:
                 for k, v in fill_args(tool_canon, ctx).items():
                     args.setdefault(k, v)
                 args = {k: v for k, v in args.items() if tool_canon.param(k) is not None}
-            from jaxdm.envs.decision_gym import format_action
             action = format_action(tool_name, args)
             obs, state, reward, done, info = env.step(seed, state, action, params)
             last_info, last_tool, last_obs = info, (tool_canon.name if tool_canon else None), obs

@@ -94,3 +94,29 @@ def test_bm25_shortlist_and_random_trigger():
     h = Harness(SimulatedLLM(STRONG, 0), BM25Shortlist(), [Delegation("tool", "assist")])
     ep = h.run_task(GYM, 0, PARAMS)
     assert {r.who for r in ep.decisions if r.point == "tool"} <= {"llm"}
+
+
+class NoToolQuestions:
+    """A model that cannot take the 69-option tool question (like constrained readout with
+    26 labels): a batch containing it raises; alone, the other questions are answered."""
+
+    name = "no-tool"
+
+    def __init__(self):
+        self.inner = NoisyOracle(seed=0)
+
+    def choose(self, questions):
+        if any(len(q.options) > 26 for q in questions):
+            raise ValueError("69 options but only 26 single-letter labels")
+        return self.inner.choose(questions)
+
+
+def test_one_question_the_model_cannot_take_does_not_fail_its_batch():
+    h = Harness(SimulatedLLM(STRONG, 0), NoToolQuestions(), shadow=True)
+    ep = h.run_task(GYM, 1, PARAMS)
+    tool = [r for r in ep.decisions if r.point == "tool"]
+    stop = [r for r in ep.decisions if r.point == "stop"]
+    assert all(r.confidence is None for r in tool)          # failed, counted, LLM decided
+    assert all(r.confidence is not None for r in stop)      # answered alone
+    assert ep.dm_failures == len(tool)
+    assert any(not c.ok and "26 single-letter" in c.error for c in ep.calls if c.kind == "dm")
