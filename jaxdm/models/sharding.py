@@ -190,18 +190,69 @@ def initialize_distributed(coordinator_address: str | None = None,
                            local_device_ids: Sequence[int] | None = None) -> bool:
     """Calls `jax.distributed.initialize` for multi-host runs; returns whether it did.
 
-    With no arguments it initialises only when the environment describes a multi-process job
-    (JAX_COORDINATOR_ADDRESS, SLURM, or a TPU pod's metadata that JAX auto-detects through
-    JAXDM_DISTRIBUTED=1); single-process runs are left alone. Calling it twice is harmless.
+    Arguments left as None come from the environment: JAX_COORDINATOR_ADDRESS
+    ("host:port" of process 0), JAX_NUM_PROCESSES and JAX_PROCESS_ID; SLURM and TPU pods
+    are detected by JAX itself (a TPU VM pod needs JAXDM_DISTRIBUTED=1, since nothing else
+    in its environment says it is one). With none of these it does nothing (a single-process
+    run). On CPU it selects the gloo collectives, which cross-process CPU programs need.
+    Calling it twice is harmless.
     """
     if jax.distributed.is_initialized():
         return True
-    explicit = coordinator_address is not None or num_processes is not None
-    env = (os.environ.get("JAX_COORDINATOR_ADDRESS") or os.environ.get("SLURM_NTASKS")
-           or os.environ.get("JAXDM_DISTRIBUTED") == "1")
-    if not explicit and not env:
+    env = os.environ
+    coordinator_address = coordinator_address or env.get("JAX_COORDINATOR_ADDRESS") or None
+    if num_processes is None and env.get("JAX_NUM_PROCESSES"):
+        num_processes = _env_int("JAX_NUM_PROCESSES")
+    if process_id is None and env.get("JAX_PROCESS_ID"):
+        process_id = _env_int("JAX_PROCESS_ID")
+    if not (coordinator_address or num_processes is not None or env.get("SLURM_NTASKS")
+            or env.get("JAXDM_DISTRIBUTED") == "1"):
         return False
+    if num_processes is not None and not 0 <= (process_id or 0) < num_processes:
+        raise ValueError(f"initialize_distributed: process_id={process_id} outside "
+                         f"[0, num_processes={num_processes})")
+    if (env.get("JAX_PLATFORMS") or "").split(",")[0] == "cpu":
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=coordinator_address,
                                num_processes=num_processes, process_id=process_id,
                                local_device_ids=local_device_ids)
     return True
+
+
+def _env_int(name: str) -> int:
+    value = os.environ[name]
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an int") from None
+
+
+def process_rows(global_size: int, what: str = "rows") -> range:
+    """This process's share of ``global_size`` rows (tasks, groups, batch rows): process p of
+    P gets rows [p * n, (p + 1) * n) with n = global_size / P, so processes sample disjoint
+    tasks and a GRPO group, if ``global_size`` counts groups, stays on one process."""
+    count, index = jax.process_count(), jax.process_index()
+    if not isinstance(global_size, int) or global_size < 0 or global_size % count:
+        raise ValueError(f"{what}: {global_size!r} must be a non-negative int divisible by "
+                         f"the {count} processes")
+    per = global_size // count
+    return range(index * per, (index + 1) * per)
+
+
+def global_batch(local: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Any:
+    """Host-local [B_local, ...] arrays (a pytree; this process's ``process_rows`` of the
+    batch) -> global [B_local * P, ...] arrays with the batch axis over ``data``
+    (``jax.make_array_from_process_local_data``). With one process it places the arrays."""
+
+    def one(x):
+        x = np.asarray(x)
+        global_shape = (x.shape[0] * jax.process_count(),) + x.shape[1:]
+        return jax.make_array_from_process_local_data(
+            batch_sharding(mesh, x.ndim, rules), x, global_shape)
+
+    return jax.tree.map(one, local)
+
+
+def is_main_process() -> bool:
+    """Process 0 writes metrics, logs and progress; every process saves its checkpoint shards."""
+    return jax.process_index() == 0

@@ -80,3 +80,24 @@ def test_optimizer_state_follows_the_parameter_rules():
     assert replicated(mesh).spec == P()
     with pytest.raises(ValueError, match="ndim must be a positive int"):
         batch_sharding(mesh, 0)
+
+
+@needs_8
+def test_single_process_multihost_helpers(monkeypatch):
+    from jaxdm.models.sharding import (global_batch, initialize_distributed, is_main_process,
+                                       process_rows)
+
+    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
+                 "SLURM_NTASKS", "JAXDM_DISTRIBUTED"):
+        monkeypatch.delenv(name, raising=False)
+    assert initialize_distributed() is False  # nothing says this is a multi-process job
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "two")
+    with pytest.raises(ValueError, match="JAX_NUM_PROCESSES='two' is not an int"):
+        initialize_distributed()
+    assert process_rows(6) == range(0, 6) and is_main_process()
+    with pytest.raises(ValueError, match="groups: 2.5 must be a non-negative int"):
+        process_rows(2.5, "groups")
+    mesh = make_mesh(data=4, model=2)
+    batch = global_batch({"tokens": np.arange(24).reshape(8, 3)}, mesh)
+    assert batch["tokens"].sharding.spec == P("data", None)
+    np.testing.assert_array_equal(np.asarray(batch["tokens"]), np.arange(24).reshape(8, 3))
