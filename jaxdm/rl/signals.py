@@ -37,8 +37,8 @@ import numpy as np
 __all__ = ["Signal", "SignalSpec", "SIGNALS", "register_signal", "signal_spec",
            "teacher_backend_spec"]
 
-# Signals registered by modules that are imported on first use.
-_PROVIDERS = {"values": "jaxdm.rl.values"}
+# Signals registered by modules imported on first use: name -> (module, its config key).
+_PROVIDERS = {"values": ("jaxdm.rl.values", "value")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,11 +72,15 @@ def signal_spec(name: str) -> SignalSpec:
     if name not in SIGNALS and name in _PROVIDERS:
         import importlib
 
+        module, key = _PROVIDERS[name]
         try:
-            importlib.import_module(_PROVIDERS[name])
+            importlib.import_module(module)
         except ModuleNotFoundError as e:
-            raise ValueError(f"signal {name!r} comes from {_PROVIDERS[name]}, which is not "
+            raise ValueError(f"{key}: the {name!r} signal comes from {module}, which is not "
                              f"available ({e})") from None
+        if name not in SIGNALS:
+            raise ValueError(f"{key}: no producer of the {name!r} signal is registered "
+                             f"({module} does not register one yet)")
     if name not in SIGNALS:
         raise ValueError(f"signal {name!r} is not registered; registered: {sorted(SIGNALS)}")
     return SIGNALS[name]
