@@ -11,6 +11,10 @@ whether its predicted change has the same sign, by trajectory third.
   eps, else the expert's next command); states rebuilt by re-executing the recorded
   commands (diverging replays dropped and counted), continuations on the host.
 
+Events exclude each trajectory's final transition (into the terminal state, whose value is
+the known outcome for the MC estimate and for the anchored Oracle alike; the seed's events
+contain none); the summary also gives the counts with them.
+
 Value models: the env Oracle (BabyAI: q ** plan length, the LVRL BabyAI form; ALFWorld:
 1 − plan length / steps left) and noisy Oracles (Gaussian noise, clipped to [0, 1]). The
 SmolLM2 value model is not run here (see experiments/README.md).
@@ -111,8 +115,16 @@ def _score(env_name, v_mc, oracle, lengths, keep, args, info) -> dict:
     for noise in NOISES:
         name = "oracle" if noise == 0 else f"oracle+noise{noise:g}"
         pred = _noisy(oracle, noise, args.seed + int(noise * 1000))
-        ev = mc.label_events(np.nan_to_num(v_mc), np.nan_to_num(pred), lengths, keep, n=args.n)
+        ev = mc.label_events(np.nan_to_num(v_mc), np.nan_to_num(pred), lengths, keep, n=args.n,
+                             exclude_final=True)
         summaries[name], events[name] = mc.summarize_events(ev), ev
+        with_final = mc.summarize_events(mc.label_events(
+            np.nan_to_num(v_mc), np.nan_to_num(pred), lengths, keep, n=args.n))
+        summaries[name]["events_incl_final_transitions"] = with_final["events"]
+        summaries[name]["agree_incl_final_transitions"] = with_final["agree_all"]
+        np.savez_compressed(Path(args.out) / f"values_{env_name}.npz", v_mc=v_mc,
+                            oracle=oracle, lengths=lengths,
+                            keep=keep if keep is not None else np.ones(0, bool))
     fig = Path(args.out) / f"mc_{env_name}.png"
     mc.plot_events(summaries, events, fig)
     return {"env": env_name, **info, "models": summaries, "figure": fig.name}

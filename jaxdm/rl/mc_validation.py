@@ -88,7 +88,7 @@ class Events:
 
 
 def label_events(v_mc, v_pred, lengths, keep=None, *, n: int = N_CONTINUATIONS,
-                 k_sigma: float = K_SIGMA) -> Events:
+                 k_sigma: float = K_SIGMA, exclude_final: bool = False) -> Events:
     """Label the transitions of B trajectories.
 
     Args:
@@ -96,6 +96,9 @@ def label_events(v_mc, v_pred, lengths, keep=None, *, n: int = N_CONTINUATIONS,
       v_pred: [B, T + 1] the value model's values of the same states.
       lengths: [B] int, number of transitions T_i of each trajectory.
       keep: optional [B, T] bool, transitions to label (False: dropped, e.g. diverged replay).
+      exclude_final: leave out each trajectory's last transition (into the terminal state,
+        whose value is the known outcome for both the MC estimate and an anchored model; the
+        seed's selected events contain no final transition).
     """
     v_mc, v_pred = np.asarray(v_mc, np.float64), np.asarray(v_pred, np.float64)
     lengths = np.asarray(lengths, np.int64)
@@ -107,7 +110,8 @@ def label_events(v_mc, v_pred, lengths, keep=None, *, n: int = N_CONTINUATIONS,
     keep = np.ones((b, t1 - 1), bool) if keep is None else np.asarray(keep, bool)
     if keep.shape != (b, t1 - 1):
         raise ValueError(f"keep must be [B, T] = {(b, t1 - 1)}, got {keep.shape}")
-    rows, cols = np.nonzero((np.arange(t1 - 1)[None] < lengths[:, None]) & keep)
+    last = lengths[:, None] - (1 if exclude_final else 0)
+    rows, cols = np.nonzero((np.arange(t1 - 1)[None] < last) & keep)
     for name, v in (("v_mc", v_mc), ("v_pred", v_pred)):
         bad = ~np.isfinite(v[rows, cols]) | ~np.isfinite(v[rows, cols + 1])
         if bad.any():

@@ -55,6 +55,10 @@ def test_event_labelling_on_synthetic_values():
     keep = np.ones((2, 6), bool)
     keep[0, 1] = False
     assert mc.summarize_events(mc.label_events(v_mc, v_pred, [6, 3], keep))["pitfalls"] == 2
+    # final transitions (into the terminal state) can be left out: (0,5) and (1,2) go
+    no_final = mc.label_events(v_mc, v_pred, [6, 3], exclude_final=True)
+    assert mc.summarize_events(no_final)["transitions"] == 7
+    assert mc.summarize_events(no_final)["recoveries"] == 2
     bad = v_mc.copy()
     bad[1, 2] = np.nan
     with pytest.raises(ValueError, match="v_mc is not finite at trajectory 1, step 1"):
