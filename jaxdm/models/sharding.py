@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 Rules = Sequence[tuple[str, str | tuple[str, ...] | None]]
 
@@ -61,6 +61,27 @@ DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
     ("seq", None),
     ("cache", None),
 )
+
+
+# Named (data, model) mesh shapes; -1 = every device the other axis leaves. Memory per device
+# for a model and device count: ``train_memory_per_device`` (or ``python
+# experiments/mesh_memory.py --model qwen2.5-7b --mesh fsdp-tp2 --devices 8``).
+MESH_PRESETS: dict[str, tuple[int, int]] = {
+    "fsdp": (-1, 1),      # Qwen2.5-1.5B anywhere; Qwen2.5-7B on 8+ GPUs of 80 GB
+    "fsdp-tp2": (-1, 2),  # Qwen2.5-7B with long sequences (activations split over heads)
+    "fsdp-tp4": (-1, 4),  # Qwen2.5-7B on 16 GB chips (TPU v5e)
+}
+
+
+def mesh_shape(preset: str, num_devices: int) -> tuple[int, int]:
+    """(data, model) of a ``MESH_PRESETS`` entry on ``num_devices`` devices."""
+    if preset not in MESH_PRESETS:
+        raise ValueError(f"unknown mesh preset {preset!r}; known: {sorted(MESH_PRESETS)}")
+    data, model = MESH_PRESETS[preset]
+    if num_devices < 1 or num_devices % model:
+        raise ValueError(f"mesh preset {preset!r}: model={model} must divide the "
+                         f"{num_devices} devices")
+    return (num_devices // model if data == -1 else data), model
 
 
 def make_mesh(data: int = -1, model: int = 1, devices: Sequence[Any] | None = None) -> Mesh:
@@ -153,6 +174,41 @@ def shard_params(params: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES, *,
     shardings = param_shardings(params, mesh, rules, strict=strict)
     return jax.tree.map(lambda x, s: jax.device_put(x, s) if hasattr(x, "shape") else x,
                         params, shardings)
+
+
+def per_device_bytes(tree: Any, mesh: Any, rules: Rules = DEFAULT_RULES, *,
+                     strict: bool = False) -> int:
+    """Bytes each device holds of ``tree`` (arrays or ``jax.ShapeDtypeStruct``s) placed by the
+    rules; ``mesh`` may be a ``jax.sharding.AbstractMesh`` (no devices needed)."""
+    total = 0
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        if not hasattr(leaf, "shape"):
+            continue
+        spec = param_spec(path, leaf.shape, mesh, rules, strict=strict)
+        shard = list(leaf.shape)
+        for i, entry in enumerate(spec):
+            for axis in (entry,) if isinstance(entry, str) else (entry or ()):
+                shard[i] //= mesh.shape[axis]
+        total += int(np.prod(shard)) * np.dtype(leaf.dtype).itemsize
+    return total
+
+
+def train_memory_per_device(config: Any, data: int, model: int, *, optimizer: Any = None,
+                            rules: Rules = DEFAULT_RULES) -> dict[str, int]:
+    """Bytes per device of the parameters, their gradients and the optimizer state
+    (default: optax AdamW) of ``config`` on a (data, model) mesh; activations excluded."""
+    import optax
+
+    from jaxdm.models.decoder import init_params
+
+    mesh = AbstractMesh((data, model), ("data", "model"))
+    params = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+    opt_state = jax.eval_shape((optimizer or optax.adamw(1e-5)).init, params)
+    out = {"params": per_device_bytes(params, mesh, rules, strict=True),
+           "optimizer": per_device_bytes(opt_state, mesh, rules)}
+    out["grads"] = out["params"]
+    out["total"] = out["params"] + out["grads"] + out["optimizer"]
+    return out
 
 
 def activation_sharding(mesh: Mesh, logical: Sequence[str | None], shape: Sequence[int],
@@ -256,3 +312,4 @@ def global_batch(local: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Any:
 def is_main_process() -> bool:
     """Process 0 writes metrics, logs and progress; every process saves its checkpoint shards."""
     return jax.process_index() == 0
+

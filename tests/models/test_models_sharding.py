@@ -101,3 +101,23 @@ def test_single_process_multihost_helpers(monkeypatch):
     batch = global_batch({"tokens": np.arange(24).reshape(8, 3)}, mesh)
     assert batch["tokens"].sharding.spec == P("data", None)
     np.testing.assert_array_equal(np.asarray(batch["tokens"]), np.arange(24).reshape(8, 3))
+
+
+def test_training_memory_per_device():
+    from jaxdm.models.presets import QWEN2_5_1_5B
+    from jaxdm.models.sharding import mesh_shape, train_memory_per_device
+
+    assert mesh_shape("fsdp-tp2", 8) == (4, 2) and mesh_shape("fsdp", 6) == (6, 1)
+    with pytest.raises(ValueError, match="model=4 must divide the 6 devices"):
+        mesh_shape("fsdp-tp4", 6)
+    with pytest.raises(ValueError, match="unknown mesh preset 'tp8'"):
+        mesh_shape("tp8", 8)
+    cfg = QWEN2_5_1_5B.replace(dtype="bfloat16")
+    one = train_memory_per_device(cfg, 1, 1)
+    n_params = 1_543_714_304  # Qwen2.5-1.5B with tied embeddings
+    assert one["params"] == 2 * n_params and one["grads"] == one["params"]
+    assert one["optimizer"] == 2 * one["params"] + 4  # AdamW mu and nu in bf16, an int32 count
+    eight = train_memory_per_device(cfg, 8, 1)
+    # Every matrix splits 8 ways over data; norms and biases (under 1 MB) are replicated.
+    assert one["params"] / 8 <= eight["params"] < one["params"] / 8 + 2 ** 20
+    assert train_memory_per_device(cfg, 4, 2)["params"] <= eight["params"]
