@@ -250,7 +250,7 @@ def initialize_distributed(coordinator_address: str | None = None,
     ("host:port" of process 0), JAX_NUM_PROCESSES and JAX_PROCESS_ID; SLURM and TPU pods
     are detected by JAX itself (a TPU VM pod needs JAXDM_DISTRIBUTED=1, since nothing else
     in its environment says it is one). With none of these it does nothing (a single-process
-    run). On CPU it selects the gloo collectives, which cross-process CPU programs need.
+    run). Cross-process programs on CPU use JAX's gloo collectives (its default).
     Calling it twice is harmless.
     """
     if jax.distributed.is_initialized():
@@ -267,8 +267,6 @@ def initialize_distributed(coordinator_address: str | None = None,
     if num_processes is not None and not 0 <= (process_id or 0) < num_processes:
         raise ValueError(f"initialize_distributed: process_id={process_id} outside "
                          f"[0, num_processes={num_processes})")
-    if (env.get("JAX_PLATFORMS") or "").split(",")[0] == "cpu":
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=coordinator_address,
                                num_processes=num_processes, process_id=process_id,
                                local_device_ids=local_device_ids)
