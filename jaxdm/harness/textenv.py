@@ -1,17 +1,25 @@
-"""The agent loop for text envs without tools (ALFWorld's native engine): one decision point,
-``next_action``, the Actor question over the admissible commands (``jaxdm.roles.actor``).
+"""The agent loop for text envs without tools (ALFWorld, WebShop): one decision point,
+``next_action``, the Actor question over the admissible actions (``jaxdm.roles.actor``).
 
 The agent LLM picks every action unless the ``next_action`` delegation hands it to the
-decision model (any of the five modes, ``jaxdm.harness.modes``). The answer key of a state is
-the expert's next command (``plan_from``: the plan from the current state), so the
-SimulatedLLM and the key-reading NoisyOracle work here too; the SimulatedLLM's wrong actions
-are uniform over the other admissible commands (ALFWorld has no error taxonomy in the gym's
+decision model (any of the five modes, ``jaxdm.harness.modes``). An env adapter (registry
+``ADAPTERS``) gives the goal, the options and the answer key of a state:
+
+- ``alfworld`` (native engine): the admissible commands; key = the expert's next command
+  re-planned from the current state (``plan_from``), so every state is keyed;
+- ``webshop``: the admissible actions; key = the next action of the expert's plan
+  (``expert_actions``) while the agent has followed it, none after a deviation (WebShop has no
+  re-planner). The search template ``search[<your query>]`` is filled with the goal's text
+  (a value copied from the context, not free text).
+
+The SimulatedLLM and the key-reading NoisyOracle work here too; the SimulatedLLM's wrong
+actions are uniform over the other options (these envs have no error taxonomy in the gym's
 sense; stated). Records, calls and failure handling are those of ``jaxdm.harness.agent``.
 """
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from jaxdm.harness.agent import AgentSettings, CallRecord, DecisionRecord, Episode, Harness
 from jaxdm.harness.llm import AgentLLM, HeldQuestion, LLMRequest
@@ -19,12 +27,102 @@ from jaxdm.harness.modes import Delegation, Plan, plan_after, plan_before
 from jaxdm.roles.actor import actor_request
 
 
+class EnvAdapter(Protocol):
+    name: str
+
+    def start(self, env: Any, state: Any, params: Any) -> dict: ...
+
+    def goal(self, env: Any, state: Any, data: dict) -> str: ...
+
+    def options(self, env: Any, state: Any, params: Any) -> list[str]: ...
+
+    def key(self, env: Any, state: Any, data: dict, options: Sequence[str]) -> str | None: ...
+
+    def action(self, option: str, env: Any, state: Any, data: dict) -> str: ...
+
+    def update(self, data: dict, option: str) -> None: ...
+
+
+class AlfWorldAdapter:
+    name = "alfworld"
+
+    def start(self, env, state, params):
+        return {}
+
+    def goal(self, env, state, data):
+        return state.game.goal_text
+
+    def options(self, env, state, params):
+        from jaxdm.envs.alfworld import command_table
+        return sorted(command_table(state.game, state))
+
+    def key(self, env, state, data, options):
+        from jaxdm.envs.alfworld import plan_from
+        plan = plan_from(state.game, state)
+        return plan[0] if plan and plan[0] in options else None
+
+    def action(self, option, env, state, data):
+        return option
+
+    def update(self, data, option):
+        pass
+
+
+class WebShopAdapter:
+    name = "webshop"
+
+    def start(self, env, state, params):
+        from jaxdm.envs.webshop.agents import expert_actions, goal_query
+        goal = env.goal(state)["instruction_text"]
+        try:
+            plan = expert_actions(env, state, params)
+        except ValueError:  # the target is not reachable by search: no key
+            plan = []
+        return {"goal": goal, "query": goal_query(goal), "plan": plan, "pos": 0,
+                "on_plan": bool(plan), "params": params}
+
+    def goal(self, env, state, data):
+        return data["goal"]
+
+    def options(self, env, state, params):
+        return list(env.admissible_actions(state, params))
+
+    def _as_option(self, action: str) -> str:
+        from jaxdm.envs.webshop.env import SEARCH_PLACEHOLDER
+        return SEARCH_PLACEHOLDER if action.startswith("search[") else action
+
+    def key(self, env, state, data, options):
+        if not data["on_plan"] or data["pos"] >= len(data["plan"]):
+            return None
+        want = self._as_option(data["plan"][data["pos"]])
+        return want if want in options else None
+
+    def action(self, option, env, state, data):
+        from jaxdm.envs.webshop.env import SEARCH_PLACEHOLDER
+        return f"search[{data['query']}]" if option == SEARCH_PLACEHOLDER else option
+
+    def update(self, data, option):
+        if data["on_plan"] and data["pos"] < len(data["plan"]) and \
+                option == self._as_option(data["plan"][data["pos"]]):
+            data["pos"] += 1
+        else:
+            data["on_plan"] = False
+
+
+ADAPTERS: Mapping[str, EnvAdapter] = {"alfworld": AlfWorldAdapter(),
+                                      "webshop": WebShopAdapter()}
+
+
 class TextEnvHarness(Harness):
-    """Runs ALFWorld (native engine) episodes; only ``next_action`` can be delegated."""
+    """Runs ALFWorld / WebShop episodes (``adapter``: a key of ``ADAPTERS``); only
+    ``next_action`` can be delegated."""
 
     def __init__(self, llm: AgentLLM, dm: Any = None, delegations: Sequence[Delegation] = (),
                  settings: AgentSettings = AgentSettings(), shadow: bool = False,
-                 on_decision=None):
+                 on_decision=None, adapter: str = "alfworld"):
+        if adapter not in ADAPTERS:
+            raise ValueError(f"unknown text-env adapter {adapter!r}; known: {sorted(ADAPTERS)}")
+        self.adapter = ADAPTERS[adapter]
         bad = [d.point for d in delegations if d.point != "next_action"]
         if bad:
             raise ValueError(f"text envs without tools have one decision point, 'next_action'; "
@@ -35,23 +133,24 @@ class TextEnvHarness(Harness):
             raise ValueError("delegations need a decision model (dm)")
 
     def run_task(self, env: Any, seed: int, params: Any) -> Episode:
-        from jaxdm.envs.alfworld import command_table, plan_from
+        ad = self.adapter
         t_start, model_time = time.perf_counter(), 0.0
         obs, state = env.reset(seed, params)
-        game = state.game
-        goal = game.goal_text
-        ep = Episode(f"alfworld-{seed}", int(seed), False, 0, [], [])
+        data = ad.start(env, state, params)
+        goal = ad.goal(env, state, data)
+        budget = getattr(params, "max_steps", None) or getattr(params, "budget")
+        ep = Episode(f"{ad.name}-{seed}", int(seed), False, 0, [], [])
         self._last_dm_share = (0.0, 0.0)
         history: list[tuple[str, str]] = []
         done, won, t = False, False, 0
         while not done:
-            options = sorted(command_table(game, state))
-            plan = plan_from(game, state)
-            key = [options.index(plan[0])] if plan and plan[0] in options else None
-            remaining = params.max_steps - t
+            options = ad.options(env, state, params)
+            want = ad.key(env, state, data, options)
+            key = [options.index(want)] if want is not None else None
+            remaining = max(0, budget - t)
             q = actor_request(goal, history, obs, options, remaining,
                               meta={"point": "next_action", "answer": tuple(key or ()),
-                                    "oracle_answer": plan[0] if key else None})
+                                    "oracle_answer": want})
             d = self.deleg.get("next_action")
             r = None
             if d is not None or self.shadow:
@@ -74,9 +173,9 @@ class TextEnvHarness(Harness):
                     hidden=hidden), "main", t, ep)
                 model_time += time.perf_counter() - t0
                 a = reply.answers[0] if reply is not None else None
-                if a is None:  # the LLM failed: the model's answer if any, else "look"
+                if a is None:  # the LLM failed: the model's answer if any, else option 0
                     a = (max(range(len(r.probs)), key=lambda j: r.probs[j]) if r is not None
-                         else options.index("look") if "look" in options else 0)
+                         else 0)
                     self._decide(rec, "dm_fallback", a)
                 else:
                     self._decide(rec, rec.who if rec.who == "llm_fallback" else "llm", a,
@@ -90,14 +189,15 @@ class TextEnvHarness(Harness):
                             hidden={"reflected": after.reflect}), "main", t, ep)
                         if reply is not None and reply.answers[0] is not None:
                             self._decide(rec, "llm_after_" + d.mode, reply.answers[0])
-            action = options[rec.choice]
+            ad.update(data, options[rec.choice])
+            action = ad.action(options[rec.choice], env, state, data)
             history.append((obs, action))
             obs, state, reward, done, info = env.step(seed, state, action, params)
             won = bool(info.get("won", False))
             t += 1
             ep.decisions.append(rec)
         ep.success, ep.steps = won, t
-        ep.end = "won" if won else "budget"
+        ep.end = "won" if won else "done" if done and t < budget else "budget"
         for rec in ep.decisions:
             rec.outcome = ep.success
             if self.on_decision is not None:
@@ -106,4 +206,4 @@ class TextEnvHarness(Harness):
         return ep
 
 
-__all__ = ["TextEnvHarness"]
+__all__ = ["TextEnvHarness", "ADAPTERS", "AlfWorldAdapter", "WebShopAdapter", "EnvAdapter"]

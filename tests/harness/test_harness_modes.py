@@ -44,16 +44,38 @@ def test_gym_delegation_runs_an_episode(d):
         assert "dm" not in who
 
 
+@pytest.fixture(scope="module")
+def text_envs():
+    from jaxdm.envs.webshop import make_webshop_env
+    return {"alfworld": AlfWorldEnv(AlfWorldParams(max_steps=20)),
+            "webshop": make_webshop_env(generate={"seed": 0, "num_products": 60})}
+
+
+@pytest.mark.parametrize("adapter", ["alfworld", "webshop"])
 @pytest.mark.parametrize("mode", MODES)
-def test_alfworld_next_action_runs_an_episode(mode):
-    env = AlfWorldEnv(AlfWorldParams(max_steps=20))
+def test_text_env_next_action_runs_an_episode(mode, adapter, text_envs):
+    env = text_envs[adapter]
     d = Delegation("next_action", mode, 0.7 if mode in ("cascade", "guard", "trigger") else None)
-    h = TextEnvHarness(SimulatedLLM(STRONG, 0), NoisyOracle(default_accuracy=0.8, seed=1), [d])
+    h = TextEnvHarness(SimulatedLLM(STRONG, 0), NoisyOracle(default_accuracy=0.8, seed=1), [d],
+                       adapter=adapter)
     ep = h.run_task(env, 2, env.default_params)
     assert ep.steps >= 1 and len(ep.decisions) == ep.steps
     assert all(r.point == "next_action" and r.mode == d.name for r in ep.decisions)
-    if mode == "replace":
-        assert ep.llm_calls == 0 and {r.who for r in ep.decisions} == {"dm"}
+    if mode == "replace":  # the model decides; where it fails (no key) the LLM does
+        assert {r.who for r in ep.decisions} <= {"dm", "llm_fallback"}
+        assert ep.llm_calls == sum(r.who == "llm_fallback" for r in ep.decisions)
+    keyed = [r for r in ep.decisions if r.answer is not None]
+    assert keyed and all(r.confidence is not None for r in keyed)
+
+
+def test_text_env_llm_alone_follows_the_key(text_envs):
+    for adapter, env in text_envs.items():
+        h = TextEnvHarness(SimulatedLLM(STRONG, 0), adapter=adapter)
+        eps = [h.run_task(env, i, env.default_params) for i in range(3)]
+        assert sum(e.success for e in eps) >= 2, adapter
+        assert all(e.llm_calls == e.steps for e in eps)
+    with pytest.raises(ValueError, match="adapter"):
+        TextEnvHarness(SimulatedLLM(), adapter="babyai")
 
 
 def test_cascade_adopts_exactly_at_and_above_threshold():
