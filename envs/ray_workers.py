@@ -64,10 +64,16 @@ class EnvActor:
     def run(self, kind: str, job: tuple) -> tuple:
         return run_job(self._env, self._params, self._held, kind, job)
 
+    def watch(self) -> None:
+        """Never returns: its pending result fails when the actor dies, which tells the parent
+        that an idle actor is gone without calling it (see ``ActorLiveness.is_alive``)."""
+        threading.Event().wait()
+
 
 # Actors are never restarted by Ray: VectorEnv replaces a dead worker itself (and fails the
-# one episode that was stepping), exactly as with processes.
-RemoteEnvActor = ray.remote(max_restarts=0, max_task_retries=0)(EnvActor)
+# one episode that was stepping), exactly as with processes. Two threads: one blocks in
+# ``watch`` for the actor's lifetime, the other runs the jobs (one at a time).
+RemoteEnvActor = ray.remote(max_restarts=0, max_task_retries=0, max_concurrency=2)(EnvActor)
 
 
 class ActorLiveness:
@@ -79,8 +85,13 @@ class ActorLiveness:
         self._alive = True
         self._lock = threading.Lock()  # the pump and the parent may both end it
         self.thread: threading.Thread | None = None
+        self.watch = None  # the actor's pending ``watch`` call, once it is running
 
     def is_alive(self) -> bool:
+        """False once the pump saw the actor die, or Ray failed its ``watch`` call (an actor
+        killed while idle: ``VectorEnv`` then replaces it before sending it jobs)."""
+        if self._alive and self.watch is not None and ray.wait([self.watch], timeout=0)[0]:
+            self.mark_dead("Ray actor died while idle")
         return self._alive
 
     def join(self, timeout: float | None = None) -> None:
@@ -160,6 +171,7 @@ class RayWorker:
             raise RuntimeError(f"env worker (Ray actor) failed to build the environment:\n"
                                f"{payload}")
         self.pid, self.node = payload
+        self.proc.watch = self.actor.watch.remote()
         thread = threading.Thread(target=self._pump, daemon=True,
                                   name=f"jaxdm-ray-pump[{slots.start}:{slots.stop}]")
         self.proc.thread = thread

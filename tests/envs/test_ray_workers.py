@@ -176,6 +176,18 @@ def test_actor_killed_from_outside_and_hung_actor(venv):
     assert _gone_soon([hung])
 
 
+def test_actor_killed_while_idle_loses_no_episode(venv):
+    venv.reset(seed=50)
+    restarts, victim = venv.num_worker_restarts, venv.worker_pids[1]
+    os.kill(victim, signal.SIGKILL)
+    assert _gone_soon([victim])
+    time.sleep(2.0)  # Ray tells the driver (fails the actor's pending watch call)
+    out = venv.step(["inc"] * 6)  # the dead actor is replaced before it gets jobs
+    assert all(info["error"] is None for info in out.infos)
+    assert out.observations == ["task 50 count 1"] * 3 + ["task 51 count 1"] * 3
+    assert venv.num_worker_restarts == restarts + 1 and venv.worker_pids[1] != victim
+
+
 def test_close_leaves_no_actors(venv):
     # Runs last among the tests of the shared pool (file order), and closes it.
     pids = venv.worker_pids
