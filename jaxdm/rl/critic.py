@@ -19,7 +19,6 @@ budget also ends: the budget is part of the task and shown in the state).
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, NamedTuple, Sequence
 
@@ -95,10 +94,3 @@ def critic_batch(units: Sequence[dict[str, Any]], pad_to: int, pad_id: int) -> C
         tokens[i, :len(x)] = x
         valid[i, :len(x)] = True
     return CriticBatch(tokens, valid)
-
-
-@dataclasses.dataclass(frozen=True)
-class CriticSpec:
-    """What the jitted critic computation depends on (part of the train-step cache key)."""
-
-    config: ModelConfig

@@ -20,7 +20,8 @@ import jax
 import numpy as np
 
 FIXTURE = Path(__file__).with_name("reproduce_fixture.json")
-PRESETS = Path(__file__).resolve().parents[2] / "experiments" / "configs"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PRESETS = REPO_ROOT / "experiments" / "configs"
 
 # name -> (preset, overrides). The toy_ordering cases share every shape and loss setting, so
 # they compile once; cpu_smoke (KL on, other shapes) compiles its own step.
@@ -54,7 +55,7 @@ def params_checksum(params) -> list[list[float]]:
     return out
 
 
-def run_case(name: str, out_dir: str | Path) -> dict:
+def run_case(name: str, out_dir: str | Path, *, resume: bool = False) -> dict:
     from jaxdm import config as cfgmod
     from jaxdm.rl.trainer import TrainConfig, Trainer
 
@@ -63,7 +64,7 @@ def run_case(name: str, out_dir: str | Path) -> dict:
                              [*overrides, "progress=false", f"out_dir={out_dir}"])
     tr = Trainer(cfg, log=False)
     try:
-        recs = tr.run()
+        recs = tr.run(resume=resume)
         params = tr.params
     finally:
         tr.close()

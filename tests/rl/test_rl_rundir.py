@@ -168,3 +168,38 @@ def test_checkpoint_with_nan_tensors_fails_or_warns(tmp_path):
         assert t3.restore()
     assert t3.iteration == 1
     t3.close()
+
+
+@pytest.mark.slow
+def test_real_sigint_then_resume_matches_pinned_run(tmp_path, delay=0.2):
+    """A real Ctrl-C (SIGINT to the training process) at a point inside iteration 2, then
+    --resume: the final params equal the pinned uninterrupted cpu_smoke run."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.rl.reproduce_cases import FIXTURE, REPO_ROOT, run_case
+    out = tmp_path / "run"
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    code = ("from tests.rl.reproduce_cases import run_case; "
+            f"run_case('cpu_smoke_teacher', {str(out)!r})")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO_ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 600
+    while not (out / "metrics.jsonl").exists() or \
+            not (out / "metrics.jsonl").read_text().count("\n"):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+        time.sleep(0.05)
+    time.sleep(delay)  # somewhere in iteration 2 (rollout, scoring or update)
+    proc.send_signal(signal.SIGINT)
+    log = proc.communicate(timeout=300)[0].decode()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in log, log[-2000:]
+    got = run_case("cpu_smoke_teacher", out, resume=True)
+    want = json.loads(FIXTURE.read_text())["cpu_smoke_teacher"]
+    assert got["params"] == want["params"]
+    steps = [r["step"] for r in runlog.read_metrics(out / "metrics.jsonl")]
+    assert steps == [1, 2, 2]
