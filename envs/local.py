@@ -43,6 +43,11 @@ class LocalVectorEnv:
         self._was_reset = False
         self._pending: BatchStep | None = None
 
+    @property
+    def states(self) -> list[Any]:
+        """The current env state of every slot (immutable: copy/replay freely)."""
+        return list(self._states)
+
     def task_seed(self, slot: int) -> int:
         return self._seed + slot // self.group_size
 
@@ -103,7 +108,7 @@ class LocalVectorEnv:
             self._done[i] = bool(d)
             obs[i], rewards[i], dones[i] = o, float(r), bool(d)
             infos[i] = dict(info, error=None, task_seed=self._seeds[i])
-        self._pending = BatchStep(obs, rewards, dones, infos)
+        self._pending = BatchStep(obs, rewards, dones, infos, list(self._states))
 
     def step_wait(self) -> BatchStep:
         if self._pending is None:

@@ -322,12 +322,14 @@ class _Batch:
 
 
 class BatchStep(NamedTuple):
-    """Result of ``VectorEnv.step``: per-slot observations, rewards, dones and infos."""
+    """Result of ``VectorEnv.step``: per-slot observations, rewards, dones, infos and the env
+    state of every slot after the step (immutable; after an auto-reset, the new episode's)."""
 
     observations: list
     rewards: np.ndarray  # [B] float32
     dones: np.ndarray  # [B] bool
     infos: list
+    states: list | None = None
 
 
 def _check_actions(actions: Any, num_envs: int) -> list:
@@ -575,7 +577,7 @@ class VectorEnv:
                     final_info=final_info,
                     reset_info=new_info,
                 )
-        return BatchStep(obs, rewards, dones, infos)
+        return BatchStep(obs, rewards, dones, infos, self.states)
 
     def pop_trajectories(self) -> list[Trajectory]:
         """Return and clear the trajectories of episodes finished so far."""

@@ -3,8 +3,11 @@
 Per turn, the engine builds the policy input of every live episode (goal, observation,
 admissible actions, history, steps taken), asks the policy for actions (one jitted device
 call for the whole live batch), sends them to the env pool (``jaxdm.envs.vector.VectorEnv``
-worker processes, or ``LocalVectorEnv`` in-process), and records, per action, the tokens the
-policy saw and produced, their sampling log-prob, validity and the env's annotations.
+worker processes, or ``LocalVectorEnv`` in-process, ``jaxdm.envs.local``), and records, per
+action, the tokens the policy saw and produced, their sampling log-prob, validity, the env's
+annotations and the env state after it (both pools return per-step states in ``BatchStep``,
+and key every step with ``jaxdm.envs.core.step_key``, so a recorded episode replays exactly
+from ``EpisodeRecord.initial_state``).
 Episodes end at their own time (done, or the action budget); the batch continues with the
 rest. An output without both ``<think>`` and ``<action>`` tags is invalid: the env receives
 ``INVALID_COMMAND`` and the action is marked for the invalid-action penalty.
@@ -47,6 +50,7 @@ class ActionRecord:
     reward: float         # env reward of this step
     annotations: dict[str, Any]
     env_valid: bool       # the env accepted the command
+    state: Any = None     # the env state after this action (immutable), when the pool has it
 
     @property
     def valid(self) -> bool:
@@ -64,6 +68,7 @@ class EpisodeRecord:
     budget: int
     actions: list[ActionRecord]
     trajectory: Trajectory | None = None
+    initial_state: Any = None  # the env state after reset (replay the episode from here)
     reward: float = 0.0
     success: bool = False
     truncated: bool = False
@@ -161,6 +166,8 @@ def rollout(policy: Any, params: Any, venv: Any, *, seed: int, key: jax.Array,
         if info.get("error"):
             live[i], eps[i].error, eps[i].truncated = False, str(info["error"]), True
     current_obs = list(obs)
+    for i, st in enumerate(getattr(venv, "states", None) or [None] * b):
+        eps[i].initial_state = st
 
     halves = pipeline_halves(b) if pipeline else [np.arange(b)]
     n_halves = len(halves)
@@ -218,7 +225,8 @@ def rollout(policy: Any, params: Any, venv: Any, *, seed: int, key: jax.Array,
                 observation=current_obs[i], out=outs[j], command=commands[j],
                 reward=float(res.rewards[i]),
                 annotations={k: info[k] for k in _ANNOTATION_KEYS if k in info},
-                env_valid=bool(info.get("valid", True))))
+                env_valid=bool(info.get("valid", True)),
+                state=None if res.states is None else res.states[i]))
             ep.reward += float(res.rewards[i])
             current_obs[i] = res.observations[i]
             admissible[i] = tuple(info.get("admissible_actions", ()))
