@@ -18,6 +18,9 @@ from jaxdm.envs.core import Environment, seed_of
 from jaxdm.envs.vector import VectorEnv
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# ray.init starts Ray's processes with subprocess (fork + exec at once), which JAX's at-fork
+# hook warns about in a process that has imported JAX; nothing runs between fork and exec.
+pytestmark = pytest.mark.filterwarnings(r"ignore:os\.fork\(\) was called:RuntimeWarning")
 
 
 @dataclasses.dataclass(frozen=True)
