@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+
 from jaxdm.decision.types import choice_failed
 from jaxdm.envs.decision_gym import DecisionGym, GymParams
 from jaxdm.harness import AgentSettings, Delegation, Harness, NoisyOracle, SimulatedLLM
@@ -120,3 +121,42 @@ def test_one_question_the_model_cannot_take_does_not_fail_its_batch():
     assert all(r.confidence is not None for r in stop)      # answered alone
     assert ep.dm_failures == len(tool)
     assert any(not c.ok and "26 single-letter" in c.error for c in ep.calls if c.kind == "dm")
+
+
+def test_simulated_llm_cannot_copy_what_its_window_dropped():
+    """A keyed value that only a dropped turn showed is guessed (wrong); with the full
+    context, or a note carrying it, it is copied."""
+    import dataclasses
+
+    from jaxdm.envs.decision_gym import ExpertAgent, render_context, tool_schemas
+    from jaxdm.harness.agent import openai_tool
+    from jaxdm.harness.llm import LLMRequest, LLMProfile
+    llm = SimulatedLLM(LLMProfile("exact", default_accuracy=1.0, accuracy={"params": 1.0,
+                                                                            "tool": 1.0}))
+    tools = tuple(openai_tool(s) for s in tool_schemas())
+    for seed in range(40):
+        obs, state = GYM.reset(seed, PARAMS)
+        while not state.done:
+            key = GYM.answer_key(state)
+            writes = [t for t in key.tools if t in ("update_address", "update_email")]
+            if writes:
+                vals = [str(v) for _, vs in key.params(writes[0]).items() for v in vs
+                        if v is not None]
+                short = render_context(dataclasses.replace(state, history=state.history[-1:]))
+                if any(v not in short for v in vals):
+                    break
+            obs, state, *_ = GYM.step(seed, state, ExpertAgent().act(GYM, state, PARAMS),
+                                      PARAMS)
+        else:
+            continue
+        hidden = {"env": GYM, "state": state, "params": PARAMS}
+        full = llm.act(LLMRequest(render_context(state), tools, hidden=hidden, call_id="a"))
+        blind = llm.act(LLMRequest(short, tools, hidden=hidden, call_id="a"))
+        note = llm.act(LLMRequest(short + "\nNotes read back:\n" + " ".join(vals), tools,
+                                  hidden=hidden, call_id="a"))
+        assert GYM.answer_key(state).accepts(full.tool, full.args)
+        assert GYM.answer_key(state).accepts(note.tool, note.args)
+        assert full.tool == blind.tool and not GYM.answer_key(state).accepts(blind.tool,
+                                                                             blind.args)
+        return
+    raise AssertionError("no state with a value outside a one-turn window among 40 tasks")
