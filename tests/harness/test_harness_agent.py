@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-
 from jaxdm.decision.types import choice_failed
 from jaxdm.envs.decision_gym import DecisionGym, GymParams
 from jaxdm.harness import AgentSettings, Delegation, Harness, NoisyOracle, SimulatedLLM
