@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 from jaxdm.harness.llm import (ANSWER_TOOL, LLMReply, LLMRequest, parse_tool_calls,
                                questions_text)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping, Protocol, Sequence
 
-from jaxdm.harness.agent import AgentSettings, CallRecord, DecisionRecord, Episode, Harness
+from jaxdm.harness.agent import AgentSettings, Episode, Harness
 from jaxdm.harness.llm import AgentLLM, HeldQuestion, LLMRequest
 from jaxdm.harness.modes import Delegation, Plan, plan_after, plan_before
 from jaxdm.roles.actor import actor_request
