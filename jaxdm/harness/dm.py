@@ -9,7 +9,9 @@
 - ``BM25Shortlist`` ("bm25"): the seed's keyword control. It scores options by BM25 (bm25s)
   against the question's context (the last customer message and results), so ASSIST gets a
   keyword shortlist instead of a decision model's.
-- ``make_dm(spec)``: these two kinds, else ``jaxdm.decision.make_backend``.
+- ``RandomTrigger`` ("random_trigger"): the random-trigger control (runs an optional step at
+  a given rate, the fitted TRIGGER's measured call rate).
+- ``make_dm(spec)``: these three kinds, else ``jaxdm.decision.make_backend``.
 """
 from __future__ import annotations
 
