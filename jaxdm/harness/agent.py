@@ -26,8 +26,11 @@ proposal or TRIGGER runs a self-check. Stated choices where the seed is silent:
 - a note read back by the model's decision enters this step's prompt; one picked by the LLM
   enters its next call's prompt; a reflection costs output tokens in the step's call and, for
   the SimulatedLLM, lowers its error rate in that call;
-- when the model decides every question of a step and the tool needs no free text, no LLM call
-  is made; required arguments without a question are copied from the context.
+- when the model decides every question of a step, no LLM call is made: required arguments
+  without a question are copied from the context and optional free text is left out; when the
+  model chose the tool but the LLM is called anyway (it holds a parameter or a loop question),
+  the call offers that one tool and the LLM writes the remaining arguments;
+- a "(omit)" answer to an optional parameter removes it.
 
 Any decision-model failure (an exception, ``ok`` False, a missing key for the keyed
 NoisyOracle) gives the decision to the LLM and is counted; the agent never stops because of
