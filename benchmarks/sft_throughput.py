@@ -152,7 +152,7 @@ def main(argv=None) -> None:
         batch, window, full_vocab, stats = packing.pack_items(encoder, items)
         packed.append((jax.tree.map(jnp.asarray, batch), window, full_vocab, stats))
     n_q = sum(len(s) for s in states)
-    step_fn, optimizer = sft._train_step_fn(pre.config, None, 0.5, 1e-4, 0.0)
+    step_fn, optimizer = sft.train_step_fn(pre.config, None, 0.5, 1e-4, 0.0)
     params = pre.params
     opt_state = optimizer.init(params)
 

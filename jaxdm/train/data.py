@@ -61,6 +61,9 @@ def _item(q: Any, context: str, where: str, extra: dict[str, Any]) -> SFTItem:
         raise ValueError(f"{where}: 'answer' must be a non-empty list of option indices, "
                          f"got {answer!r}")
     meta["answer"] = tuple(answer)
+    if all(0 <= a < len(options) for a in answer):
+        # For a privileged teacher (jaxdm.decision.Oracle); meta is never shown to a model.
+        meta["oracle_answer"] = options[answer[0]]
     mc = MultipleChoice(context=context, question=text, options=tuple(options), meta=meta)
     return SFTItem(mc, tuple(answer), teacher, where)
 

@@ -100,7 +100,7 @@ def load_model(spec: str, dtype: str = "float32"):
     return load_pretrained(spec, jnp.dtype(dtype))
 
 
-def _with_teacher(states, spec: dict) -> list[list[packing.SFTItem]]:
+def with_teacher(states, spec: dict) -> list[list[packing.SFTItem]]:
     """Items with teacher probabilities from a backend (where a line gave none)."""
     from jaxdm.decision import make_backend
     from jaxdm.decision.types import YesNo
@@ -128,7 +128,7 @@ def batch_order(n_states: int, states_per_step: int, seed: int, step: int) -> li
 
 
 @functools.lru_cache(maxsize=8)
-def _train_step_fn(config, lcfg: "lora_lib.LoraConfig | None", mu: float, lr: float,
+def train_step_fn(config, lcfg: "lora_lib.LoraConfig | None", mu: float, lr: float,
                    weight_decay: float):
     """(jitted step, optimizer), cached so resumed / repeated runs in one process reuse the
     compiled step."""
@@ -176,7 +176,7 @@ def train(cfg: TrainDMConfig) -> dict[str, Any]:
         if not states:
             raise TrainingError("train-dm: every question was skipped (indistinct options)")
     if cfg.teacher:
-        states = _with_teacher(states, dict(cfg.teacher))
+        states = with_teacher(states, dict(cfg.teacher))
     n_q = sum(len(s) for s in states)
     per_epoch = -(-len(states) // cfg.states_per_step)
     total = per_epoch * cfg.epochs
@@ -186,7 +186,7 @@ def train(cfg: TrainDMConfig) -> dict[str, Any]:
     key = jax.random.key(cfg.seed)
     lcfg = (lora_lib.LoraConfig(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
             if cfg.lora_rank else None)
-    step_fn, optimizer = _train_step_fn(pre.config, lcfg, cfg.mu, cfg.lr, cfg.weight_decay)
+    step_fn, optimizer = train_step_fn(pre.config, lcfg, cfg.mu, cfg.lr, cfg.weight_decay)
     trainable = lora_lib.init_adapters(base, lcfg, key) if lcfg else base
     opt_state = optimizer.init(trainable)
     ckpt = Checkpointer(out / "checkpoints", max_to_keep=cfg.keep_checkpoints)

@@ -20,3 +20,17 @@ def test_bench_cli_oracle(tmp_path):
     res = json.loads((out / "bench.json").read_text())
     assert res["backends"]["oracle"]["l1"]["n"] == 8
     assert main(["bench", "levels=[l7]"]) == 2
+
+
+def test_teacher_probabilities_from_a_backend(tmp_path):
+    from jaxdm.train.data import read_states
+    from jaxdm.train.sft import with_teacher
+
+    p = tmp_path / "d.jsonl"
+    p.write_text(json.dumps({"context": "c", "questions": [
+        {"question": "q1", "options": ["a", "b", "c"], "answer": [2]},
+        {"question": "q2", "options": ["a", "b"], "answer": [0], "teacher": [0.6, 0.4]}]}) + "\n")
+    states = with_teacher(read_states(p), {"kind": "oracle", "noise": 0.2})
+    t1, t2 = states[0][0].teacher, states[0][1].teacher
+    assert len(t1) == 3 and abs(sum(t1) - 1) < 1e-9 and max(t1) >= 0.8 - 1e-9
+    assert t2 == (0.6, 0.4)                       # a line's own teacher is kept

@@ -33,7 +33,7 @@ def test_few_steps_move_the_gap(tmp_path):
     b, w, fv, stats = packing.pack_items(packing.Encoder(pre, "readout"), items)
     assert stats["groups"] == 2                     # one shared row per trajectory
     batch = (jax.tree.map(jnp.asarray, b), w, fv)
-    step, opt = sft._train_step_fn(pre.config, None, 0.5, 1e-2, 0.0)
+    step, opt = sft.train_step_fn(pre.config, None, 0.5, 1e-2, 0.0)
     params, opt_state = pre.params, opt.init(pre.params)
     before = _gap(params, pre.config, batch, items)
     for _ in range(12):

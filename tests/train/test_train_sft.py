@@ -42,15 +42,18 @@ def _cfg(root, model, data, out, **kw):
     return sft.TrainDMConfig(**(base | kw))
 
 
-def _restore(out):
+def _restore(out, model):
+    """(adapters, step) of the latest checkpoint, restored onto a freshly built target."""
+    import optax
+
     from jaxdm.rl.checkpoint import Checkpointer
+    tr = lora.init_adapters(load_pretrained(model).params, lora.LoraConfig(4, 8.0),
+                            jax.random.key(0))
     ck = Checkpointer(out / "checkpoints")
-    step = ck.latest_step()
-    import orbax.checkpoint as ocp
-    raw = ck._mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(),
-                                                         host=ocp.args.JsonRestore()))
+    state, host, step = ck.restore({"trainable": tr, "opt": optax.adamw(1e-2).init(tr)})
     ck.close()
-    return raw["state"]["trainable"], step
+    assert host["step"] == step
+    return state["trainable"], step
 
 
 def test_resume_mid_epoch_is_exact(setup):
@@ -61,8 +64,8 @@ def test_resume_mid_epoch_is_exact(setup):
     s2 = sft.train(_cfg(root, model, data, "killed", max_steps=4))
     assert s2["resumed_from"] == 3
     sft.train(_cfg(root, model, data, "straight", max_steps=4))
-    a, sa = _restore(root / "killed")
-    b, sb = _restore(root / "straight")
+    a, sa = _restore(root / "killed", model)
+    b, sb = _restore(root / "straight", model)
     assert sa == sb == 4
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
@@ -82,7 +85,7 @@ def test_full_run_exports_a_folder_jaxdm_and_transformers_load(setup):
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
         assert (folder / name).is_file()
     # The exported folder equals base + merged adapters, through jaxdm's own loader ...
-    trainable, _ = _restore(root / "full")
+    trainable, _ = _restore(root / "full", model)
     base = load_pretrained(model)
     merged = lora.merge(base.params, trainable, lora.LoraConfig(4, 8.0))
     loaded = load_pretrained(folder)
@@ -144,13 +147,13 @@ def test_nan_loss_stops_with_step_and_keeps_last_checkpoint(setup, monkeypatch):
         return jnp.where(kw["window"] > 0, loss * jnp.nan, loss), m
 
     sft.train(_cfg(root, model, data, "nan", max_steps=2))
-    sft._train_step_fn.cache_clear()
+    sft.train_step_fn.cache_clear()
     monkeypatch.setattr(packing, "batch_loss", poisoned)
     with pytest.raises(sft.TrainingError, match=r"non-finite loss at step 3 \(epoch 1, batch "
                                                 r"of states \['.*states.jsonl:\d: questions"):
         sft.train(_cfg(root, model, data, "nan", max_steps=4))
-    sft._train_step_fn.cache_clear()
-    _, step = _restore(root / "nan")
+    sft.train_step_fn.cache_clear()
+    _, step = _restore(root / "nan", model)
     assert step == 2
 
 
