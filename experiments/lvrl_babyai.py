@@ -25,7 +25,8 @@ Setup (our CPU-scale choices; the seed trains Qwen3 policies on text observation
   linear form) for every visited state, or that plus Gaussian noise (σ = ``--noise``, clipped to
   [0, 1]). For speed the plan length is read from the distance field of each episode's
   initial grid (``distance_field`` once per episode, ``plan_length_from_field`` per step),
-  so later door openings are credited on the step through the door. The policy loss is ``jaxdm.rl.losses.ppo_loss``
+  so later door openings are credited on the step through the door. The policy loss is
+  ``jaxdm.rl.losses.ppo_loss``
   (one "token" per action); PPO adds a clipped value loss (coefficient 0.5).
 - The rollout/recorder is written here (a vmapped ``lax.scan`` over the JAX env, which
   produces the trainer's batch arrays: actions, log-probs, executed-action mask, rewards,

@@ -81,7 +81,8 @@ def test_alfworld_oracle_rises_along_the_expert_plan():
     from jaxdm.envs.alfworld.value import trajectory_oracle_values
     zero = NoisyExpertConfig(detour_prob=0, look_prob=0, invalid_prob=0, dependency_error_prob=0,
                              recover_prob=0, give_up_prob=0, search_prob=0)
-    traj = noisy_expert_trajectories(1, seed=3, task_types=["pick_heat_then_place_in_recep"], config=zero)[0]
+    traj = noisy_expert_trajectories(1, seed=3, task_types=["pick_heat_then_place_in_recep"],
+                                     config=zero)[0]
     v = trajectory_oracle_values(traj)
     n = len(traj)
     # n_t = n - t, L_t = 30 - t: V_t = 1 - (n - t) / (30 - t), the last state won (1).

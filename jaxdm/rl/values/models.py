@@ -201,8 +201,8 @@ class ListValueModel:
 
 def _babyai_oracle(traj: Trajectory) -> np.ndarray:
     """Replays a BabyAI text trajectory from its reset seed (metadata "key", as
-    ``play_trajectory`` records it, or "task_seed", as the trainer's rollout does) on its split's standard task distribution with
-    ``max_steps = traj.budget``; the replay must reproduce the first observation."""
+    ``play_trajectory`` records it, or "task_seed", as the trainer's rollout does) on its
+    split's standard task distribution with ``max_steps = traj.budget``; the replay must reproduce the first observation."""
     from jaxdm.envs.babyai.text import make_text_env
     from jaxdm.envs.babyai.value import trajectory_oracle_values
 

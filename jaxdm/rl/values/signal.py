@@ -92,7 +92,8 @@ def values_signal(trajectories: Sequence[Trajectory], group_ids: Sequence[int], 
             values[i, 1:n] = res.values
         else:
             ok[i] = False
-            reason = res.error if not res.ok else f"values of shape {getattr(res.values, 'shape', None)}"
+            shape = getattr(res.values, "shape", None)
+            reason = res.error if not res.ok else f"values of shape {shape}, not [{n - 1}]"
             fallbacks.append((i, reason))
     for i, tr in enumerate(trajs):  # the anchors, so rows read as value curves
         values[i, 0] = rewards[gids == gids[i]].mean()
