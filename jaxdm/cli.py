@@ -54,6 +54,8 @@ def main(argv=None) -> int:
     train_cli.add_parser(sub)
     bench_cli.add_parser(sub)
     args = parser.parse_args(argv)
+    from jaxdm.models import compile_cache
+    compile_cache.enable()  # JAX's persistent compilation cache (JAXDM_COMPILATION_CACHE=0: off)
     if args.command == "train-dm":
         return train_cli.main(args)
     if args.command == "bench":

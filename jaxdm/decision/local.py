@@ -31,6 +31,7 @@ from jaxdm.decision import render
 from jaxdm.decision import shared_prefix
 from jaxdm.decision.types import (ChoiceResult, Cost, MultipleChoice, ScoreResult, YesNo,
                                   choice_ok, score_ok)
+from jaxdm.models import compile_cache
 
 
 def encode_messages(tokenizer: Any, messages: Sequence[dict]) -> list[int]:
@@ -72,6 +73,7 @@ class _LocalBase:
                                 f"jaxdm.models.Pretrained); missing .{attr}")
         if pretrained.tokenizer is None:
             raise ValueError("pretrained.tokenizer is None; load the model with its tokenizer")
+        compile_cache.enable()  # second processes load the scoring programs from disk
         self.pretrained = pretrained
         self.params = pretrained.params
         self.config = pretrained.config
