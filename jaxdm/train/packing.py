@@ -91,7 +91,8 @@ class IndistinctOptions(ValueError):
 class SFTBatch(NamedTuple):
     """A packed batch of Q questions (numpy or jax arrays).
 
-    scoring   the scorer's ``PackedScoringBatch`` (G rows of trunk + packed suffixes)
+    scoring   the scorer's ``PackedScoringBatch`` (G rows of trunk + packed suffixes) or
+              ``ScoringBatch`` (rows layout: trunk + N suffix rows per group)
     group, row, slot [Q, O] int32  where option o of question q is read (g, n, k)
     weight    [Q, O, A] float32    answer-slot weights (readout: 1 at slot 0; likelihood:
                                    1/len over the option's tokens)
@@ -165,11 +166,18 @@ class Encoder:
 
 
 def pack_items(encoder: Encoder, items: Sequence[SFTItem], *, q_bucket: int = 1,
-               min_shared_frac: float = 0.5, alpha: float = losses.ALPHA
-               ) -> tuple[SFTBatch, int, bool, dict[str, int]]:
+               min_shared_frac: float = 0.5, alpha: float = losses.ALPHA,
+               layout: str = "packed") -> tuple[SFTBatch, int, bool, dict[str, int]]:
     """Packs items into one ``SFTBatch``. Returns (batch, window, full_vocab, stats) where
     window and full_vocab are the static arguments of ``option_scores``; stats counts tokens
-    run ("unique_tokens") and tokens a one-sequence-per-request trainer would run."""
+    run ("unique_tokens") and tokens a one-sequence-per-request trainer would run.
+
+    layout (``shared_prefix.LAYOUTS``): "packed" (trunk + packed suffixes in one row per
+    group) or "rows" (trunk prefilled into a KV cache, suffixes as padded rows over it; window
+    is then 0). Both give the same loss and gradients; for training, "rows" needs far less
+    memory when a context has many long suffixes: the packed layout picks among 8 context
+    cuts with ``lax.switch``, whose backward pass keeps the residuals of every branch (a
+    69-option DECISION GYM tool question on SmolLM2 asked for 93 GB)."""
     if not items:
         raise ValueError("pack_items: no items")
     reqs: list[shared_prefix.Request] = []
@@ -179,8 +187,13 @@ def pack_items(encoder: Encoder, items: Sequence[SFTItem], *, q_bucket: int = 1,
         for j, r in enumerate(rs):
             reqs.append(r)
             owners.append((qi, j if how == "likelihood" else -1, how))
-    groups = shared_prefix.plan_groups(reqs, min_shared_frac=min_shared_frac, layout="packed")
-    packed, window = shared_prefix.pack_suffixes(reqs, groups, pad_id=encoder.pad_id)
+    if layout not in shared_prefix.LAYOUTS:
+        raise ValueError(f"layout must be one of {shared_prefix.LAYOUTS}, got {layout!r}")
+    groups = shared_prefix.plan_groups(reqs, min_shared_frac=min_shared_frac, layout=layout)
+    if layout == "packed":
+        packed, window = shared_prefix.pack_suffixes(reqs, groups, pad_id=encoder.pad_id)
+    else:
+        packed, window = shared_prefix.pack_groups(reqs, groups, pad_id=encoder.pad_id), 0
     a = packed.batch.answer_index.shape[2]
     q = shared_prefix.bucket(len(items), 1, fine=q_bucket) if q_bucket > 1 else len(items)
     o = max(it.n_options for it in items)
@@ -229,9 +242,13 @@ def gather_option_scores(logprobs: jax.Array, batch: SFTBatch) -> jax.Array:
 @functools.partial(jax.jit, static_argnames=("config", "window", "full_vocab"))
 def option_scores(params, config: ModelConfig, batch: SFTBatch, *, window: int,
                   full_vocab: bool) -> jax.Array:
-    """Option scores [Q, O] of a packed batch; pure and differentiable in params."""
-    lp = shared_prefix.score_packed(params, config, batch.scoring, window=window,
-                                    full_vocab=full_vocab)
+    """Option scores [Q, O] of a packed batch; pure and differentiable in params. ``window``
+    is ignored for the rows layout (a ``ScoringBatch``)."""
+    if isinstance(batch.scoring, shared_prefix.ScoringBatch):
+        lp = shared_prefix.score_batch(params, config, batch.scoring, full_vocab=full_vocab)
+    else:
+        lp = shared_prefix.score_packed(params, config, batch.scoring, window=window,
+                                        full_vocab=full_vocab)
     return gather_option_scores(lp, batch)
 
 

@@ -45,6 +45,9 @@ class TrainDMConfig:
 
     data: JSONL of states (``jaxdm.train.data``); model: "smollm2" or an HF folder;
     mode: how options are read ("likelihood": option tokens; "readout": label letters);
+    layout: the scorer layout trained through ("rows": the context once as a KV cache, the
+    questions' suffixes as rows over it; "packed": one row per context, less compute but its
+    backward pass keeps every context-cut branch: see ``jaxdm.train.packing.pack_items``);
     teacher: optional backend spec (``jaxdm.decision.make_backend``) whose probabilities
     enter the mixed target for questions without a ``teacher`` field;
     lora_rank: 0 trains all weights; require_split: refuse lines of other splits (None: off);
@@ -57,6 +60,7 @@ class TrainDMConfig:
     model: str = "smollm2"
     out_dir: str = "train_dm_out"
     mode: Literal["likelihood", "readout"] = "likelihood"
+    layout: Literal["rows", "packed"] = "rows"
     epochs: int = 2
     lr: float = 1e-4
     weight_decay: float = 0.0
@@ -211,7 +215,8 @@ def train(cfg: TrainDMConfig) -> dict[str, Any]:
             its = [it for i in idx for it in states[i]]
             t0 = time.perf_counter()
             batch, window, full_vocab, stats = packing.pack_items(encoder, its,
-                                                                  alpha=cfg.alpha)
+                                                                  alpha=cfg.alpha,
+                                                                  layout=cfg.layout)
             batch = jax.tree.map(jnp.asarray, batch)
             new_tr, new_opt, loss, gnorm, m = step_fn(trainable, opt_state, base, batch,
                                                       window, full_vocab)
