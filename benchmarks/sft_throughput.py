@@ -11,7 +11,10 @@ examples, same loss, same update:
   mean over a trajectory's questions; one AdamW step (lr 1e-4) per trajectory, all weights.
 
 jaxdm: one packed forward + backward per trajectory (the context once, every question's few
-tokens after it; ``jaxdm.train.packing``), jitted (compile excluded: one warm-up step).
+tokens after it; ``jaxdm.train.packing``; ``--layout rows``, train-dm's default: the context
+as a KV cache and the questions as rows over it; ``packed``: one row per context, which on 30
+layers x 30 questions needed more than 15 GB in the backward pass and was OOM-killed here),
+jitted (compile excluded: one warm-up step).
 Baseline: per question one forward of its full prompt (``logits_to_keep=1``) and a backward,
 gradients accumulated over the questions, then the optimiser step. The baseline's cost per
 question does not depend on how many are trained together, so each round trains an evenly
@@ -132,6 +135,8 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--baseline-per-round", type=int, default=None)
     ap.add_argument("--torch-threads", type=int, default=None)
+    ap.add_argument("--layout", choices=("rows", "packed"), default="rows",
+                    help="scorer layout trained through (train-dm's default: rows)")
     args = ap.parse_args(argv)
     q = args.quick
     layers = args.layers or (4 if q else 30)
@@ -149,7 +154,8 @@ def main(argv=None) -> None:
     encoder = packing.Encoder(pre, mode="readout")
     packed = []
     for items in states:
-        batch, window, full_vocab, stats = packing.pack_items(encoder, items)
+        batch, window, full_vocab, stats = packing.pack_items(encoder, items,
+                                                              layout=args.layout)
         packed.append((jax.tree.map(jnp.asarray, batch), window, full_vocab, stats))
     n_q = sum(len(s) for s in states)
     step_fn, optimizer = sft.train_step_fn(pre.config, None, 0.5, 1e-4, 0.0)
@@ -194,7 +200,8 @@ def main(argv=None) -> None:
     uniq = sum(p[3]["unique_tokens"] for p in packed)
     req_tokens = sum(len(r.tokens) for r in flat_reqs)
     jt, bt = statistics.median(jax_rates), statistics.median(torch_rates)
-    print(f"model: SmolLM2-135M first {layers} layers (fp32); {n_traj} trajectories x "
+    print(f"layout {args.layout}; model: SmolLM2-135M first {layers} layers (fp32); "
+          f"{n_traj} trajectories x "
           f"{n_actions} actions = {n_q} questions; {rounds} rounds; baseline {per_round} "
           f"questions per round; torch threads {getattr(torch_tr, 'threads', args.torch_threads)}"
           f"; jaxdm compile {compile_s:.1f} s (excluded)")
