@@ -80,13 +80,16 @@ def state_tokens(unit: dict[str, Any]) -> list[int]:
                    f"got keys {sorted(unit)}")
 
 
-def critic_batch(units: Sequence[dict[str, Any]], pad_to: int, pad_id: int) -> CriticBatch:
-    """Right-padded state tokens of ``units`` as a [pad_to, S] batch (S bucketed)."""
+def critic_batch(units: Sequence[dict[str, Any]], pad_to: int, pad_id: int, *,
+                 min_width: int = 16) -> CriticBatch:
+    """Right-padded state tokens of ``units`` as a [pad_to, S] batch, S the power of two ≥
+    max(longest state, ``min_width``): give the policy's context limit as ``min_width`` and
+    every batch has one shape (one compilation of the train step)."""
     if pad_to < len(units):
         raise ValueError(f"pad_to={pad_to} < number of states {len(units)}")
     seqs = [state_tokens(u) for u in units]
-    longest = max((len(x) for x in seqs), default=1)
-    s = 1 << max(longest - 1, 15).bit_length()  # power of two ≥ 16
+    longest = max([len(x) for x in seqs] + [min_width, 1])
+    s = 1 << (longest - 1).bit_length()
     tokens = np.full((pad_to, s), pad_id, np.int32)
     valid = np.zeros((pad_to, s), bool)
     valid[:, 0] = True  # padded rows read one pad token (masked out by the caller)

@@ -128,7 +128,8 @@ class Trainer:
         m, out = self.cfg.algo.mini_batch, []
         for s in range(0, len(units), m):
             chunk = units[s:s + m]
-            batch = self._put_batch(critic_batch(chunk, m, self.tokenizer.pad_id))
+            batch = self._put_batch(critic_batch(chunk, m, self.tokenizer.pad_id,
+                                                 min_width=self.cfg.policy.max_prompt_tokens))
             v = critic_values(self.state.params["critic"], self.critic_config, batch)
             out.append(np.asarray(v)[:len(chunk)])
         return np.concatenate(out) if out else np.zeros((0,), np.float32)
@@ -223,8 +224,9 @@ class Trainer:
                     x[:len(idx)] = arr[eb.unit_rows[idx], eb.unit_cols[idx]]
                     batch[k] = self._put_batch(x)
                 batch["row_mask"] = self._put_batch(np.arange(m) < len(idx))
-                batch["critic"] = self._put_batch(critic_batch(mb_units, m,
-                                                               self.tokenizer.pad_id))
+                batch["critic"] = self._put_batch(critic_batch(
+                    mb_units, m, self.tokenizer.pad_id,
+                    min_width=cfg.policy.max_prompt_tokens))
             mbs.append(batch)
             recorded.append(self._put_batch(lp))
         # π_old and π_ref log-probs before any update of this iteration. The option form's

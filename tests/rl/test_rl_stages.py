@@ -124,7 +124,7 @@ def test_ppo_with_critic_trains_and_resumes_exactly(tmp_path):
 
     from jaxdm.rl.trainer import Trainer
     extra = ("algo.advantage=gae", "critic.kind=decoder", "teacher.kind=none",
-             "checkpoint_every=1")
+             "checkpoint_every=1", "iterations=2")
     full = Trainer(tiny(tmp_path / "full", *extra), log=False)
     critic0 = full.state.params["critic"]
     recs = full.run()
