@@ -114,6 +114,11 @@ class _LocalBase:
                                               ((self.yes_id, self.no_id),)))
         return reqs
 
+    def yesno_requests(self, questions: Sequence[YesNo]) -> list[shared_prefix.Request]:
+        """The requests ``score`` runs for ``questions`` (e.g. for
+        ``shared_prefix.program_keys``: what a job compiles)."""
+        return self._yesno_requests(questions)
+
     def score(self, questions: Sequence[YesNo]) -> list[ScoreResult]:
         """s = P(Yes) / (P(Yes) + P(No)) at the first assistant token, for every question."""
         if not questions:

@@ -478,10 +478,15 @@ def pack_groups(requests: Sequence[Request], groups: Sequence[Group], *, pad_id:
 
 
 def _packed_key(requests, gr: Group, min_trunk: int = 64) -> tuple[int, int, int]:
-    """(trunk bucket, packed-suffix bucket, window bucket) of a group in the packed layout."""
+    """(trunk bucket, packed-suffix bucket, window bucket) of a group in the packed layout.
+
+    The window (a static bound on suffix lengths) is a power of two >= 64: it only widens
+    the key range of suffix attention blocks a little, and with multiples of 8 the passes
+    of one job (Hindsight ~20-token suffixes, Prefix ~40, +FB ~150) each compiled their own
+    program (`jaxdm demo`: 19 distinct programs -> 15, same tokens run)."""
     tails = _suffix_lengths(requests, gr)
     return (_trunk_bucket(len(gr.trunk), min_trunk), _trunk_bucket(sum(tails), 64),
-            bucket(max(tails), 8, fine=8))
+            bucket(max(tails), 64))
 
 
 def pack_suffixes(requests: Sequence[Request], groups: Sequence[Group], *, pad_id: int = 0,
@@ -493,7 +498,7 @@ def pack_suffixes(requests: Sequence[Request], groups: Sequence[Group], *, pad_i
     g = len(groups)
     keys = [_packed_key(requests, gr, min_trunk) for gr in groups]
     t, p, window = (max(k[i] for k in keys) for i in range(3))
-    n = bucket(max(len(gr.members) for gr in groups), 1, fine=4)
+    n = bucket(max(len(gr.members) for gr in groups), 4)
     trunk_tokens, trunk_len = _trunk_rows(groups, t, pad_id)
     tokens = np.full((g, p), pad_id, np.int32)
     positions = np.zeros((g, p), np.int32)
@@ -530,6 +535,53 @@ def _shape_key(requests, gr: Group, min_trunk: int, min_suffix: int) -> tuple:
             bucket(s, min_suffix, fine=8))
 
 
+def _plan_calls(requests: Sequence[Request], layout: str, *, max_groups_per_call: int,
+                min_shared_frac: float, min_shared_tokens: int, max_group: int
+                ) -> tuple[list[Group], list[list[Group]]]:
+    """The groups of ``requests`` and the device calls (lists of groups) that score them."""
+    groups = plan_groups(requests, min_shared_frac=min_shared_frac,
+                         min_shared_tokens=min_shared_tokens, max_group=max_group,
+                         layout=layout)
+    by_shape: dict[tuple, list[Group]] = {}
+    for gr in groups:
+        key = (_shape_key(requests, gr, 64, 8) if layout == "rows" else
+               _packed_key(requests, gr))
+        by_shape.setdefault(key, []).append(gr)
+    calls: list[list[Group]] = []
+    for key in sorted(by_shape):
+        pending = by_shape[key]
+        while pending:
+            size = min(max_groups_per_call, len(pending))
+            size = 1 << (size.bit_length() - 1)
+            calls.append(pending[:size])
+            pending = pending[size:]
+    return groups, calls
+
+
+def program_keys(requests: Sequence[Request], *, full_vocab: bool = False,
+                 layout: str = "packed", max_groups_per_call: int = 4,
+                 min_shared_frac: float = 0.5, min_shared_tokens: int = 32,
+                 max_group: int = 64) -> list[tuple]:
+    """What ``score_requests`` with these arguments compiles, call by call, without running
+    the model: per call (layout, full_vocab, window or None, the batch's array shapes). Equal
+    keys share one compiled program (for one params/config), so ``len(set(keys))`` bounds the
+    compiles of a job (host work only: planning and packing)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    _, calls = _plan_calls(requests, layout, max_groups_per_call=max_groups_per_call,
+                           min_shared_frac=min_shared_frac,
+                           min_shared_tokens=min_shared_tokens, max_group=max_group)
+    keys = []
+    for call in calls:
+        if layout == "rows":
+            packed, window = pack_groups(requests, call), None
+        else:
+            packed, window = pack_suffixes(requests, call)
+        keys.append((layout, full_vocab, window,
+                     tuple(np.shape(a) for a in packed.batch)))
+    return keys
+
+
 def score_requests(params, config: ModelConfig, requests: Sequence[Request], *,
                    full_vocab: bool = False, max_groups_per_call: int = 4,
                    min_shared_frac: float = 0.5, min_shared_tokens: int = 32,
@@ -554,22 +606,9 @@ def score_requests(params, config: ModelConfig, requests: Sequence[Request], *,
                              f"of {config.vocab_size}")
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    groups = plan_groups(requests, min_shared_frac=min_shared_frac,
-                         min_shared_tokens=min_shared_tokens, max_group=max_group,
-                         layout=layout)
-    by_shape: dict[tuple, list[Group]] = {}
-    for gr in groups:
-        key = (_shape_key(requests, gr, 64, 8) if layout == "rows" else
-               _packed_key(requests, gr))
-        by_shape.setdefault(key, []).append(gr)
-    calls: list[list[Group]] = []
-    for key in sorted(by_shape):
-        pending = by_shape[key]
-        while pending:
-            size = min(max_groups_per_call, len(pending))
-            size = 1 << (size.bit_length() - 1)
-            calls.append(pending[:size])
-            pending = pending[size:]
+    groups, calls = _plan_calls(requests, layout, max_groups_per_call=max_groups_per_call,
+                                min_shared_frac=min_shared_frac,
+                                min_shared_tokens=min_shared_tokens, max_group=max_group)
     out: list[np.ndarray | None] = [None] * len(requests)
     it = calls
     if progress:

@@ -1,0 +1,81 @@
+"""Cold start and precision of local scoring: how many distinct programs the demo's scoring job
+compiles (a regression bound), and bf16 readout against fp32."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from dm_fixtures import small_trajectory, tiny_pretrained, with_params
+
+from jaxdm import roles
+from jaxdm.decision import shared_prefix as sp
+from jaxdm.decision.jobs import judge_request_batch
+from jaxdm.decision.local import LocalReadout
+from jaxdm.envs.alfworld import noisy_expert_trajectories
+from jaxdm.screen.run import COMBOS, EXPANSIONS
+
+# bf16 weights and activations (f32 accumulation) vs fp32, on P(Yes) of the tiny model.
+BF16_TOL = 2e-2
+
+
+def _demo_keys(n_traj: int) -> tuple[int, list[tuple]]:
+    """Program keys of `jaxdm demo`'s SmolLM2 passes (4 question x context combinations, then
+    Progress under the FB and 50 % expansions) on ``n_traj`` of its trajectories. The tiny
+    model has SmolLM2's tokenizer, so the token streams and shapes are the demo's."""
+    trajs = noisy_expert_trajectories(n_traj, seed=0, budget=20)
+    model = LocalReadout(tiny_pretrained())
+    expansions = dict(EXPANSIONS)
+    passes = [(q, c, None) for q, c in COMBOS]
+    passes += [("progress", "prefix", expansions[lab]) for lab in ("FB", "50%")]
+    keys, n_req = [], 0
+    for q, c, exp in passes:
+        qs, _, _ = judge_request_batch(trajs, question=q, context=c, expansion=exp)
+        reqs = model.yesno_requests(qs)
+        n_req += len(reqs)
+        keys += sp.program_keys(reqs, max_groups_per_call=model.max_groups_per_call,
+                                min_shared_frac=model.min_shared_frac)
+    return n_req, keys
+
+
+def test_demo_job_compiles_few_programs():
+    # Measured: 2 trajectories 6 calls / 2 programs; the demo's 6 trajectories (52 actions,
+    # 312 questions) 28 calls / 15 programs (19 before the window bucket became >= 64).
+    n_req, keys = _demo_keys(2)
+    assert n_req == 6 * 8 and len(keys) <= 8
+    assert len(set(keys)) <= 2, sorted(set(keys))
+
+
+def test_program_keys_are_what_score_requests_compiles():
+    model = LocalReadout(tiny_pretrained())
+    qs = roles.judge_requests(small_trajectory(), question="progress", context="hindsight")
+    reqs = model.yesno_requests(qs)
+    keys = sp.program_keys(reqs)
+    seen = []
+    real = sp.score_packed
+
+    def spy(params, config, batch, **kw):
+        seen.append(("packed", kw["full_vocab"], kw["window"],
+                     tuple(np.shape(a) for a in batch)))
+        return real(params, config, batch, **kw)
+
+    sp.score_packed = spy
+    try:
+        sp.score_requests(model.params, model.config, reqs)
+    finally:
+        sp.score_packed = real
+    assert seen == keys
+
+
+def test_bf16_readout_agrees_with_fp32():
+    fp32 = tiny_pretrained()
+    cfg16 = dataclasses.replace(fp32.config, dtype="bfloat16")
+    params16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16)
+                            if jnp.issubdtype(x.dtype, jnp.floating) else x, fp32.params)
+    bf16 = dataclasses.replace(with_params(fp32, params16), config=cfg16)
+    qs = roles.judge_requests(small_trajectory(), question="progress", context="hindsight")
+    a = np.array([r.score for r in LocalReadout(fp32).score(qs)])
+    b = np.array([r.score for r in LocalReadout(bf16).score(qs)])
+    assert np.all(np.isfinite(b))
+    assert np.max(np.abs(a - b)) <= BF16_TOL, (a, b)
