@@ -213,7 +213,7 @@ def _lvopd_term(params, batch, aux):
                     impl="auto")
 
 
-register_loss_term("lvopd", _lvopd_term)
+register_loss_term("lvopd", _lvopd_term, needs=("teacher_topk",))
 
 
 # ---- host-side arrays ----------------------------------------------------------------------

@@ -17,6 +17,9 @@ Registered here: ``teacher_scores`` (arrays ``{"scores": [B, T]}``, mask [B, T]:
 score per executed action through ``jaxdm.decision.jobs.score_trajectories``) and
 ``critic_values`` (arrays ``{"values": [B, T + 1]}``, mask [B, T + 1]: the learned critic's
 V(s_t) for every visited state, 0 and False at the terminal slot).
+``values`` (``jaxdm.rl.values``) and ``teacher_topk`` (the LVOPD teacher's top-K_T lists,
+needed by the ``lvopd`` term; ``jaxdm.rl.lvopd``) are registered by their modules, imported
+on first use (``signal_spec``).
 
 Contract for ``values`` (the LVRL value model, registered from ``jaxdm.rl.values`` with
 ``register_signal("values", produce, build=..., check=...)``): ``arrays["values"]`` is
@@ -38,7 +41,8 @@ __all__ = ["Signal", "SignalSpec", "SIGNALS", "register_signal", "signal_spec",
            "teacher_backend_spec"]
 
 # Signals registered by modules imported on first use: name -> (module, its config key).
-_PROVIDERS = {"values": ("jaxdm.rl.values", "value")}
+_PROVIDERS = {"values": ("jaxdm.rl.values", "value"),
+              "teacher_topk": ("jaxdm.rl.lvopd", "teacher")}
 
 
 @dataclasses.dataclass(frozen=True)

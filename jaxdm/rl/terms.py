@@ -17,8 +17,11 @@ Compiled steps are cached on ``StepSpec`` (a frozen dataclass of everything the 
 function depends on), so trainers built in one process share one compilation.
 
 Registered terms: ``ppo`` (seed 000's clipped/dual-clipped surrogate + k3 KL + entropy,
-needs nothing else) and ``value`` (clipped value loss, needs a critic). Register more with
-``register_loss_term(name, fn, needs_critic=...)`` (LVOPD and SFT come later).
+needs nothing else) and ``value`` (clipped value loss, needs a critic); ``lvopd`` (gated
+top-k distillation, ``jaxdm.rl.lvopd``) is registered by its module, imported on the first
+lookup of a name not registered yet (``loss_term``), so this module imports no provider.
+Register more with ``register_loss_term(name, fn, needs_critic=...)``. Every term's
+unweighted loss is logged as ``loss/<name>`` (unless the term logs that key itself).
 """
 from __future__ import annotations
 
@@ -33,7 +36,8 @@ from jaxdm.rl import advantages as advmod
 from jaxdm.rl import losses
 
 __all__ = ["LossConfig", "StepSpec", "TermContext", "LossTerm", "LOSS_TERMS",
-           "register_loss_term", "make_optimizers", "make_train_step", "cached_train_step"]
+           "register_loss_term", "loss_term", "registered_terms", "make_optimizers",
+           "make_train_step", "cached_train_step"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +54,9 @@ class LossConfig:
 
     def __post_init__(self):
         for name, w in self.terms:
-            if name not in LOSS_TERMS:
-                raise ValueError(f"unknown loss term {name!r}; registered: {sorted(LOSS_TERMS)}")
+            if loss_term(name) is None:
+                raise ValueError(f"unknown loss term {name!r}; registered: "
+                                 f"{registered_terms()}")
             if not isinstance(w, (int, float)) or not jnp.isfinite(w):
                 raise ValueError(f"loss term {name!r}: weight must be a finite number, got {w!r}")
 
@@ -67,16 +72,43 @@ class TermContext:
 class LossTerm:
     fn: Callable[[Mapping[str, Any], Mapping[str, Any], TermContext], tuple[Any, dict]]
     needs_critic: bool = False
+    needs: tuple[str, ...] = ()  # signals (jaxdm.rl.signals) the trainer must produce
 
 
 LOSS_TERMS: dict[str, LossTerm] = {}
 
+# Modules that register terms when imported (on the first lookup of an unknown name).
+_PROVIDERS = ("jaxdm.rl.lvopd",)
 
-def register_loss_term(name: str, fn: Callable, *, needs_critic: bool = False) -> None:
-    """Register ``fn(params, batch, aux) -> (loss, metrics)`` under ``name`` (see module doc)."""
+
+def _import_providers() -> None:
+    import importlib
+
+    for module in _PROVIDERS:
+        importlib.import_module(module)
+
+
+def loss_term(name: str) -> LossTerm | None:
+    """The registered term ``name`` (importing the provider modules first if it is not
+    registered yet), or None."""
+    if name not in LOSS_TERMS:
+        _import_providers()
+    return LOSS_TERMS.get(name)
+
+
+def registered_terms() -> list[str]:
+    """Every registered term name, the providers' included (for error messages)."""
+    _import_providers()
+    return sorted(LOSS_TERMS)
+
+
+def register_loss_term(name: str, fn: Callable, *, needs_critic: bool = False,
+                       needs: tuple[str, ...] = ()) -> None:
+    """Register ``fn(params, batch, aux) -> (loss, metrics)`` under ``name`` (see module doc);
+    ``needs``: the signals the trainer must produce for it each iteration."""
     if name in LOSS_TERMS:
         raise ValueError(f"loss term {name!r} is already registered")
-    LOSS_TERMS[name] = LossTerm(fn, needs_critic)
+    LOSS_TERMS[name] = LossTerm(fn, needs_critic, tuple(needs))
 
 
 def _ppo_term(params, batch, aux: TermContext):
@@ -134,13 +166,14 @@ def make_train_step(aux: TermContext, txs: Mapping[str, optax.GradientTransforma
     ``optim/grad_norm`` (the policy's gradient norm; ``optim/<name>_grad_norm`` for other
     trainables).
     """
-    terms = [(LOSS_TERMS[name], float(w)) for name, w in aux.loss.terms]
+    terms = [(name, loss_term(name), float(w)) for name, w in aux.loss.terms]
 
     def loss_fn(params, batch):
         total, metrics = None, {}
-        for term, w in terms:
+        for name, term, w in terms:
             loss, met = term.fn(params, batch, aux)
             metrics.update(met)
+            metrics.setdefault(f"loss/{name}", loss)
             total = w * loss if total is None else total + w * loss
         metrics["loss/total"] = total
         return total, metrics

@@ -4,8 +4,9 @@ Defaults follow seed 000 Table 7 (ALFWorld column where the paper gives a pair).
 reads the registries, so every name lives in one place: ``algo.advantage`` must be a
 registered estimator (``jaxdm.rl.estimators``) whose signals (``jaxdm.rl.signals``) are
 configured, ``teacher.kind`` is ``"none"`` or a ``jaxdm.decision.make_backend`` kind, and
-``algo.terms`` names registered loss terms (``jaxdm.rl.terms``). Each error names the
-config key to change.
+``algo.terms`` names registered loss terms (``jaxdm.rl.terms``) whose signals are configured
+too, and ``algo.lvopd_gate`` is a registered gate (``jaxdm.rl.distill.GATES``). Each error
+names the config key to change.
 """
 from __future__ import annotations
 
@@ -128,6 +129,9 @@ class AlgoSection:
     mini_batch: int = 256
     ppo_epochs: int = 1
     terms: dict = dataclasses.field(default_factory=dict)  # extra loss terms: name -> weight
+    # LVOPD's distillation gate (a jaxdm.rl.distill.GATES name: lvopd | pure | trajectory),
+    # computed over the whole iteration batch; read when "lvopd" is in terms.
+    lvopd_gate: str = "lvopd"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,21 +188,20 @@ class TrainConfig:
 
     def __post_init__(self):
         from jaxdm.rl.advantages import LVRL_NORMALIZATIONS
+        from jaxdm.rl.distill import GATES
         from jaxdm.rl.estimators import ESTIMATORS
         from jaxdm.rl.signals import signal_spec
-        from jaxdm.rl.terms import LOSS_TERMS
+        from jaxdm.rl.terms import loss_term, registered_terms
 
         est = ESTIMATORS.get(self.algo.advantage)
         if est is None:
             raise ValueError(f"algo.advantage: unknown estimator {self.algo.advantage!r}; "
                              f"registered: {sorted(ESTIMATORS)}")
-        for need in est.needs:
-            signal_spec(need).check(self)
         for name, w in self.algo.terms.items():
-            term = LOSS_TERMS.get(name)
+            term = loss_term(name)
             if term is None:
                 raise ValueError(f"algo.terms: unknown loss term {name!r}; registered: "
-                                 f"{sorted(LOSS_TERMS)}")
+                                 f"{registered_terms()}")
             if name in ("ppo", "value"):
                 raise ValueError(f"algo.terms.{name}: set by the config (ppo: 1; value: "
                                  f"critic.value_coef), not in algo.terms")
@@ -206,6 +209,11 @@ class TrainConfig:
                 raise ValueError(f"algo.terms.{name}: weight must be a finite number, got {w!r}")
             if term.needs_critic and self.critic.kind == "none":
                 raise ValueError(f"algo.terms.{name} needs a critic: set critic.kind")
+        for need in signals_needed(self):
+            signal_spec(need).check(self)
+        if self.algo.lvopd_gate not in GATES:
+            raise ValueError(f"algo.lvopd_gate: unknown gate {self.algo.lvopd_gate!r}; "
+                             f"registered: {sorted(GATES)}")
         if self.algo.lvrl_normalize not in LVRL_NORMALIZATIONS:
             raise ValueError(f"algo.lvrl_normalize must be one of {LVRL_NORMALIZATIONS}, got "
                              f"{self.algo.lvrl_normalize!r}")
@@ -232,9 +240,16 @@ class TrainConfig:
 
 
 def signals_needed(cfg: TrainConfig) -> tuple[str, ...]:
+    """The estimator's signals, then those the configured ``algo.terms`` need (each once;
+    ``LossTerm.needs``, e.g. ``lvopd`` needs ``teacher_topk``)."""
     from jaxdm.rl.estimators import ESTIMATORS
+    from jaxdm.rl.terms import loss_term
 
-    return ESTIMATORS[cfg.algo.advantage].needs
+    out = list(ESTIMATORS[cfg.algo.advantage].needs)
+    for name in cfg.algo.terms:
+        term = loss_term(name)
+        out += [s for s in (term.needs if term else ()) if s not in out]
+    return tuple(out)
 
 
 def nested_items(d: Any, prefix: str = "") -> dict[str, Any]:

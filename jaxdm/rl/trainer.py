@@ -5,15 +5,19 @@ One iteration, from the previous ``TrainState`` (``jaxdm.rl.state``) to the next
      ``group_size`` episodes each (``jaxdm.rl.rollout``); ``EpisodeBatch`` is their array
      view (``jaxdm.rl.estimators``; episodes lost to env errors are masked out, counted as
      ``env/errors``).
-  2. **Signals** (``jaxdm.rl.signals``): the estimator's signals only — teacher scores per
-     action (``jaxdm.decision.jobs.score_trajectories`` on a ``make_backend`` backend), the
-     critic's values, the LVRL value model's values. A teacher failure is a missing score;
+  2. **Signals** (``jaxdm.rl.signals``): the estimator's and the loss terms' signals only —
+     teacher scores per action (``jaxdm.decision.jobs.score_trajectories`` on a
+     ``make_backend`` backend), the critic's values, the LVRL value model's values, the
+     LVOPD teacher's top-K_T lists. A teacher failure is a missing score;
      ``teacher.max_failure_frac`` of failures in one iteration stops the run loudly.
   3. **Advantages**: the registered estimator (``grpo``, ``teacher``, ``gigpo``, ``gae``,
      ``lvrl``).
   4. **Update**: π_old / π_ref log-probs, then PPO mini-batch steps of the weighted loss
-     terms (``jaxdm.rl.terms``: ``ppo``, ``value``, ...), jitted under a ("data", "model")
-     mesh. A non-finite loss term or gradient stops the run naming the iteration and term.
+     terms (``jaxdm.rl.terms``: ``ppo``, ``value``, ``lvopd``, ...), jitted under a ("data",
+     "model") mesh. With ``lvopd`` the gate (``algo.lvopd_gate``) is computed once over the
+     whole iteration batch on the host and each mini-batch gets its ``lvopd/*`` arrays
+     (``jaxdm.rl.lvopd.LVOPDBatcher``, from the ``teacher_topk`` signal). A non-finite
+     loss term or gradient stops the run naming the iteration and term.
   5. The new state replaces the old only now; JSONL metrics, progress bar, periodic orbax
      checkpoints of the whole state.
 
@@ -159,7 +163,7 @@ class Trainer:
         self._check_failures(metrics, st.iteration + 1)
         adv = ESTIMATORS[cfg.algo.advantage].fn(eb, signals, cfg.algo, cfg.tasks_per_iter)
         t0 = time.perf_counter()
-        upd = self._update(st, eb, adv)
+        upd = self._update(st, eb, adv, signals)
         update_s = time.perf_counter() - t0
         st.iteration += 1
         kept = [e for e in res.episodes if not e.error]
@@ -196,13 +200,19 @@ class Trainer:
                 f"(teacher.max_failure_frac={limit}); last error: "
                 f"{metrics.get('teacher/last_error')}", metrics)
 
-    def _update(self, st: TrainState, eb: EpisodeBatch, adv) -> dict[str, float]:
+    def _update(self, st: TrainState, eb: EpisodeBatch, adv, signals) -> dict[str, float]:
         from jaxdm.rl.critic import critic_batch
 
         cfg, units = self.cfg, eb.units
         n = len(units)
         if n == 0:
             return {"ppo/updates": 0.0}
+        lvopd = None
+        if "lvopd" in cfg.algo.terms:  # the gate over the WHOLE batch, before mini-batching
+            from jaxdm.rl.lvopd import LVOPDBatcher
+
+            lvopd = LVOPDBatcher(eb, adv.adv, signals["teacher_topk"],
+                                 gate=cfg.algo.lvopd_gate)
         unit_adv = adv.adv[eb.unit_rows, eb.unit_cols]
         m = cfg.algo.mini_batch
         n_mb = -(-n // m)
@@ -215,6 +225,8 @@ class Trainer:
             a = np.zeros((m,), np.float32)
             a[:len(idx)] = unit_adv[idx]
             batch["adv"] = self._put_batch(a)
+            if lvopd is not None:
+                batch.update(self._put_batch(lvopd.arrays(idx, m)))
             lp = np.zeros((m, 1), np.float32)
             lp[:len(idx), 0] = eb.unit_logp[idx]
             if "critic" in st.params:
@@ -251,7 +263,8 @@ class Trainer:
         tokens = sums.get("ppo/tokens", 0.0)
         out = {"ppo/updates": float(count), "ppo/padding": float(n_mb * m - n)}
         for k in sums:
-            if k.startswith(("loss/", "optim/", "value/")):
+            if k.startswith(("loss/", "optim/", "value/", "lvopd/")) and \
+                    not k.endswith(("/sum", "/count")):
                 out[k] = sums[k] / count
         for k in ("ppo/clip_frac", "ppo/approx_kl", "ppo/kl_ref", "ppo/entropy"):
             out[k] = sums.get(k + "/sum", 0.0) / max(tokens, 1.0)
@@ -259,8 +272,8 @@ class Trainer:
         return out
 
     def _check_finite(self, met: dict[str, float], iteration: int, epoch: int, mb: int):
-        keys = [k for k in _LOSS_KEYS if k in met] + sorted(k for k in met
-                                                             if k.startswith("optim/"))
+        keys = [k for k in _LOSS_KEYS if k in met] + sorted(
+            k for k in met if k.startswith(("loss/", "optim/")) and k not in _LOSS_KEYS)
         for k in keys:
             if not math.isfinite(met[k]):
                 raise NonFiniteLossError(
