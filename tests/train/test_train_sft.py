@@ -144,7 +144,7 @@ def test_nan_loss_stops_with_step_and_keeps_last_checkpoint(setup, monkeypatch):
 
     def poisoned(params, config, batch, **kw):
         loss, m = real(params, config, batch, **kw)
-        return jnp.where(kw["window"] > 0, loss * jnp.nan, loss), m
+        return loss * jnp.nan, m
 
     sft.train(_cfg(root, model, data, "nan", max_steps=2))
     sft.train_step_fn.cache_clear()
