@@ -177,7 +177,11 @@ def pack_items(encoder: Encoder, items: Sequence[SFTItem], *, q_bucket: int = 1,
     is then 0). Both give the same loss and gradients; for training, "rows" needs far less
     memory when a context has many long suffixes: the packed layout picks among 8 context
     cuts with ``lax.switch``, whose backward pass keeps the residuals of every branch (a
-    69-option DECISION GYM tool question on SmolLM2 asked for 93 GB)."""
+    69-option DECISION GYM tool question on SmolLM2 asked for 93 GB). The rows layout is
+    not enough either for that state on SmolLM2's 30 layers (62 GB requested: every row is
+    padded to the longest suffix, here a parameter question's whole text, and the layer scan
+    keeps every layer's attention residuals); it needs the decoder's layer body
+    rematerialised (``jax.checkpoint``) in the backward pass, which the decoder lacks today."""
     if not items:
         raise ValueError("pack_items: no items")
     reqs: list[shared_prefix.Request] = []
