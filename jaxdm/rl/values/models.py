@@ -23,6 +23,7 @@ answer: a failed trajectory falls back to its GRPO advantage upstream. Registere
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -199,23 +200,33 @@ class ListValueModel:
         return out  # type: ignore[return-value]
 
 
+@functools.lru_cache(maxsize=16)
+def _babyai_text_env(split: str, room_size: int, max_steps: int):
+    from jaxdm.envs.babyai.text import make_text_env
+    return make_text_env(split, room_size=room_size, max_steps=max_steps)
+
+
 def _babyai_oracle(traj: Trajectory) -> np.ndarray:
     """Replays a BabyAI text trajectory from its reset seed (metadata "key", as
     ``play_trajectory`` records it, or "task_seed", as the trainer's rollout does) on its
-    split's standard task distribution with ``max_steps = traj.budget``; the replay must reproduce the first observation."""
-    from jaxdm.envs.babyai.text import make_text_env
+    split's standard task distribution with ``max_steps = traj.budget``; the room size is
+    metadata "room_size" or the first of 8, 7, 9 whose replay reproduces the trajectory's
+    first observation (no size does: ValueError)."""
     from jaxdm.envs.babyai.value import trajectory_oracle_values
 
     key = traj.metadata.get("key", traj.metadata.get("task_seed"))
     if key is None:
         raise ValueError("BabyAI oracle values need metadata['key'] or ['task_seed'] (the "
                          "reset seed) or metadata['oracle_values']")
-    env = make_text_env(str(traj.metadata.get("split", "train")), max_steps=int(traj.budget))
-    obs, _ = env.reset(key)
-    if traj.steps and obs != traj.steps[0].observation:
-        raise ValueError(f"BabyAI replay of key {key!r} does not reproduce the trajectory's "
-                         f"first observation (different task distribution?)")
-    return trajectory_oracle_values(env, key, [s.action for s in traj.steps])
+    split = str(traj.metadata.get("split", "train"))
+    sizes = [traj.metadata["room_size"]] if "room_size" in traj.metadata else [8, 7, 9]
+    for size in sizes:
+        env = _babyai_text_env(split, int(size), int(traj.budget))
+        obs, _ = env.reset(key)
+        if not traj.steps or obs == traj.steps[0].observation:
+            return trajectory_oracle_values(env, key, [s.action for s in traj.steps])
+    raise ValueError(f"BabyAI replay of key {key!r} does not reproduce the trajectory's first "
+                     f"observation for room sizes {sizes} (different task distribution?)")
 
 
 def _alfworld_oracle(traj: Trajectory) -> np.ndarray:
