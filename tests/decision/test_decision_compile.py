@@ -16,8 +16,11 @@ from jaxdm.decision.local import LocalReadout
 from jaxdm.envs.alfworld import noisy_expert_trajectories
 from jaxdm.screen.run import COMBOS, EXPANSIONS
 
-# bf16 weights and activations (f32 accumulation) vs fp32, on P(Yes) of the tiny model.
-BF16_TOL = 2e-2
+# bf16 weights and activations (f32 accumulation) vs fp32, on P(Yes) of the tiny model:
+# measured 1.8e-4 (Hindsight+Progress) / 2.4e-4 (Prefix+Value) on small_trajectory. The real
+# SmolLM2-135M differs much more on the same questions (2.3e-2 / 1.1e-2, measured 2026-12-02,
+# not tested here: the 1e-3 goal is NOT met by plain bf16 on SmolLM2).
+BF16_TOL = 1e-3
 
 
 def _demo_keys(n_traj: int) -> tuple[int, list[tuple]]:
