@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scoring_throughput import TorchScorer, _spread, matmul_rate_gflops  # noqa: E402
+from scoring_throughput import TorchScorer, matmul_rate_gflops, spread  # noqa: E402
 
 
 def alfworld_group(n_others: int = 7):
@@ -112,7 +112,7 @@ def main() -> None:
         base_rates, jax_times, diffs, floor_ratios = [], [], [], []
         for r in range(args.rounds):
             rate = matmul_rate_gflops(repeats=5)
-            idx = _spread(n, args.baseline_per_round, r)
+            idx = spread(n, args.baseline_per_round, r)
             t0 = time.perf_counter()
             base = [torch_scorer.readout(list(reqs[i].tokens), (dm.yes_id, dm.no_id))[0]
                     for i in idx]

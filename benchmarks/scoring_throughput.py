@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import statistics
 import time
 
@@ -74,6 +75,27 @@ def matmul_rate_gflops(repeats: int = 7) -> float:
     return 2 * 1300 * 576 * 1536 / statistics.median(times) / 1e9
 
 
+def pick_torch_threads(torch, model, n_tokens: int = 256) -> int:
+    """Set torch to the faster of 1 thread and all cores for ``model``; returns the choice.
+
+    On a busy machine torch's multi-threaded CPU kernels can be several times slower than one
+    thread, which would flatter jaxdm.
+    """
+    x = torch.randint(100, 1000, (1, n_tokens))
+    best = None
+    for n in sorted({1, os.cpu_count() or 1}):
+        torch.set_num_threads(n)
+        with torch.inference_mode():
+            model(x, logits_to_keep=1)
+            t0 = time.perf_counter()
+            model(x, logits_to_keep=1)
+            dt = time.perf_counter() - t0
+        if best is None or dt < best[0]:
+            best = (dt, n)
+    torch.set_num_threads(best[1])
+    return best[1]
+
+
 class TorchScorer:
     """One request per question with transformers' torch model (the baseline)."""
 
@@ -84,22 +106,7 @@ class TorchScorer:
         self.model = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
     def pick_threads(self, n_tokens: int = 256) -> None:
-        """Use the faster of 1 thread and all cores: on a busy machine torch's multi-threaded
-        CPU kernels can be several times slower than one thread, which would flatter jaxdm."""
-        import os
-        torch = self.torch
-        x = torch.randint(100, 1000, (1, n_tokens))
-        best = None
-        for n in sorted({1, os.cpu_count() or 1}):
-            torch.set_num_threads(n)
-            with torch.inference_mode():
-                self.model(x, logits_to_keep=1)
-                t0 = time.perf_counter()
-                self.model(x, logits_to_keep=1)
-                dt = time.perf_counter() - t0
-            if best is None or dt < best[0]:
-                best = (dt, n)
-        torch.set_num_threads(best[1])
+        pick_torch_threads(self.torch, self.model, n_tokens)
 
     def readout(self, tokens, label_ids) -> np.ndarray:
         """Label distribution restricted to label_ids at the last position."""
@@ -118,7 +125,7 @@ class TorchScorer:
             return lp[torch.arange(n_cont), target].numpy()
 
 
-def _spread(n: int, k: int, offset: int) -> list[int]:
+def spread(n: int, k: int, offset: int) -> list[int]:
     """k indices spread evenly over range(n), shifted by offset (rotates across rounds)."""
     if k >= n:
         return list(range(n))
@@ -242,7 +249,7 @@ def main() -> None:
         jax_times = {lay: [] for lay in layouts}
         for r in range(rounds):
             round_rate = matmul_rate_gflops(repeats=5)
-            idx = _spread(n_items, base_k, r)
+            idx = spread(n_items, base_k, r)
             t0 = time.perf_counter()
             base = run_baseline(idx)
             base_rates.append(len(idx) / (time.perf_counter() - t0))

@@ -31,12 +31,16 @@ baseline: the whole prompt per question).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scoring_throughput import pick_torch_threads  # noqa: E402
 
 
 def build_model(layers: int):
@@ -81,25 +85,7 @@ class TorchTrainer:
         if threads:
             torch.set_num_threads(threads)
         else:
-            self._pick_threads()
-
-    def _pick_threads(self, n_tokens: int = 256) -> None:
-        """The faster of 1 thread and all cores (an oversubscribed machine can make torch's
-        multi-threaded kernels several times slower, which would flatter jaxdm)."""
-        torch = self.torch
-        x = torch.randint(100, 1000, (1, n_tokens))
-        best = None
-        for n in sorted({1, os.cpu_count() or 1}):
-            torch.set_num_threads(n)
-            with torch.inference_mode():
-                self.model(x, logits_to_keep=1)
-                t0 = time.perf_counter()
-                self.model(x, logits_to_keep=1)
-                dt = time.perf_counter() - t0
-            if best is None or dt < best[0]:
-                best = (dt, n)
-        torch.set_num_threads(best[1])
-        self.threads = best[1]
+            self.threads = pick_torch_threads(torch, self.model)
 
     def yes_probs(self, reqs) -> np.ndarray:
         torch = self.torch

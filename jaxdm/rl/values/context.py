@@ -21,7 +21,6 @@ outcome into every interior value, which is what GRPO already does).
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from typing import Callable, Mapping, Sequence
 
@@ -90,25 +89,11 @@ def _summary_messages(traj: Trajectory, digest_chars: int) -> list[dict]:
 def parse_string_list(text: str, n: int) -> list[str]:
     """A JSON list of exactly ``n`` non-empty strings (a ```json fence allowed), else
     ValueError saying what is wrong."""
-    body = _strip_fence(text)
-    try:
-        data = json.loads(body)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not JSON ({e.msg} at char {e.pos})") from None
-    if not isinstance(data, list):
-        raise ValueError(f"expected a JSON list, got {type(data).__name__}")
-    if len(data) != n:
-        raise ValueError(f"expected {n} entries, got {len(data)}")
+    data = prompts.load_json_list(text, n, "entries")
     for i, s in enumerate(data):
         if not isinstance(s, str) or not s.strip():
             raise ValueError(f"entry {i} is not a non-empty string: {s!r}")
     return [" ".join(s.split()) for s in data]
-
-
-def _strip_fence(text: str) -> str:
-    body = text.strip()
-    m = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", body, re.S)
-    return m.group(1) if m else body
 
 
 def summarize_llm(trajs: Sequence[Trajectory], generator, *, digest_chars: int = 80,

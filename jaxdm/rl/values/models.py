@@ -25,9 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import json
 import math
-import re
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -102,17 +100,7 @@ def list_messages(traj: Trajectory, group_context: str) -> list[dict]:
 def parse_value_list(text: str, n: int) -> np.ndarray:
     """A JSON list of exactly ``n`` finite numbers in [0, 1] (a ```json fence allowed);
     anything else raises ValueError saying what is wrong."""
-    body = text.strip()
-    m = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", body, re.S)
-    body = m.group(1) if m else body
-    try:
-        data = json.loads(body)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not JSON ({e.msg} at char {e.pos})") from None
-    if not isinstance(data, list):
-        raise ValueError(f"expected a JSON list, got {type(data).__name__}")
-    if len(data) != n:
-        raise ValueError(f"expected {n} values, got {len(data)}")
+    data = prompts.load_json_list(text, n, "values")
     for i, v in enumerate(data):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ValueError(f"value {i} is not a number: {v!r}")

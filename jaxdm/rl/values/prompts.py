@@ -11,6 +11,9 @@ them in one packed pass (``jaxdm.decision.shared_prefix``).
 """
 from __future__ import annotations
 
+import json
+import re
+
 LVRL_PROMPT_VERSION = "jaxdm-lvrl-prompts-v1"
 
 VALUE_INSTRUCTIONS = (
@@ -40,3 +43,21 @@ SUMMARY_QUESTION = (
     "action, observation after it):\n{lines}\n\nFor every step, write a short description of "
     "the action and its result (at most 15 words). Reply with a JSON list of exactly {n} "
     "strings, in step order, and nothing else.")
+
+
+def load_json_list(text: str, n: int, what: str = "entries") -> list:
+    """The JSON list of exactly ``n`` items a reply to these prompts must be (a ```json fence
+    allowed); anything else raises ValueError saying what is wrong. Item types are the
+    caller's to check."""
+    body = text.strip()
+    m = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", body, re.S)
+    body = m.group(1) if m else body
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not JSON ({e.msg} at char {e.pos})") from None
+    if not isinstance(data, list):
+        raise ValueError(f"expected a JSON list, got {type(data).__name__}")
+    if len(data) != n:
+        raise ValueError(f"expected {n} {what}, got {len(data)}")
+    return data
