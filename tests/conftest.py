@@ -1,7 +1,14 @@
 """Test-wide setup: 8 fake CPU devices (for the sharding tests) before JAX is imported."""
 import os
+import signal
 
 flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in flags:
     os.environ["XLA_FLAGS"] = (flags + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# A shell without job control starts background commands (`pytest ... &`) with SIGINT ignored,
+# and an ignored signal is inherited by every child process: the Ctrl-C tests (a SIGINT to this
+# process or to a training / screening subprocess) need it delivered as in a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
