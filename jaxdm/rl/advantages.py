@@ -166,11 +166,12 @@ LVRL_NORMALIZATIONS = ("none", "rms")
 
 
 def lvrl_advantages(values, rewards, group_ids, mask, *, num_groups: int,
-                    normalize: str = "none", value_rows=None, eps: float = 1e-6):
+                    normalize: str = "none", value_rows=None, kept=None, eps: float = 1e-6):
     """Step advantages A_t = V(s_{t+1}) − V(s_t) with LVRL's anchored values (seed 001 §3.2).
 
     The anchors replace the model's estimates at the two ends: V(s_0) = p̂_u, the mean
-    reward of the group's trajectories (its success rate for 0/1 rewards), and
+    reward of the group's kept trajectories (its success rate for 0/1 rewards; rows lost to
+    an env error, ``kept`` False, are left out), and
     V(s_{T_i}) = R_i, the trajectory's observed reward, where T_i = number of executed
     actions (a truncated episode is anchored to its observed reward like any other). So each
     row telescopes to Σ_t A_t = R_i − p̂_u. When every rollout of a group fails both anchors
@@ -192,6 +193,8 @@ def lvrl_advantages(values, rewards, group_ids, mask, *, num_groups: int,
       normalize: "none" | "rms" (static).
       value_rows: [B] bool, the rows whose values are real (default: all); only they enter
         the "rms" scale (rows without values fall back to another estimator upstream).
+      kept: [B] bool, the rows whose rewards make p̂_u (default: all); False for episodes
+        lost to an env error, whose reward is not an outcome.
       eps: added to the "rms" scale.
 
     Returns:
@@ -212,9 +215,11 @@ def lvrl_advantages(values, rewards, group_ids, mask, *, num_groups: int,
     if value_rows.shape != (b,) or value_rows.dtype != jnp.bool_:
         raise ValueError(f"value_rows must be bool [B]=[{b}], got {value_rows.dtype} "
                          f"{list(value_rows.shape)}")
+    kept = jnp.ones((b,), bool) if kept is None else jnp.asarray(kept)
+    if kept.shape != (b,) or kept.dtype != jnp.bool_:
+        raise ValueError(f"kept must be bool [B]=[{b}], got {kept.dtype} {list(kept.shape)}")
     rewards = rewards.astype(jnp.float32)
-    ones = jnp.ones((b,), bool)
-    _, p_hat, _, _, _ = group_stats(rewards, group_ids, ones, num_groups)
+    _, p_hat, _, _, _ = group_stats(rewards, group_ids, kept, num_groups)
     lengths = mask.sum(axis=1)
     slot = jnp.arange(t + 1)[None, :]
     v = values.astype(jnp.float32)

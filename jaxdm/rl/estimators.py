@@ -154,7 +154,7 @@ def lvrl(eb, signals, algo, num_groups):
     rows = np.asarray(sig.mask, bool) & ~eb.errored
     adv = lvrl_step_advantages(sig.arrays["values"], rows, eb.outcome, eb.returns, eb.groups,
                                eb.mask, num_groups=num_groups, normalize=algo.lvrl_normalize,
-                               eps=algo.eps)
+                               kept=~np.asarray(eb.errored, bool), eps=algo.eps)
     return Advantages(np.asarray(adv, np.float32),
                       stats={"lvrl/fallback_rows": float((~rows & ~eb.errored).sum())})
 

@@ -100,6 +100,34 @@ def test_fallback_rows_get_grpo_and_stay_out_of_the_scale():
     np.testing.assert_allclose(got[~rows], want_grpo[~rows], atol=1e-6)
 
 
+def test_errored_rows_stay_out_of_the_anchor():
+    # Group 0: a success (2 actions), a failure (2 actions) and an episode lost to an env error
+    # whose recorded reward (1.0) is not an outcome. p_hat must be 1/2 (kept rows), not 2/3.
+    values = np.array([[0.0, 0.7, 0.0], [0.0, 0.2, 0.0], [0.0, 0.9, 0.0]], np.float32)
+    rewards = np.array([1.0, 0.0, 1.0], np.float32)
+    mask = np.array([[1, 1], [1, 1], [0, 0]], bool)   # errored rows execute nothing
+    kept = np.array([True, True, False])
+    gids = np.array([0, 0, 0])
+    got = np.asarray(adv.lvrl_advantages(values, rewards, gids, mask, num_groups=1, kept=kept))
+    np.testing.assert_allclose(got, [[0.2, 0.3], [-0.3, -0.2], [0.0, 0.0]], atol=1e-6)
+    np.testing.assert_allclose(got.sum(1)[:2], [0.5, -0.5], atol=1e-6)
+    # Through the registered estimator (the EpisodeBatch ``errored`` mask): same anchors.
+    import types
+
+    from jaxdm.rl.estimators import ESTIMATORS
+    from jaxdm.rl.signals import Signal
+
+    eb = types.SimpleNamespace(outcome=rewards, returns=np.where(mask, rewards[:, None], 0.0),
+                               groups=gids, mask=mask, errored=~kept)
+    algo = types.SimpleNamespace(lvrl_normalize="none", eps=1e-6)
+    sig = Signal({"values": values}, np.array([True, True, True]), {})
+    out = ESTIMATORS["lvrl"].fn(eb, {"values": sig}, algo, 1)
+    np.testing.assert_allclose(out.adv, got, atol=1e-6)
+    assert out.stats["lvrl/fallback_rows"] == 0
+    with pytest.raises(ValueError, match="kept"):
+        adv.lvrl_advantages(values, rewards, gids, mask, num_groups=1, kept=np.ones(2, bool))
+
+
 def test_bad_inputs_are_named():
     values, rewards, group_ids, mask = ragged(0)
     with pytest.raises(ValueError, match="normalize"):

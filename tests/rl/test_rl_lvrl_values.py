@@ -312,5 +312,8 @@ def test_registry_values_signal_and_lvrl_estimator():
     sig = spec.produce(eb, backend, cfg)
     np.testing.assert_array_equal(sig.mask, [True, True, False])  # errored row: no values
     assert sig.arrays["values"].shape == (3, 6) and sig.stats["value/failures"] == 0
-    np.testing.assert_allclose(sig.arrays["values"][0, :5], [1 / 3, 0.4, 0.6, 0.8, 1.0],
+    # V(s_0) = p_hat over the kept rows only (1 success, 1 failure): 1/2, not 1/3.
+    np.testing.assert_allclose(sig.arrays["values"][0, :5], [0.5, 0.4, 0.6, 0.8, 1.0],
                                atol=1e-6)
+    np.testing.assert_allclose(sig.arrays["values"][1, 0], 0.5, atol=1e-6)
+    assert sig.stats["value/fallback_rows"] == 0 and sig.stats["value/queries"] == 2

@@ -23,7 +23,8 @@ __all__ = ["lvrl_step_advantages", "LVRL_NORMALIZATIONS"]
 
 
 def lvrl_step_advantages(values, value_rows, rewards, returns, group_ids, mask, *,
-                         num_groups: int, normalize: str = "rms", eps: float = 1e-6):
+                         num_groups: int, normalize: str = "rms", kept=None,
+                         eps: float = 1e-6):
     """LVRL step advantages [B, T] with a per-row GRPO fallback.
 
     Args:
@@ -37,6 +38,8 @@ def lvrl_step_advantages(values, value_rows, rewards, returns, group_ids, mask, 
       num_groups: static number of task groups.
       normalize: "none" or "rms" (see ``lvrl_advantages``); the rms scale is taken over the
         rows with values only.
+      kept: [B] bool, rows not lost to an env error (default: all): only they make the
+        anchor p̂_u (an errored row has an all-False ``mask`` and gets 0 anyway).
       eps: stabiliser of both estimators.
 
     Returns:
@@ -44,6 +47,7 @@ def lvrl_step_advantages(values, value_rows, rewards, returns, group_ids, mask, 
     """
     value_rows = jnp.asarray(value_rows)
     a_lvrl = lvrl_advantages(values, rewards, group_ids, mask, num_groups=num_groups,
-                             normalize=normalize, value_rows=value_rows, eps=eps)
+                             normalize=normalize, value_rows=value_rows, kept=kept,
+                             eps=eps)
     a_grpo = grpo_outcome_advantages(returns, group_ids, mask, num_groups=num_groups, eps=eps)
     return jnp.where(value_rows[:, None], a_lvrl, a_grpo)

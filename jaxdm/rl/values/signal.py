@@ -7,7 +7,9 @@ its values are the anchors alone, so it counts as ok with no query), asks the va
 and writes the interior values into slots 1..T_i − 1. Slot 0 and slot T_i hold p̂_u and R_i
 (what the estimator anchors them to anyway) so the array is the anchored value curve.
 Failed rows keep ``value_rows`` False (the estimator gives them their GRPO advantage), are
-counted in the metrics and listed in ``fallbacks`` (row, reason) for the run log.
+counted in the metrics and listed in ``fallbacks`` (row, reason) for the run log. Rows not
+``kept`` (episodes lost to an env error) are left out of everything: no query, no place in
+their group's context, no part of p̂_u, ``value_rows`` False, not counted as failures.
 """
 from __future__ import annotations
 
@@ -38,18 +40,24 @@ class ValuesSignal:
 def values_signal(trajectories: Sequence[Trajectory], group_ids: Sequence[int], value_model: Any,
                   *, num_steps: int, summariser: str = "deterministic",
                   summary_generator: Any = None, include_target: bool = False,
-                  max_steps_per_rollout: int = 0, max_rollouts: int = 0) -> ValuesSignal:
+                  max_steps_per_rollout: int = 0, max_rollouts: int = 0,
+                  kept: Sequence[bool] | None = None) -> ValuesSignal:
     """Values of every state of every trajectory (see module docstring).
 
     ``num_steps`` is the padded T of the batch (values get T + 1 slots); ``group_ids[i]`` the
-    task group of trajectory i. Group context options: see ``render_group_context``.
+    task group of trajectory i; ``kept`` [B] bool, False for rows lost to an env error
+    (default: all kept). Group context options: see ``render_group_context``.
     """
     trajs = list(trajectories)
     gids = np.asarray(group_ids)
     b = len(trajs)
     if gids.shape != (b,):
         raise ValueError(f"group_ids must have shape [B]=[{b}], got {list(gids.shape)}")
-    too_long = [i for i, t in enumerate(trajs) if len(t.steps) > num_steps]
+    kept_rows = np.ones(b, bool) if kept is None else np.asarray(kept)
+    if kept_rows.shape != (b,) or kept_rows.dtype != np.bool_:
+        raise ValueError(f"kept must be bool [B]=[{b}], got {kept_rows.dtype} "
+                         f"{list(kept_rows.shape)}")
+    too_long = [i for i, t in enumerate(trajs) if kept_rows[i] and len(t.steps) > num_steps]
     if too_long:
         raise ValueError(f"trajectories {too_long[:5]} have more than num_steps={num_steps} "
                          f"actions")
@@ -59,7 +67,9 @@ def values_signal(trajectories: Sequence[Trajectory], group_ids: Sequence[int], 
     queries: list[ValueQuery] = []
     rows: list[int] = []
     for g in sorted(set(gids.tolist())):
-        members = [i for i in range(b) if gids[i] == g]
+        members = [i for i in range(b) if gids[i] == g and kept_rows[i]]
+        if not members:
+            continue
         summaries, cost = summarize_group([trajs[i] for i in members], summariser,
                                           summary_generator, stats=stats) \
             if summariser == "llm" else summarize_group([trajs[i] for i in members], summariser)
@@ -79,7 +89,7 @@ def values_signal(trajectories: Sequence[Trajectory], group_ids: Sequence[int], 
 
     rewards = np.asarray([float(t.reward) for t in trajs], np.float32)
     values = np.zeros((b, num_steps + 1), np.float32)
-    ok = np.ones(b, bool)
+    ok = kept_rows.copy()
     per_row: list[ValueResult | None] = [None] * b
     fallbacks = []
     cost = Cost()
@@ -96,13 +106,15 @@ def values_signal(trajectories: Sequence[Trajectory], group_ids: Sequence[int], 
             reason = res.error if not res.ok else f"values of shape {shape}, not [{n - 1}]"
             fallbacks.append((i, reason))
     for i, tr in enumerate(trajs):  # the anchors, so rows read as value curves
-        values[i, 0] = rewards[gids == gids[i]].mean()
+        if not kept_rows[i]:
+            continue
+        values[i, 0] = rewards[(gids == gids[i]) & kept_rows].mean()
         values[i, len(tr.steps)] = rewards[i]
     n_q = len(queries)
     metrics = {
         "value/queries": n_q,
         "value/failures": len(fallbacks),
-        "value/fallback_rows": int((~ok).sum()),
+        "value/fallback_rows": int((~ok & kept_rows).sum()),
         "value/states": int(sum(len(trajs[i].steps) - 1 for i in rows)),
         "value/tokens_in": cost.tokens_in,
         "value/tokens_out": cost.tokens_out,

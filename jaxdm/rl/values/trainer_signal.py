@@ -127,7 +127,8 @@ def _produce(episodes, backend, cfg) -> Signal:
     trajs = [tr if len(tr.steps) <= num_steps else Trajectory(
         tr.goal, tr.steps[:num_steps], tr.steps[num_steps].observation, tr.reward, tr.success,
         tr.budget, tr.task_type, tr.env, metadata=tr.metadata) for tr in trajs]
-    sig = values_signal(trajs, episodes.groups, model, num_steps=num_steps, **opts)
+    sig = values_signal(trajs, episodes.groups, model, num_steps=num_steps, kept=~errored,
+                        **opts)
     rows = sig.value_rows & ~errored
     stats = dict(sig.metrics)
     stats["value/requests"] = stats["value/queries"]
