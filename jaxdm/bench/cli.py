@@ -1,4 +1,4 @@
-"""``jaxdm bench``: AGENT DECISION BENCH L1 / L2 (``jaxdm.bench.run``)."""
+"""``jaxdm bench``: AGENT DECISION BENCH L1 / L2 / L3 (``jaxdm.bench.run``)."""
 from __future__ import annotations
 
 import sys
@@ -6,14 +6,18 @@ import sys
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "bench", help="AGENT DECISION BENCH: L1 (BFCL v4 items), L2 (DECISION GYM states)",
+        "bench", help="AGENT DECISION BENCH: L1 (BFCL v4 items), L2 (DECISION GYM states), "
+             "L3 (taking over a running agent)",
         description="Score decision-model backends on L1 isolated items from bfcl-eval's BFCL "
                     "v4 files and L2 recorded DECISION GYM states (noisy scripted agent, test "
-                    "split): accuracy, ECE, cost, time, calls; bench.json, report.md, "
-                    "accuracy.png.")
+                    "split) and L3 takeover of a running agent (DECISION GYM base / Shift / Hard, "
+                    "ALFWorld): accuracy, ECE, task success, cost, time, calls, Kendall tau "
+                    "across backends; bench.json, report.md, accuracy.png, levels.png.")
     p.add_argument("--config", help="YAML file of BenchConfig keys")
     p.add_argument("--judge", action="append", dest="judges", metavar="SPEC",
                    help="backend: 'smollm2', 'oracle', or 'kind:key=value,...' (repeatable)")
+    p.add_argument("--level", action="append", dest="levels", choices=("l1", "l2", "l3"),
+                   help="a bench level to run (repeatable; default: the config's levels)")
     p.add_argument("--out", dest="out_dir", help="output folder")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
@@ -32,6 +36,8 @@ def main(args) -> int:
         cfg = load_config(BenchConfig, args.config, overrides)
         if args.judges:
             cfg = type(cfg)(**{**cfg.__dict__, "judges": tuple(args.judges)})
+        if args.levels:
+            cfg = type(cfg)(**{**cfg.__dict__, "levels": tuple(dict.fromkeys(args.levels))})
         run(cfg)
     except (ConfigError, BenchError) as e:
         print(f"jaxdm bench: error: {e}", file=sys.stderr)

@@ -82,3 +82,45 @@ def breakdown(recs: Sequence[Mapping[str, Any]], bins: int = ECE_BINS) -> dict[s
             out["l2/tool/not_must_ask"] = summarize(
                 [r for r in lv if r["kind"] == "tool" and not r["must_ask"]], bins)
     return out
+
+
+def kendall_tau(x: Sequence[float], y: Sequence[float]) -> dict[str, Any]:
+    """Kendall's τ-b between two equal-length sequences (``scipy.stats.kendalltau``) and its
+    two-sided p-value; τ is None with fewer than two pairs or when either side is constant
+    (τ undefined). Non-finite values are an error naming their position."""
+    from scipy.stats import kendalltau
+
+    a, b = np.asarray(x, float), np.asarray(y, float)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"kendall_tau needs equal 1-D shapes, got {a.shape} and {b.shape}")
+    bad = np.flatnonzero(~np.isfinite(a) | ~np.isfinite(b))
+    if bad.size:
+        raise ValueError(f"kendall_tau: non-finite value at position {int(bad[0])}")
+    if a.size < 2 or np.all(a == a[0]) or np.all(b == b[0]):
+        return {"tau": None, "p": None, "n": int(a.size)}
+    res = kendalltau(a, b)
+    return {"tau": float(res.statistic), "p": float(res.pvalue), "n": int(a.size)}
+
+
+STEP_ACCURACY_LEVELS = ("l1", "l2", "l3")
+
+
+def level_agreement(backends: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Kendall τ across backends between each level's step-level accuracy (L1, L2 question
+    accuracy; L3 the model's own takeover choices) and L3 task success (the seed's point:
+    isolated accuracy need not predict takeover success). Only backends with both numbers
+    count; the backends used are listed."""
+    out: dict[str, Any] = {}
+    for level in STEP_ACCURACY_LEVELS:
+        names, xs, ys = [], [], []
+        for name, b in backends.items():
+            acc = (b.get(level) or {}).get("accuracy")
+            success = ((b.get("l3_tasks") or {}).get("all") or {}).get("success")
+            if acc is None or success is None:
+                continue
+            names.append(name)
+            xs.append(acc)
+            ys.append(success)
+        if names:
+            out[f"{level}_accuracy_vs_l3_success"] = kendall_tau(xs, ys) | {"backends": names}
+    return out

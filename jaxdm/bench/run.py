@@ -1,4 +1,5 @@
-"""``jaxdm bench``: AGENT DECISION BENCH L1 (BFCL v4) and L2 (recorded DECISION GYM states).
+"""``jaxdm bench``: AGENT DECISION BENCH L1 (BFCL v4), L2 (recorded DECISION GYM states) and
+L3 (the decision model taking over a running agent, ``jaxdm.bench.l3``).
 
 Every backend (``jaxdm screen``'s judge specs: "oracle", "smollm2", or
 "kind:key=value,...", e.g. ``oracle:noise=0.2``, ``local_likelihood:path=smollm2``,
@@ -10,9 +11,16 @@ calls (one per question). A backend that cannot answer a question (e.g. constrai
 has 26 single-letter labels and DECISION GYM's tool question has 69 options) gets it counted
 as failed with the reason, never silently dropped.
 
-Writes ``bench.json``, ``records.jsonl`` (one line per question and backend), ``report.md``
-and ``accuracy.png`` to ``out_dir``. L3 (a decision model taking over a running agent) is not
-part of this command.
+L3 (``levels`` holds "l3"): per backend and env (DECISION GYM base / Shift / Hard, ALFWorld)
+task success, cost, time, decision-model and LLM calls, failures, and the step-level
+accuracy of the model's own takeover choices (as level "l3" records, kind = env). Across
+backends: Kendall τ between each level's step-level accuracy and L3 task success
+(``metrics.level_agreement``; needs at least two backends).
+
+Writes ``bench.json``, ``records.jsonl`` (one line per question / keyed takeover decision and
+backend), ``l3_episodes.jsonl`` (one line per L3 episode and backend), ``report.md``,
+``accuracy.png`` and ``levels.png`` (L1 vs L2 accuracy vs L3 task success per backend) to
+``out_dir``.
 """
 from __future__ import annotations
 
@@ -23,11 +31,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from jaxdm.bench import l1 as l1_lib
+from jaxdm.bench import l3 as l3_lib
 from jaxdm.bench import metrics
 from jaxdm.bench.l2 import AFTER_ERROR_SHARE, L2Config, build_l2
 from jaxdm.decision.types import choice_failed
 
-LEVELS = ("l1", "l2")
+LEVELS = ("l1", "l2", "l3")
 
 
 class BenchError(ValueError):
@@ -37,7 +46,8 @@ class BenchError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
     """levels: which of "l1", "l2"; l1_tool / l1_param: seeded subset sizes (None = all);
-    l2_*: see ``jaxdm.bench.l2.L2Config``; batch: questions per backend call."""
+    l2_*: see ``jaxdm.bench.l2.L2Config``; l3_*: see ``jaxdm.bench.l3.L3Config`` (l3_llm: the
+    agent LLM spec of ``jaxdm.harness.run.make_llm``); batch: questions per backend call."""
 
     levels: tuple[str, ...] = LEVELS
     judges: tuple[str, ...] = ("oracle:noise=0.2,name=oracle-noisy", "smollm2")
@@ -49,6 +59,10 @@ class BenchConfig:
     l2_agent_error_rate: float = 0.25
     l2_after_error_share: float | None = AFTER_ERROR_SHARE
     l2_max_states: int | None = None
+    l3_envs: tuple[str, ...] = l3_lib.L3_ENVS
+    l3_tasks: int = 20
+    l3_llm: dict = dataclasses.field(default_factory=lambda: dict(l3_lib.DEFAULT_LLM))
+    l3_max_steps: int = 30
     seed: int = 0
     batch: int = 32
     ece_bins: int = metrics.ECE_BINS
@@ -62,6 +76,16 @@ class BenchConfig:
             raise BenchError("bench needs at least one judge (backend spec)")
         if self.batch < 1 or self.ece_bins < 1:
             raise BenchError("batch and ece_bins must be >= 1")
+        if "l3" in self.levels:
+            try:
+                self.l3_config()
+            except ValueError as e:
+                raise BenchError(str(e)) from None
+
+    def l3_config(self) -> l3_lib.L3Config:
+        return l3_lib.L3Config(envs=tuple(self.l3_envs), tasks=self.l3_tasks,
+                               llm=dict(self.l3_llm), gym_max_steps=self.l3_max_steps,
+                               alfworld_max_steps=self.l3_max_steps)
 
 
 def build_questions(cfg: BenchConfig) -> tuple[dict[str, list], dict[str, Any]]:
@@ -111,7 +135,13 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     stats["build_seconds"] = round(time.perf_counter() - t0, 3)
     n_total = sum(len(v) for v in questions.values())
     result: dict[str, Any] = {"config": dataclasses.asdict(cfg), "data": stats, "backends": {}}
-    all_recs = []
+    all_recs, l3_rows = [], []
+    if "l3" in cfg.levels:
+        from jaxdm.harness.run import HarnessError, make_llm
+        try:
+            make_llm(dict(cfg.l3_llm))
+        except (HarnessError, ValueError, TypeError) as e:
+            raise BenchError(f"l3_llm: {e}") from None
     for name, backend in judges:
         bar = None
         if cfg.progress:
@@ -125,29 +155,61 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
             recs.extend(metrics.records(qs, res, level))
         if bar is not None:
             bar.close()
+        rows = []
+        if "l3" in cfg.levels:
+            t1 = time.perf_counter()
+            l3_recs, rows = _run_l3(backend, cfg, name)
+            seconds["l3"] = time.perf_counter() - t1
+            recs.extend(l3_recs)
+            l3_rows.extend(dict(r, backend=name) for r in rows)
         summary = metrics.breakdown(recs, cfg.ece_bins)
+        if rows:
+            summary["l3_tasks"] = l3_lib.breakdown(rows)
         errors = sorted({r["error"] for r in recs if r["error"]})
+        n_questions = sum(r["level"] != "l3" for r in recs)
         summary["cost"] = {
-            "calls": len(recs), "tokens_in": sum(r["tokens_in"] for r in recs),
+            "calls": n_questions + sum(r["dm_calls"] for r in rows),
+            "tokens_in": sum(r["tokens_in"] for r in recs),
             "usd": (sum(r["usd"] for r in recs if r["usd"] is not None)
                     if any(r["usd"] is not None for r in recs) else None),
             "seconds": {k: round(v, 3) for k, v in seconds.items()},
-            "seconds_per_call": round(sum(seconds.values()) / max(len(recs), 1), 5)}
+            "seconds_per_call": round(sum(v for k, v in seconds.items() if k != "l3")
+                                      / max(n_questions, 1), 5)}
         summary["failure_reasons"] = errors[:5]
         result["backends"][name] = summary
         all_recs.extend(dict(r, backend=name) for r in recs)
+    if "l3" in cfg.levels:
+        result["kendall"] = metrics.level_agreement(result["backends"])
     with open(out / "records.jsonl", "w", encoding="utf-8") as f:
         for r in all_recs:
             f.write(json.dumps(r) + "\n")
+    if l3_rows:
+        with open(out / "l3_episodes.jsonl", "w", encoding="utf-8") as f:
+            for r in l3_rows:
+                f.write(json.dumps(r) + "\n")
     (out / "bench.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
     _figure(result, out / "accuracy.png")
+    levels_figure(result, out / "levels.png")
     (out / "report.md").write_text(report(result), encoding="utf-8")
     print(report(result))
     return result
 
 
+def _run_l3(backend: Any, cfg: BenchConfig, name: str) -> tuple[list, list]:
+    l3cfg = cfg.l3_config()
+    bar = None
+    if cfg.progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(l3cfg.envs) * l3cfg.tasks, desc=f"L3 {name}", unit="task")
+    recs, rows = l3_lib.run_l3(backend, l3cfg,
+                               on_episode=(lambda r: bar.update(1)) if bar is not None else None)
+    if bar is not None:
+        bar.close()
+    return recs, rows
+
+
 GROUPS = ("l1/l1_tool", "l1/l1_param", "l2/tool", "l2/param", "l2/stop", "l2/after_error",
-          "l2/no_error", "l2/tool/must_ask")
+          "l2/no_error", "l2/tool/must_ask", "l3/base", "l3/shift", "l3/hard", "l3/alfworld")
 
 
 def _fmt(x: Any) -> str:
@@ -188,6 +250,27 @@ def report(result: dict[str, Any]) -> str:
         c = b["cost"]
         lines.append(f"| {name} | " + " | ".join(cells) +
                      f" | {c['calls']} | {c['tokens_in']} | {c['seconds_per_call']} |")
+    l3_rows = [(name, b["l3_tasks"]) for name, b in result["backends"].items()
+               if "l3_tasks" in b]
+    if l3_rows:
+        c = result["config"]
+        lines += ["", f"L3 (taking over: the model makes every tool choice / ALFWorld action, "
+                      f"the agent LLM {c['l3_llm']} writes the parameters; {c['l3_tasks']} "
+                      f"tasks per env, test split / ALFWorld valid_unseen, max "
+                      f"{c['l3_max_steps']} steps):", "",
+                  "| backend | env | task success | step acc. | cost / task (USD) | s / task "
+                  "| DM calls | LLM calls | DM failures | irreversible errors |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for name, t in l3_rows:
+            for env_name, s in t.items():
+                lines.append(f"| {name} | {env_name} | {_fmt(s['success'])} | "
+                             f"{_fmt(s['step_accuracy'])} | {s['cost_per_task']:.5f} | "
+                             f"{s['seconds_per_task']:.2f} | {s['dm_calls']} | "
+                             f"{s['llm_calls']} | {s['dm_failures']} | "
+                             f"{s['irreversible_errors']} |")
+    for key, k in (result.get("kendall") or {}).items():
+        lines += ["", f"Kendall τ, {key.replace('_', ' ')} across {k['n']} backends: "
+                      f"{_fmt(k['tau'])} (p {_fmt(k['p'])})"]
     for name, b in result["backends"].items():
         if b["failure_reasons"]:
             lines += ["", f"{name} failures (first reasons): " + "; ".join(b["failure_reasons"])]
@@ -214,6 +297,40 @@ def _figure(result: dict[str, Any], path: Path) -> None:
     ax.set_ylim(0, 1)
     ax.legend(fontsize=8)
     ax.set_title("AGENT DECISION BENCH: accuracy by level and decision point")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def levels_figure(result: dict[str, Any], path: Path) -> None:
+    """Per backend: L1 accuracy, L2 accuracy, L3 step accuracy and L3 task success (bars)."""
+    import matplotlib
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    names = list(result["backends"])
+    bars = [("L1 accuracy", lambda b: (b.get("l1") or {}).get("accuracy")),
+            ("L2 accuracy", lambda b: (b.get("l2") or {}).get("accuracy")),
+            ("L3 step accuracy", lambda b: (b.get("l3") or {}).get("accuracy")),
+            ("L3 task success",
+             lambda b: ((b.get("l3_tasks") or {}).get("all") or {}).get("success"))]
+    bars = [(lab, f) for lab, f in bars if any(f(b) is not None
+                                               for b in result["backends"].values())]
+    fig, ax = plt.subplots(figsize=(1.5 + 1.6 * len(names), 3.6))
+    w = 0.8 / max(len(bars), 1)
+    for i, (lab, f) in enumerate(bars):
+        ys = [f(result["backends"][n]) for n in names]
+        ax.bar(np.arange(len(names)) + i * w, [y or 0.0 for y in ys], w, label=lab)
+    ax.set_xticks(np.arange(len(names)) + w * (len(bars) - 1) / 2)
+    ax.set_xticklabels(names, rotation=20, ha="right", fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("accuracy / success")
+    tau = ((result.get("kendall") or {}).get("l1_accuracy_vs_l3_success") or {}).get("tau")
+    ax.set_title("L1 vs L2 vs L3 per decision model" +
+                 (f" (τ L1 acc. vs L3 success {tau:.2f})" if tau is not None else ""),
+                 fontsize=9)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

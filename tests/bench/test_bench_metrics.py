@@ -31,8 +31,8 @@ def test_l2_share_is_configurable():
 
 
 def test_bench_run_with_oracles(tmp_path):
-    cfg = BenchConfig(judges=("oracle", "oracle:noise=0.3,name=noisy"), out_dir=str(tmp_path),
-                      l1_tool=30, l1_param=30, l2_tasks=6, progress=False)
+    cfg = BenchConfig(levels=("l1", "l2"), judges=("oracle", "oracle:noise=0.3,name=noisy"),
+                      out_dir=str(tmp_path), l1_tool=30, l1_param=30, l2_tasks=6, progress=False)
     res = run(cfg)
     assert res["backends"]["oracle"]["all"]["accuracy"] == 1.0
     assert res["backends"]["oracle"]["all"]["ece"] == 0.0

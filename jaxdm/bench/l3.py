@@ -1,0 +1,169 @@
+"""AGENT DECISION BENCH L3: the decision model takes over a running agent (seed 003 §3).
+
+The decision model makes every tool choice of a running DECISION GYM agent (base / Shift /
+Hard, test split) and every action of a native-engine ALFWorld agent (held-out floor plans,
+``valid_unseen``); the agent LLM (the harness's ``SimulatedLLM`` by default, any
+``jaxdm.harness.run.make_llm`` spec) writes the parameters; no threshold: the harness's
+REPLACE mode on the ``tool`` / ``next_action`` decision point. Choices are executed.
+
+Per environment it reports task success, cost (USD: the agent LLM's calls plus the decision
+model's own price where it reports one, plus ``dm_price_per_call``), time (the harness's
+``Episode.seconds``: simulated / measured model time plus the harness's measured overhead),
+decision-model calls, agent-LLM calls, decision-model failures (the harness hands a failed
+decision to the LLM and counts it; a constrained readout cannot show 69 tools, so its tool
+choices all fail: reported, not hidden), and the step-level accuracy of the model's own
+choices against the answer keys (keyed steps only: ALFWorld keys every state by re-planning;
+DECISION GYM leaves a state without a key once the task cannot be completed any more).
+
+Stated choice: an episode's irreversible error ends it (DECISION GYM strict mode), so its
+``irreversible_errors`` is 0 or 1.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Sequence
+
+L3_ENVS = ("base", "shift", "hard", "alfworld")
+GYM_VARIANTS = ("base", "shift", "hard")
+DEFAULT_LLM: Mapping[str, Any] = {"kind": "simulated", "profile": "strong"}
+
+
+@dataclasses.dataclass(frozen=True)
+class L3Config:
+    """envs: subset of ``L3_ENVS``; tasks: tasks per env (indices 0..tasks-1 of the test
+    split, or of ALFWorld's ``alfworld_split``); llm: the agent LLM spec."""
+
+    envs: tuple[str, ...] = L3_ENVS
+    tasks: int = 20
+    llm: Mapping[str, Any] = dataclasses.field(default_factory=lambda: dict(DEFAULT_LLM))
+    gym_split: str = "test"
+    gym_max_steps: int = 30
+    alfworld_split: str = "valid_unseen"
+    alfworld_max_steps: int = 30
+    dm_price_per_call: float = 0.0
+    dm_latency_s: float = 0.0
+
+    def __post_init__(self):
+        bad = sorted(set(self.envs) - set(L3_ENVS))
+        if bad or not self.envs:
+            raise ValueError(f"L3 envs {bad or '(none)'} unknown; known: {list(L3_ENVS)}")
+        if not isinstance(self.tasks, int) or self.tasks < 1:
+            raise ValueError(f"L3 tasks must be a positive int, got {self.tasks!r}")
+        for k in ("gym_max_steps", "alfworld_max_steps"):
+            if not isinstance(getattr(self, k), int) or getattr(self, k) < 1:
+                raise ValueError(f"L3 {k} must be a positive int, got {getattr(self, k)!r}")
+
+
+def takeover_harness(env_name: str, llm: Any, dm: Any, *, dm_price_per_call: float = 0.0,
+                     dm_latency_s: float = 0.0):
+    """The L3 harness for one env: REPLACE on ``tool`` (DECISION GYM) or ``next_action``
+    (ALFWorld), everything else with the LLM."""
+    from jaxdm.harness.agent import AgentSettings, Harness
+    from jaxdm.harness.modes import Delegation
+    from jaxdm.harness.textenv import TextEnvHarness
+
+    settings = AgentSettings(dm_price_per_call=dm_price_per_call, dm_latency_s=dm_latency_s)
+    if env_name == "alfworld":
+        return TextEnvHarness(llm, dm, [Delegation("next_action", "replace")], settings,
+                              adapter="alfworld")
+    if env_name not in GYM_VARIANTS:
+        raise ValueError(f"L3 env {env_name!r} unknown; known: {list(L3_ENVS)}")
+    return Harness(llm, dm, [Delegation("tool", "replace")], settings)
+
+
+def make_env(env_name: str, cfg: L3Config) -> tuple[Any, Any, list[int]]:
+    """(env, params, task seeds) of one L3 environment."""
+    if env_name == "alfworld":
+        from jaxdm.envs.alfworld import AlfWorldEnv, AlfWorldParams
+        params = AlfWorldParams(split=cfg.alfworld_split, max_steps=cfg.alfworld_max_steps)
+        return AlfWorldEnv(params), params, list(range(cfg.tasks))
+    from jaxdm.envs.decision_gym import DecisionGym, GymParams
+    params = GymParams(variant=env_name, strict=True, max_steps=cfg.gym_max_steps,
+                       split=cfg.gym_split)
+    return DecisionGym(), params, list(range(cfg.tasks))
+
+
+def irreversible_errors(ep: Any) -> int:
+    """Irreversible errors of a harness episode (strict mode: the first one ends it)."""
+    return int(ep.end == "irreversible_error")
+
+
+def episode_row(env_name: str, ep: Any) -> dict[str, Any]:
+    point = "next_action" if env_name == "alfworld" else "tool"
+    own = [r for r in ep.decisions if r.point == point and r.who == "dm"]
+    keyed = [r for r in own if r.answer is not None and r.choice is not None]
+    return {"env": env_name, **ep.summary(),
+            "irreversible_errors": irreversible_errors(ep),
+            "dm_decisions": len(own), "dm_keyed": len(keyed),
+            "dm_correct": sum(bool(r.correct) for r in keyed)}
+
+
+def step_records(env_name: str, ep: Any) -> list[dict[str, Any]]:
+    """One bench record (``jaxdm.bench.metrics`` shape) per keyed takeover decision: the
+    model's own choice (or its failure, then the LLM's choice executed) against the key."""
+    point = "next_action" if env_name == "alfworld" else "tool"
+    out = []
+    for r in ep.decisions:
+        if r.point != point or r.answer is None or r.who == "implied":
+            continue
+        failed = r.dm_choice is None
+        out.append({"level": "l3", "kind": env_name, "category": env_name,
+                    "correct": bool(not failed and r.dm_choice in r.answer),
+                    "confidence": None if failed else r.confidence, "failed": failed,
+                    "error": "decision model failed (the LLM decided)" if failed else None,
+                    "after_error": None, "must_ask": None, "n_options": r.n_options,
+                    "tokens_in": 0, "usd": r.cost_usd})
+    return out
+
+
+def run_l3(dm: Any, cfg: L3Config, *, llm_factory: Callable[[], Any] | None = None,
+           on_episode: Callable[[dict], None] | None = None
+           ) -> tuple[list[dict], list[dict]]:
+    """Run every L3 env with ``dm`` taking over; (step records, episode rows)."""
+    if llm_factory is None:
+        from jaxdm.harness.run import make_llm
+        spec = dict(cfg.llm)
+        llm_factory = lambda: make_llm(spec)  # noqa: E731
+    records, rows = [], []
+    for env_name in cfg.envs:
+        env, params, seeds = make_env(env_name, cfg)
+        h = takeover_harness(env_name, llm_factory(), dm, dm_price_per_call=cfg.dm_price_per_call,
+                             dm_latency_s=cfg.dm_latency_s)
+        for seed in seeds:
+            ep = h.run_task(env, seed, params)
+            row = episode_row(env_name, ep)
+            rows.append(row)
+            records.extend(step_records(env_name, ep))
+            if on_episode is not None:
+                on_episode(row)
+    return records, rows
+
+
+def summarize_episodes(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Task success, cost, time and calls over episode rows (means per task; sums noted)."""
+    n = len(rows)
+    if n == 0:
+        return {"n": 0}
+    keyed = sum(r["dm_keyed"] for r in rows)
+    return {"n": n, "success": sum(r["success"] for r in rows) / n,
+            "cost_per_task": sum(r["cost"] for r in rows) / n,
+            "seconds_per_task": sum(r["seconds"] for r in rows) / n,
+            "dm_calls": sum(r["dm_calls"] for r in rows),
+            "llm_calls": sum(r["llm_calls"] for r in rows),
+            "dm_failures": sum(r["dm_failures"] for r in rows),
+            "irreversible_errors": sum(r["irreversible_errors"] for r in rows),
+            "step_accuracy": sum(r["dm_correct"] for r in rows) / keyed if keyed else None,
+            "steps": sum(r["steps"] for r in rows)}
+
+
+def breakdown(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``summarize_episodes`` over all rows and per env."""
+    out = {"all": summarize_episodes(rows)}
+    for env_name in dict.fromkeys(r["env"] for r in rows):
+        out[env_name] = summarize_episodes([r for r in rows if r["env"] == env_name])
+    return out
+
+
+__all__ = ["L3Config", "L3_ENVS", "GYM_VARIANTS", "takeover_harness", "make_env", "run_l3",
+           "episode_row", "step_records", "summarize_episodes", "breakdown",
+           "irreversible_errors"]
