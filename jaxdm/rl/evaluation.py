@@ -5,6 +5,11 @@ For every eval seed one rollout of the held-out tasks (task seeds from
 cutoff k in ``cfg.eval_cutoffs``, the share of tasks completed within k actions (seed 000,
 Table 4), averaged over seeds (± std over seeds). Keys: ``eval/<type>``,
 ``eval/<type>_std``, ``eval/<type>@<k>``; ``eval/table`` is the printed table.
+
+With a value model (``values``: the run's ``values`` signal backend, estimator ``lvrl``) it
+also values a handful of the evaluation trajectories and writes their value curves to
+``<cfg.out_dir>/value_curves/iter_XXXX.png`` (``jaxdm.rl.values.curves``), adding the
+value-query metrics as ``eval/value/...``.
 """
 from __future__ import annotations
 
@@ -34,13 +39,15 @@ def _per_seed(episodes, cutoffs) -> dict[str, float]:
     return row
 
 
-def evaluate(policy, params, venv, cfg) -> dict[str, Any]:
-    per_seed = []
+def evaluate(policy, params, venv, cfg, *, values: Any = None,
+             iteration: int = 0) -> dict[str, Any]:
+    per_seed, episodes = [], []
     for s in cfg.eval_seeds:
         res = rollout(policy, params, venv, seed=cfg.eval_task_offset, key=jax.random.key(s),
                       max_actions=cfg.max_actions, greedy=cfg.eval_greedy,
                       env_name=cfg.env.name, pipeline=cfg.rollout_pipeline)
         per_seed.append(_per_seed(res.episodes, cfg.eval_cutoffs))
+        episodes.append(res.episodes)
     keys = list(per_seed[0])
     types = [k for k in keys if "@" not in k]
     summary = {f"eval/{k}": float(np.mean([r[k] for r in per_seed])) for k in keys}
@@ -53,4 +60,9 @@ def evaluate(policy, params, venv, cfg) -> dict[str, Any]:
         row.update({f"@{k}": summary[f"eval/{t}@{k}"] for k in cfg.eval_cutoffs})
         rows.append(row)
     summary["eval/table"] = runlog.format_table(rows, ["type", "success %", *cut_cols])
+    if values is not None:
+        from jaxdm.rl.values.curves import evaluation_value_curves
+
+        summary.update(evaluation_value_curves(episodes, values, cfg, iteration=iteration,
+                                               out_dir=cfg.out_dir))
     return summary

@@ -6,12 +6,14 @@
   list per trajectory through a text generator; ``oracle``, the env's own value + noise);
 - ``signal``: the ``values`` signal [B, T + 1] with its row mask, metrics and value curves;
 - ``estimator``: anchored value differences with a per-row GRPO fallback;
+- ``curves``: value curves of a handful of evaluation trajectories at every evaluation;
 - ``trainer_signal``: registers the trainer's ``values`` signal (``jaxdm.rl.signals``) built
   from the config's ``value:`` section (imported here, so the signal exists on first use).
 """
 from jaxdm.rl.values.context import (SUMMARISERS, RolloutSummary, StepSummary,
                                      render_group_context, summarize_deterministic,
                                      summarize_group, summarize_llm)
+from jaxdm.rl.values.curves import evaluation_value_curves
 from jaxdm.rl.values.estimator import LVRL_NORMALIZATIONS, lvrl_step_advantages
 from jaxdm.rl.values.generation import Generation, HttpChatGenerator, LocalGenerator
 from jaxdm.rl.values.models import (ORACLE_VALUES, VALUE_MODELS, ListValueModel,
@@ -28,5 +30,5 @@ __all__ = [
     "ORACLE_VALUES", "VALUE_MODELS", "ListValueModel", "OracleValueModel",
     "ReadoutValueModel", "ValueQuery", "ValueResult", "parse_value_list", "state_context",
     "state_question", "ValuesSignal", "plot_value_curves", "values_signal",
-    "check_value_spec", "value_model_from_spec",
+    "check_value_spec", "value_model_from_spec", "evaluation_value_curves",
 ]

@@ -138,9 +138,13 @@ def values_signal(trajectories: Sequence[Trajectory], group_ids: Sequence[int], 
 
 
 def plot_value_curves(trajectories: Sequence[Trajectory], values: np.ndarray, path: str | Path,
-                      *, rows: Sequence[int] | None = None, title: str = "") -> Path:
-    """One panel per trajectory: V(s_t) vs step t (anchors hollow), milestones marked."""
+                      *, rows: Sequence[int] | None = None, title: str = "",
+                      value_rows: Sequence[bool] | None = None) -> Path:
+    """One panel per trajectory: V(s_t) vs step t (anchors hollow), milestone steps starred,
+    no-op steps crossed, the outcome in the panel title. Rows with ``value_rows`` False (a
+    failed value query) show their anchors only, titled "no values"."""
     import matplotlib
+    import matplotlib.ticker
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -154,17 +158,31 @@ def plot_value_curves(trajectories: Sequence[Trajectory], values: np.ndarray, pa
         tr = trajectories[i]
         n = len(tr.steps)
         v = np.asarray(values[i][:n + 1])
-        ax.plot(range(n + 1), v, "-", color="C0", lw=1.2)
+        has_values = value_rows is None or bool(value_rows[i])
+        if has_values:
+            ax.plot(range(n + 1), v, "-", color="C0", lw=1.2)
+            # the value of the state an action led to: milestone / no-op marks at t + 1
+            for key, marker, colour in (("milestone", "*", "C2"), ("no_op", "x", "C3")):
+                at = [t + 1 for t, s in enumerate(tr.steps) if s.annotations.get(key)]
+                if at:
+                    ax.plot(at, v[at], marker, color=colour, ms=7, label=key)
         ax.plot([0, n], [v[0], v[n]], "o", mfc="none", color="C0")
-        miles = [t + 1 for t, s in enumerate(tr.steps) if s.annotations.get("milestone")]
-        if miles:
-            ax.plot(miles, v[miles], "*", color="C2", ms=8, label="milestone")
         ax.set_ylim(-0.05, 1.05)
-        ax.set_title(f"#{i} {'success' if tr.success else 'failure'} ({n} actions)", fontsize=8)
+        outcome = "success" if tr.success else "failure"
+        ax.set_title(f"#{i} {outcome} ({n} actions)" + ("" if has_values else ", no values"),
+                     fontsize=8, color="C2" if tr.success else "black")
         ax.set_xlabel("step", fontsize=7)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.tick_params(labelsize=7)
     for ax in axes.ravel()[len(rows):]:
         ax.axis("off")
+    handles = {}
+    for ax in axes.ravel()[:len(rows)]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    if handles:
+        axes.ravel()[0].legend(list(handles.values()), list(handles), fontsize=6,
+                               loc="best")
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()

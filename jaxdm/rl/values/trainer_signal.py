@@ -11,7 +11,9 @@ naming ``value.<key>``):
   local model);
 - group context: ``summariser`` ("deterministic" | "llm"), ``summary_generator`` (like
   ``generator``; needed by "llm"), ``include_target`` (default False),
-  ``max_steps_per_rollout`` and ``max_rollouts`` (0: all).
+  ``max_steps_per_rollout`` and ``max_rollouts`` (0: all);
+- ``eval_trajectories``: how many evaluation trajectories each evaluation values and plots
+  (``jaxdm.rl.values.curves``; default 8, 0: none).
 
 ``produce`` returns arrays ``{"values": [B, T + 1]}``, mask [B] (rows whose values are real;
 errored episodes and failed queries are False and fall back to GRPO in the ``lvrl``
@@ -25,6 +27,7 @@ import numpy as np
 
 from jaxdm.rl.signals import Signal, register_signal
 from jaxdm.rl.values.context import SUMMARISERS
+from jaxdm.rl.values.curves import eval_trajectory_count
 from jaxdm.rl.values.generation import HttpChatGenerator, LocalGenerator
 from jaxdm.rl.values.models import VALUE_MODELS
 from jaxdm.rl.values.signal import values_signal
@@ -33,7 +36,7 @@ from jaxdm.trajectory import Trajectory
 __all__ = ["value_model_from_spec", "check_value_spec"]
 
 _COMMON = {"kind", "summariser", "summary_generator", "include_target",
-           "max_steps_per_rollout", "max_rollouts"}
+           "max_steps_per_rollout", "max_rollouts", "eval_trajectories"}
 _KIND_KEYS = {"oracle": {"noise", "seed"}, "readout": {"backend"}, "list": {"generator"}}
 _HTTP_KEYS = {"base_url", "model", "api_key_env", "price_per_1k_in", "price_per_1k_out",
               "max_tokens", "timeout", "max_retries", "concurrency"}
@@ -53,6 +56,7 @@ def check_value_spec(spec: Mapping[str, Any]) -> None:
     if unknown:
         raise ValueError(f"value.{unknown[0]}: unknown key for value.kind={kind!r}; allowed: "
                          f"{sorted(_COMMON | _KIND_KEYS[kind])}")
+    eval_trajectory_count(spec)
     summariser = spec.get("summariser", "deterministic")
     if summariser not in SUMMARISERS:
         raise ValueError(f"value.summariser: unknown summariser {summariser!r}; known: "
