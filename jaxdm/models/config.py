@@ -48,6 +48,11 @@ class ModelConfig:
       architecture: the HF class name the config came from.
       dtype: parameter dtype name ("float32", "bfloat16", "float16").
       bos_token_id / eos_token_ids / pad_token_id: special ids when the config names them.
+      remat: rematerialise each decoder layer in the backward pass (``jax.checkpoint`` of the
+        layer body inside the layer scan): a gradient keeps only every layer's input instead of
+        all its activations (attention logits included), for one more forward's compute. Off
+        for inference (no effect without a gradient); the SFT trainer turns it on. Not part of
+        the HF config (``to_hf_dict`` leaves it out).
     """
 
     vocab_size: int
@@ -72,6 +77,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
+    remat: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",

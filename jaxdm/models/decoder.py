@@ -323,8 +323,16 @@ def _run_layers(params: Params, config: ModelConfig, x: jax.Array, positions: ja
         attn = _planned_attention(q, k, v, mask_fn, plan, need_fn)
         return _out_and_mlp(lp, config, x, attn), (k, v)
 
-    x, (ks, vs) = jax.lax.scan(layer, x, params["layers"], unroll=SCAN_UNROLL)
+    x, (ks, vs) = jax.lax.scan(_maybe_remat(layer, config), x, params["layers"],
+                               unroll=SCAN_UNROLL)
     return x, ks, vs
+
+
+def _maybe_remat(layer: Any, config: ModelConfig) -> Any:
+    """The scanned layer body, rematerialised in the backward pass when ``config.remat``:
+    the scan then saves only each layer's input (and outputs it returns, the keys/values),
+    and the layer's activations are recomputed one layer at a time during the gradient."""
+    return jax.checkpoint(layer, prevent_cse=False) if config.remat else layer
 
 
 def _sliced(mask: jax.Array):
@@ -434,7 +442,7 @@ def forward_with_cache(params: Params, config: ModelConfig, tokens: jax.Array,
         attn = _attend(q, [(ck, cv, cache_mask), (k, v, self_mask)])
         return _out_and_mlp(lp, config, x, attn), (k, v)
 
-    x, (ks, vs) = jax.lax.scan(layer, _embed(params, tokens),
+    x, (ks, vs) = jax.lax.scan(_maybe_remat(layer, config), _embed(params, tokens),
                                (params["layers"], cache.k, cache.v), unroll=SCAN_UNROLL)
     return rms_norm(x, params["final_norm"], config.rms_norm_eps), ks, vs
 

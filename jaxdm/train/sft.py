@@ -53,7 +53,9 @@ class TrainDMConfig:
     lora_rank: 0 trains all weights; require_split: refuse lines of other splits (None: off);
     on_indistinct: "error" stops on options that tokenise identically, "skip" leaves those
     questions out and lists them in summary.json; max_steps: stop after this many steps
-    (a budget or a simulated kill; the run resumes from its checkpoint).
+    (a budget or a simulated kill; the run resumes from its checkpoint); remat: recompute
+    each decoder layer in the backward pass (``ModelConfig.remat``; same loss and gradients,
+    a fraction of the memory: see ``benchmarks/sft_memory.py``).
     """
 
     data: str = ""
@@ -80,6 +82,7 @@ class TrainDMConfig:
     export: bool = True
     progress: bool = True
     dtype: str = "float32"
+    remat: bool = True
 
     def __post_init__(self):
         for name in ("epochs", "states_per_step", "save_every"):
@@ -190,7 +193,7 @@ def train(cfg: TrainDMConfig) -> dict[str, Any]:
     key = jax.random.key(cfg.seed)
     lcfg = (lora_lib.LoraConfig(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
             if cfg.lora_rank else None)
-    step_fn, optimizer = train_step_fn(pre.config, lcfg, cfg.mu, cfg.lr, cfg.weight_decay)
+    step_fn, optimizer = train_step_fn(pre.config.replace(remat=cfg.remat), lcfg, cfg.mu, cfg.lr, cfg.weight_decay)
     trainable = lora_lib.init_adapters(base, lcfg, key) if lcfg else base
     opt_state = optimizer.init(trainable)
     ckpt = Checkpointer(out / "checkpoints", max_to_keep=cfg.keep_checkpoints)
@@ -275,5 +278,5 @@ def train(cfg: TrainDMConfig) -> dict[str, Any]:
 def _fingerprint(cfg: TrainDMConfig, n_states: int) -> str:
     keep = {k: v for k, v in dataclasses.asdict(cfg).items()
             if k not in ("out_dir", "max_steps", "progress", "export", "save_every",
-                         "keep_checkpoints")}
+                         "keep_checkpoints", "remat")}
     return json.dumps(keep, sort_keys=True, default=str) + f"|states={n_states}"
