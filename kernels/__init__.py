@@ -8,12 +8,14 @@ statistics they share (log-sum-exp and top-k per row, differentiable) are in
 from jaxdm.kernels._streaming import LseTopK
 from jaxdm.kernels.lse_topk_pallas import BlockSizes
 from jaxdm.kernels.topk_reverse_kl import (
+    AUTO_IMPL,
     DEFAULT_FLOOR_MIN,
     IMPLS,
     fused_linear_topk_reverse_kl,
     kl_from_stats,
     plain_topk_reverse_kl,
     reference_topk_reverse_kl,
+    resolve_impl,
     teacher_floor_logprob,
     teacher_logprobs_at,
     topk_reverse_kl,
@@ -21,6 +23,7 @@ from jaxdm.kernels.topk_reverse_kl import (
 )
 
 __all__ = [
+    "AUTO_IMPL",
     "BlockSizes",
     "LseTopK",
     "DEFAULT_FLOOR_MIN",
@@ -29,6 +32,7 @@ __all__ = [
     "kl_from_stats",
     "plain_topk_reverse_kl",
     "reference_topk_reverse_kl",
+    "resolve_impl",
     "teacher_floor_logprob",
     "teacher_logprobs_at",
     "topk_reverse_kl",

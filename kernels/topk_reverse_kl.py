@@ -23,8 +23,11 @@ Implementations (``impl``):
   log-sum-exp and a running top-k; the backward streams the vocabulary again. CPU default.
 - ``"pallas"``: ``lse_topk_pallas``: the same streaming as Pallas kernels (GPU Triton / TPU
   Mosaic block shapes; ``interpret=True`` on CPU, where it is only a correctness check).
-- ``"auto"``: ``"xla"`` on every backend for now: the Pallas kernels have only been verified
-  in interpret mode, so they are opt-in until measured on a GPU/TPU.
+- ``"auto"``: by backend (``resolve_impl``, table ``AUTO_IMPL``): ``"pallas"`` on GPU and
+  TPU, ``"xla"`` on CPU (where Pallas only runs in interpret mode) and on any other backend.
+  The Pallas kernels are verified against the reference in interpret mode (the tests); they
+  have not been compiled on GPU/TPU hardware in this project yet; pass ``impl="xla"`` to opt
+  out there.
 
 The streaming implementations reduce each row to (lse, top-k values, top-k ids) in a
 custom_vjp primitive; the O(k * K_T) epilogue below is differentiated by JAX. Inputs may
@@ -49,6 +52,8 @@ from jaxdm.kernels._streaming import LseTopK
 __all__ = [
     "DEFAULT_FLOOR_MIN",
     "IMPLS",
+    "AUTO_IMPL",
+    "resolve_impl",
     "topk_reverse_kl",
     "fused_linear_topk_reverse_kl",
     "weighted_kl_loss",
@@ -197,10 +202,21 @@ def _check_tiling(block_v, block_t, pallas_layout) -> None:
         )
 
 
-def _resolve_impl(impl: str) -> str:
+# impl="auto" by jax.default_backend(): Pallas where it compiles (Triton / Mosaic), the
+# chunked XLA loop elsewhere (on CPU Pallas would run in the slow interpret mode).
+AUTO_IMPL = {"cpu": "xla", "gpu": "pallas", "cuda": "pallas", "rocm": "pallas", "tpu": "pallas"}
+
+
+def resolve_impl(impl: str, backend: str | None = None) -> str:
+    """The implementation ``impl`` runs as: itself, or for ``"auto"`` the ``AUTO_IMPL`` entry
+    of ``backend`` (default ``jax.default_backend()``; unknown backends get ``"xla"``)."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-    return "xla" if impl == "auto" else impl
+    if impl != "auto":
+        return impl
+    backend = jax.default_backend() if backend is None else backend
+    return AUTO_IMPL.get(backend, "xla")
+
 
 
 def _check_floating(name: str, x) -> None:
@@ -253,7 +269,7 @@ def topk_reverse_kl(
     num_listed = _check_teacher(teacher_ids, teacher_logprobs, lead, vocab_size, k)
     mask = _check_mask(mask, lead)
     _check_tiling(block_v, block_t, pallas_layout)
-    impl = _resolve_impl(impl)
+    impl = resolve_impl(impl)
     return _topk_reverse_kl_jit(
         student_logits, teacher_ids, teacher_logprobs, mask,
         k=int(k), impl=impl, floor_min=float(floor_min), block_v=block_v, block_t=block_t,
@@ -335,7 +351,7 @@ def fused_linear_topk_reverse_kl(
     num_listed = _check_teacher(teacher_ids, teacher_logprobs, lead, vocab_size, k)
     mask = _check_mask(mask, lead)
     _check_tiling(block_v, block_t, pallas_layout)
-    impl = _resolve_impl(impl)
+    impl = resolve_impl(impl)
     return _fused_linear_jit(
         hidden, lm_head, teacher_ids, teacher_logprobs, mask,
         k=int(k), impl=impl, floor_min=float(floor_min), block_v=block_v, block_t=block_t,

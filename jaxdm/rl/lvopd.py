@@ -17,7 +17,8 @@ of each policy turn (``TokenBatch.response_mask``), not prompts.
 **Kernel.** The student's final hidden states come from the decoder forward of the training
 batch; only the response positions are gathered ([M, R, d]) and fed to
 ``fused_linear_topk_reverse_kl`` with the LM head, so no [T, V] logits tensor exists
-(chunked XLA on CPU; Pallas is selectable with ``impl``). ``lvopd_objective`` is the whole
+(``impl="auto"``, the default everywhere here: Pallas on GPU/TPU, chunked XLA on CPU;
+``jaxdm.kernels.resolve_impl``). ``lvopd_objective`` is the whole
 LVOPD loss as one pure function (surrogate and distillation from one forward) for callers
 that own their train step; the registered ``lvopd`` term adds the distillation to the
 trainer's ``ppo`` term.
@@ -117,7 +118,7 @@ def lvopd_loss_from_hidden(logp, old_logp, adv, response_mask, h_resp, head, bat
 
 def lvopd_loss_fused(h_resp, head, targets, old_logp, adv, weights, mask, teacher_ids,
                      teacher_logprobs, *, distill_mask=None, coef: float = DEFAULT_DISTILL_COEF,
-                     clip_eps: float = 0.2, dual_clip: float = 3.0, impl: str = "xla",
+                     clip_eps: float = 0.2, dual_clip: float = 3.0, impl: str = "auto",
                      block_v: int | None = None):
     """The LVOPD loss head with ONE streaming pass over the vocabulary for both parts.
 
@@ -129,7 +130,8 @@ def lvopd_loss_fused(h_resp, head, targets, old_logp, adv, weights, mask, teache
     ``distill_mask`` [M, R] (default ``mask``) the tokens whose teacher lists exist.
     Returns ``(loss, metrics)``.
     """
-    from jaxdm.kernels import kl_from_stats, lse_topk_pallas, lse_topk_xla, weighted_kl_loss
+    from jaxdm.kernels import (kl_from_stats, lse_topk_pallas, lse_topk_xla, resolve_impl,
+                               weighted_kl_loss)
     from jaxdm.kernels.topk_reverse_kl import DEFAULT_FLOOR_MIN
 
     if not math.isfinite(coef):
@@ -145,13 +147,14 @@ def lvopd_loss_fused(h_resp, head, targets, old_logp, adv, weights, mask, teache
             raise ValueError(f"{name} must be [M, R] = {(m, r)}, got {jnp.shape(x)}")
     vocab = head.shape[1]
     rows = h_resp.reshape(m * r, d)
+    impl = resolve_impl(impl)
     if impl == "xla":
         stats = lse_topk_xla.lse_topk_linear(rows, head, STUDENT_TOP_K,
                                              block_v or lse_topk_xla.DEFAULT_BLOCK_V)
     elif impl == "pallas":
         stats = lse_topk_pallas.lse_topk_linear(rows, head, k=STUDENT_TOP_K)
     else:
-        raise ValueError(f"impl must be 'xla' or 'pallas', got {impl!r}")
+        raise ValueError(f"impl must be 'auto', 'xla' or 'pallas', got {impl!r}")
     cols = jnp.take(head, jnp.asarray(targets).reshape(-1), axis=1)           # [d, N]
     z_t = jnp.einsum("nd,dn->n", rows, cols, preferred_element_type=jnp.float32)
     logp = (z_t - stats.lse).reshape(m, r)
@@ -175,7 +178,7 @@ def lvopd_loss_fused(h_resp, head, targets, old_logp, adv, weights, mask, teache
 
 def lvopd_objective(params, config: ModelConfig, tokens, valid, old_logp, adv, batch: dict,
                     *, coef: float = DEFAULT_DISTILL_COEF, clip_eps: float = 0.2,
-                    dual_clip: float = 3.0, impl: str = "xla"):
+                    dual_clip: float = 3.0, impl: str = "auto"):
     """The whole LVOPD loss from ONE decoder forward and ONE streaming vocabulary pass:
     clipped surrogate on every response token + coef · gated distillation
     (``lvopd_loss_fused`` on the gathered response hidden states).
