@@ -289,7 +289,8 @@ class Trainer:
             raise ValueError("evaluate needs num_tasks >= 1 (cfg.eval_tasks)")
         if self._eval_venv is None or self._eval_venv.num_envs != num_tasks:
             self._eval_venv = build.make_venv(self.cfg, self.eval_factory, num_tasks, 1)
-        return evaluate(self.policy, self.params, self._eval_venv, self.cfg)
+        return evaluate(self.policy, self.params, self._eval_venv, self.cfg,
+                        values=self.signal_backends.get("values"), iteration=self.iteration)
 
     # ---- the loop -----------------------------------------------------------------------
     def run(self, *, resume: bool = False, overwrite: bool = False,

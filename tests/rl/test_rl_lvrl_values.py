@@ -317,3 +317,71 @@ def test_registry_values_signal_and_lvrl_estimator():
                                atol=1e-6)
     np.testing.assert_allclose(sig.arrays["values"][1, 0], 0.5, atol=1e-6)
     assert sig.stats["value/fallback_rows"] == 0 and sig.stats["value/queries"] == 2
+
+
+# ---- inside the trainer: value failures fall back, value curves at every evaluation ---------
+class _FlakyValueHandler(http.server.BaseHTTPRequestHandler):
+    """A JSON-list value endpoint whose requests 2, 5, 8, ... get a malformed reply."""
+    lock = threading.Lock()
+    count = 0
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        user = body["messages"][-1]["content"]
+        n = int(user.split("JSON list of exactly ")[1].split()[0])
+        with self.lock:
+            type(self).count += 1
+            k = type(self).count
+        text = "no idea" if k % 3 == 2 else json.dumps([round(0.2 + 0.6 * j / n, 3)
+                                                         for j in range(n)])
+        data = json.dumps({"choices": [{"message": {"content": text}}],
+                           "usage": {"prompt_tokens": 100, "completion_tokens": 10}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def test_trainer_value_failures_fall_back_and_eval_writes_value_curves(tmp_path):
+    """A tiny lvrl run against a real HTTP value model that fails on every third request:
+    failures are counted, their rows fall back to GRPO (lvrl/fallback_rows), examples are
+    logged in the JSONL, and each evaluation writes value_curves/iter_XXXX.png with its
+    value-query metrics in the eval record."""
+    from jaxdm.rl.trainer import Trainer
+    from jaxdm.runlog import read_metrics
+    from tests.rl.test_rl_trainer import ordering_cfg
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FlakyValueHandler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        cfg = ordering_cfg(tmp_path, "algo.advantage=lvrl", "teacher.kind=none", "iterations=1",
+                           "eval_tasks=3", "eval_seeds=[0, 1]", "checkpoint_every=0",
+                           "value={kind: list, eval_trajectories: 4, generator: "
+                           f"{{base_url: '{url}', model: m, concurrency: 1}}}}")
+        tr = Trainer(cfg, log=False)
+        recs = tr.run()
+        tr.close()
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    (train,) = [r for r in recs if "train/success" in r]
+    # 8 rollouts, every one of >= 2 actions is one request: requests 2, 5, 8 fail
+    assert train["value/queries"] >= 2 and train["value/failures"] >= 1
+    assert train["lvrl/fallback_rows"] == train["value/failures"]
+    logged = [e for r in read_metrics(tmp_path / "metrics.jsonl")
+              for e in r.get("value/fallback_examples", [])]
+    assert logged and "unparsable value list" in logged[0]
+    (ev,) = [r for r in recs if "eval/All" in r]   # the final evaluation
+    assert ev["eval/value/curves"] == "value_curves/iter_0001.png"
+    assert ev["eval/value/trajectories"] == 4 and ev["eval/value/queries"] >= 1
+    assert "eval/value/latency_per_traj_s" in ev and ev["eval/value/tokens_in"] > 0
+    png = (tmp_path / ev["eval/value/curves"]).read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 2000
+    with pytest.raises(ValueError, match=r"value\.eval_trajectories"):
+        from jaxdm.rl.values import check_value_spec
+        check_value_spec({"kind": "oracle", "eval_trajectories": -1})
