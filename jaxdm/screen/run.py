@@ -112,6 +112,8 @@ def normalize_judge_spec(spec: Any) -> dict[str, Any]:
     elif isinstance(spec, str):
         if spec in JUDGE_ALIASES:
             out = dict(JUDGE_ALIASES[spec])
+        elif _looks_like_folder(spec):
+            out = folder_judge_spec(spec)
         elif ":" in spec:
             kind, _, rest = spec.partition(":")
             out = {"kind": kind}
@@ -141,6 +143,35 @@ def normalize_judge_spec(spec: Any) -> dict[str, Any]:
     return out
 
 
+# What a judge folder must hold: an HF folder (exported by ``jaxdm train-dm`` or any
+# transformers checkpoint of a supported family) or an adapter folder (``jaxdm.train.lora``).
+HF_FOLDER_FILES = ("config.json", "*.safetensors", "tokenizer.json")
+
+
+def _looks_like_folder(spec: str) -> bool:
+    import os
+    return Path(spec).is_dir() or "/" in spec or os.sep in spec or spec.startswith(".")
+
+
+def folder_judge_spec(path: str) -> dict[str, Any]:
+    """``--judge path/to/folder``: a local_readout judge on an exported HF folder or on an
+    adapter folder (base model + LoRA adapter). A path that is not such a folder raises
+    ScreenError naming what is missing."""
+    from jaxdm.train.lora import ADAPTER_FILES, is_adapter_folder
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ScreenError(f"judge folder {str(folder)!r} does not exist (or is not a folder)")
+    if is_adapter_folder(folder):
+        missing = [f for f in ADAPTER_FILES if not (folder / f).is_file()]
+    else:
+        missing = [f for f in HF_FOLDER_FILES if not any(folder.glob(f))]
+    if missing:
+        raise ScreenError(f"judge folder {str(folder)!r} is not a loadable model folder: "
+                          f"missing {missing} (an HF folder needs {list(HF_FOLDER_FILES)}; an "
+                          f"adapter folder {list(ADAPTER_FILES)})")
+    return {"kind": "local_readout", "path": str(folder), "name": folder.resolve().name}
+
+
 def _parse_scalar(v: str, key: str = "value"):
     for cast in (int, float):
         try:
@@ -165,11 +196,25 @@ def build_judges(specs: Sequence[Any]):
             raise ScreenError(f"two judges are named {name!r}; give one a distinct name=")
         names.add(name)
         try:
-            backend = make_backend(spec)
+            backend = make_backend(spec, pretrained=_adapted(spec))
         except (ValueError, TypeError, KeyError, FileNotFoundError) as e:
             raise ScreenError(f"judge {name!r}: {e}") from e
         judges.append((name, backend))
     return judges
+
+
+def _adapted(spec: Mapping[str, Any]):
+    """The merged model of a local judge whose path is an adapter folder, else None (the
+    backend loads its own path)."""
+    path = spec.get("path")
+    if not (str(spec.get("kind")).startswith("local_") or spec.get("kind") == "prompted") \
+            or not isinstance(path, str) or path == "smollm2":
+        return None
+    from jaxdm.train.lora import is_adapter_folder
+    if not is_adapter_folder(path):
+        return None
+    from jaxdm.train.sft import load_adapted
+    return load_adapted(path, spec.get("dtype") or "float32")
 
 
 def load_trajectories(cfg: ScreenConfig) -> list[Trajectory]:

@@ -167,10 +167,14 @@ class Encoder:
 
 def pack_items(encoder: Encoder, items: Sequence[SFTItem], *, q_bucket: int = 1,
                min_shared_frac: float = 0.5, alpha: float = losses.ALPHA,
-               layout: str = "packed") -> tuple[SFTBatch, int, bool, dict[str, int]]:
+               layout: str = "packed", min_trunk: int = 64
+               ) -> tuple[SFTBatch, int, bool, dict[str, int]]:
     """Packs items into one ``SFTBatch``. Returns (batch, window, full_vocab, stats) where
     window and full_vocab are the static arguments of ``option_scores``; stats counts tokens
     run ("unique_tokens") and tokens a one-sequence-per-request trainer would run.
+    q_bucket (questions) and min_trunk (context tokens) are padding floors: batches of
+    varied sizes then share a few shapes, so a training run compiles its step a few times
+    instead of once per batch size (padded questions carry no loss).
 
     layout (``shared_prefix.LAYOUTS``): "packed" (trunk + packed suffixes in one row per
     group) or "rows" (trunk prefilled into a KV cache, suffixes as padded rows over it; window
@@ -195,9 +199,11 @@ def pack_items(encoder: Encoder, items: Sequence[SFTItem], *, q_bucket: int = 1,
         raise ValueError(f"layout must be one of {shared_prefix.LAYOUTS}, got {layout!r}")
     groups = shared_prefix.plan_groups(reqs, min_shared_frac=min_shared_frac, layout=layout)
     if layout == "packed":
-        packed, window = shared_prefix.pack_suffixes(reqs, groups, pad_id=encoder.pad_id)
+        packed, window = shared_prefix.pack_suffixes(reqs, groups, pad_id=encoder.pad_id,
+                                                     min_trunk=min_trunk)
     else:
-        packed, window = shared_prefix.pack_groups(reqs, groups, pad_id=encoder.pad_id), 0
+        packed, window = shared_prefix.pack_groups(reqs, groups, pad_id=encoder.pad_id,
+                                                   min_trunk=min_trunk), 0
     a = packed.batch.answer_index.shape[2]
     q = shared_prefix.bucket(len(items), 1, fine=q_bucket) if q_bucket > 1 else len(items)
     o = max(it.n_options for it in items)

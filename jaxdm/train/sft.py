@@ -55,7 +55,12 @@ class TrainDMConfig:
     questions out and lists them in summary.json; max_steps: stop after this many steps
     (a budget or a simulated kill; the run resumes from its checkpoint); remat: recompute
     each decoder layer in the backward pass (``ModelConfig.remat``; same loss and gradients,
-    a fraction of the memory: see ``benchmarks/sft_memory.py``).
+    a fraction of the memory: see ``benchmarks/sft_memory.py``); adapter_dtype: precision of
+    the adapter folder a LoRA run also exports (``out_dir/adapter``, ``lora.save_adapter``:
+    a few MB, loaded by ``load_adapted`` and by ``jaxdm screen --judge <folder>``; written
+    also when max_steps stops the run early, unlike the merged ``model/``); q_bucket /
+    min_trunk: padding floors of a batch's questions / context tokens
+    (``packing.pack_items``), so states of varied sizes share a few compiled steps.
     """
 
     data: str = ""
@@ -83,9 +88,12 @@ class TrainDMConfig:
     progress: bool = True
     dtype: str = "float32"
     remat: bool = True
+    adapter_dtype: str = "float32"
+    q_bucket: int = 1
+    min_trunk: int = 64
 
     def __post_init__(self):
-        for name in ("epochs", "states_per_step", "save_every"):
+        for name in ("epochs", "states_per_step", "save_every", "q_bucket", "min_trunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train-dm: {name} must be >= 1, got {getattr(self, name)}")
         if self.lora_rank < 0:
@@ -94,6 +102,9 @@ class TrainDMConfig:
             v = getattr(self, name)
             if not math.isfinite(v) or v < 0:
                 raise ValueError(f"train-dm: {name} must be finite and >= 0, got {v}")
+        if self.adapter_dtype not in lora_lib.ADAPTER_DTYPES:
+            raise ValueError(f"train-dm: adapter_dtype must be one of "
+                             f"{lora_lib.ADAPTER_DTYPES}, got {self.adapter_dtype!r}")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"train-dm: max_steps must be >= 1, got {self.max_steps}")
 
@@ -105,6 +116,15 @@ def load_model(spec: str, dtype: str = "float32"):
         from jaxdm.models.smollm2 import smollm2
         return smollm2(jnp.dtype(dtype))
     return load_pretrained(spec, jnp.dtype(dtype))
+
+
+def load_adapted(folder, dtype: str = "float32"):
+    """An adapter folder (``lora.save_adapter``) -> ``Pretrained``: its base model (as
+    ``load_model`` loads it) with the adapters merged; ``path`` is the adapter folder."""
+    adapters, lcfg, info = lora_lib.read_adapter(folder)
+    pre = load_model(str(info["base"]), dtype)
+    params = lora_lib.merge(pre.params, adapters, lcfg)
+    return dataclasses.replace(pre, params=params, path=Path(folder))
 
 
 def with_teacher(states, spec: dict) -> list[list[packing.SFTItem]]:
@@ -219,7 +239,9 @@ def train(cfg: TrainDMConfig) -> dict[str, Any]:
             t0 = time.perf_counter()
             batch, window, full_vocab, stats = packing.pack_items(encoder, its,
                                                                   alpha=cfg.alpha,
-                                                                  layout=cfg.layout)
+                                                                  layout=cfg.layout,
+                                                                  q_bucket=cfg.q_bucket,
+                                                                  min_trunk=cfg.min_trunk)
             batch = jax.tree.map(jnp.asarray, batch)
             new_tr, new_opt, loss, gnorm, m = step_fn(trainable, opt_state, base, batch,
                                                       window, full_vocab)
@@ -270,6 +292,14 @@ def train(cfg: TrainDMConfig) -> dict[str, Any]:
         folder = save_pretrained(out / "model", params, pre.config, tokenizer=pre.tokenizer,
                                  source=pre.path)
         summary["model"] = str(folder)
+    if cfg.export and lcfg:
+        # The adapter alone (a few MB) also after a run stopped by max_steps (meta: its step).
+        ad = lora_lib.save_adapter(out / "adapter", trainable, lcfg, base=cfg.model,
+                                   dtype=cfg.adapter_dtype,
+                                   meta={"steps": stop, "steps_total": total,
+                                         "data": str(cfg.data), "mode": cfg.mode})
+        summary["adapter"] = str(ad)
+        summary["adapter_bytes"] = (ad / "adapter.safetensors").stat().st_size
     (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     ckpt.close()
     return summary
@@ -278,5 +308,6 @@ def train(cfg: TrainDMConfig) -> dict[str, Any]:
 def _fingerprint(cfg: TrainDMConfig, n_states: int) -> str:
     keep = {k: v for k, v in dataclasses.asdict(cfg).items()
             if k not in ("out_dir", "max_steps", "progress", "export", "save_every",
-                         "keep_checkpoints", "remat")}
+                         "keep_checkpoints", "remat", "adapter_dtype", "q_bucket",
+                         "min_trunk")}
     return json.dumps(keep, sort_keys=True, default=str) + f"|states={n_states}"

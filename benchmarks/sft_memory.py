@@ -1,0 +1,142 @@
+"""Memory of one SmolLM2-135M SFT step with and without per-layer rematerialisation.
+
+``jaxdm train-dm`` differentiates the decoder's layer scan; without ``ModelConfig.remat`` the
+backward pass keeps every layer's activations (attention logits and probabilities included),
+with it only each layer's input, recomputing one layer at a time. Two realistic states, each
+one packed SFT step of train-dm (rows layout, LoRA rank 32 on every projection, AdamW):
+
+- ``judge``: one ALFWorld noisy-expert trajectory (native engine, budget 30) judged under
+  Hindsight + Progress, every action a Yes/No question (constrained readout);
+- ``gym``: the DECISION GYM train state with the most options (69 tools), option-likelihood
+  mode, every question of that state (the state that asked for 62 GB before).
+
+Per (state, remat) a fresh process compiles the step and reports XLA's compiled temporary
+buffer size (``memory_analysis().temp_size_in_bytes``: what the step needs beyond its inputs
+and outputs, known before it runs), then, when that fits the machine (``--max-run-gb``),
+runs one step and reports the process's peak RSS (``ru_maxrss``: model, compile and step).
+
+  python benchmarks/sft_memory.py            # both states, remat off and on
+  python benchmarks/sft_memory.py --quick    # judge state, 6 layers, budget 12 (< 60 s idle)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+
+def judge_items(budget: int):
+    from jaxdm.decision.types import YesNo
+    from jaxdm.envs.alfworld import noisy_expert_trajectories
+    from jaxdm.roles import judge_requests
+    from jaxdm.train.packing import SFTItem
+    traj = noisy_expert_trajectories(1, seed=0, budget=budget)[0]
+    qs = judge_requests(traj, question="progress", context="hindsight")
+    return [SFTItem(YesNo(context=q.context, question=q.question),
+                    (0 if (q.meta.get("annotations") or {}).get("milestone") else 1,),
+                    source=f"judge:{i}") for i, q in enumerate(qs)], "readout"
+
+
+def gym_items():
+    import tempfile
+    from pathlib import Path
+
+    from jaxdm.envs.decision_gym import (DecisionGym, GymParams, NoisyAgent, run_episode,
+                                         split_seed)
+    from jaxdm.train.data import read_states, write_states
+    env = DecisionGym()
+    params = GymParams(variant="base", strict=True, split="train")
+    _, records = run_episode(env, NoisyAgent(error_rate=0.25, seed=0), split_seed("train", 0),
+                             params)
+    rows = [r.to_dict() | {"split": "train"} for r in records]
+    with tempfile.TemporaryDirectory() as d:
+        states = read_states(write_states(Path(d) / "s.jsonl", rows))
+    best = max(states, key=lambda s: max(it.n_options for it in s))
+    return best, "likelihood"
+
+
+def child(state: str, remat: bool, layers: int, budget: int, max_run_gb: float) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    from jaxdm.models.smollm2 import smollm2
+    from jaxdm.train import lora, packing, sft
+    pre = smollm2()
+    if layers < pre.config.num_layers:
+        pre = pre.__class__(**{**pre.__dict__,
+                               "params": {**pre.params, "layers": jax.tree.map(
+                                   lambda x: x[:layers], pre.params["layers"])},
+                               "config": pre.config.replace(num_layers=layers)})
+    its, mode = judge_items(budget) if state == "judge" else gym_items()
+    batch, window, full_vocab, stats = packing.pack_items(packing.Encoder(pre, mode), its,
+                                                          layout="rows")
+    batch = jax.tree.map(jnp.asarray, batch)
+    lcfg = lora.LoraConfig(32, 32.0)
+    step, opt = sft.train_step_fn(pre.config.replace(remat=remat), lcfg, 0.5, 1e-4, 0.0)
+    tr = lora.init_adapters(pre.params, lcfg, jax.random.key(0))
+    ost = opt.init(tr)
+    t0 = time.perf_counter()
+    compiled = step.lower(tr, ost, pre.params, batch, window, full_vocab).compile()
+    mem = compiled.memory_analysis()
+    temp = float(mem.temp_size_in_bytes) / 2**30
+    out = {"state": state, "remat": remat, "layers": layers, "questions": len(its),
+           "requests": stats["requests"], "tokens": stats["unique_tokens"],
+           "compiled_temp_gb": round(temp, 3), "compile_s": round(time.perf_counter() - t0, 1)}
+    if temp <= max_run_gb:
+        t0 = time.perf_counter()
+        res = compiled(tr, ost, pre.params, batch)
+        out["loss"] = float(res[2])
+        out["step_s"] = round(time.perf_counter() - t0, 1)
+        out["peak_rss_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--states", default="judge,gym")
+    ap.add_argument("--max-run-gb", type=float, default=12.0,
+                    help="run the step only when XLA's temporary buffers fit this (GiB)")
+    ap.add_argument("--child", nargs=2, metavar=("STATE", "REMAT"), help=argparse.SUPPRESS)
+    ap.add_argument("--layers", type=int, default=30)
+    ap.add_argument("--budget", type=int, default=30)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.states, args.layers, args.budget = "judge", 6, 12
+    if args.child:
+        print("CHILD " + json.dumps(child(args.child[0], args.child[1] == "on", args.layers,
+                                          args.budget, args.max_run_gb)), flush=True)
+        return
+    rows = []
+    for state in args.states.split(","):
+        got = {}
+        for remat in ("off", "on"):
+            cmd = [sys.executable, __file__, "--child", state, remat, "--layers",
+                   str(args.layers), "--budget", str(args.budget), "--max-run-gb",
+                   str(args.max_run_gb)]
+            p = subprocess.run(cmd, capture_output=True, text=True)
+            line = [x for x in p.stdout.splitlines() if x.startswith("CHILD ")]
+            if p.returncode or not line:
+                got[remat] = {"state": state, "remat": remat == "on",
+                              "error": f"exit {p.returncode}: {p.stderr.strip()[-300:]}"}
+            else:
+                got[remat] = json.loads(line[0][6:])
+            print(json.dumps(got[remat]), flush=True)
+            rows.append(got[remat])
+        off, on = got["off"], got["on"]
+        if "compiled_temp_gb" in off and "compiled_temp_gb" in on:
+            print(f"RESULT sft_memory_{state}_compiled: baseline {off['compiled_temp_gb']:.2f} "
+                  f"GiB, jaxdm {on['compiled_temp_gb']:.2f} GiB, ratio "
+                  f"{off['compiled_temp_gb'] / max(on['compiled_temp_gb'], 1e-9):.2f}x "
+                  "(remat off vs on, XLA temporaries)")
+        if "peak_rss_gb" in off and "peak_rss_gb" in on:
+            print(f"RESULT sft_memory_{state}_rss: baseline {off['peak_rss_gb']:.2f} GiB, "
+                  f"jaxdm {on['peak_rss_gb']:.2f} GiB, ratio "
+                  f"{off['peak_rss_gb'] / on['peak_rss_gb']:.2f}x (remat off vs on, peak RSS)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""A trained judge: SmolLM2-135M as a Hindsight + Progress judge, before vs after packed SFT.
+
+1. Trajectories: the native ALFWorld engine's noisy expert on *training* floor plans (split
+   "train") and five of the six task types; the sixth (``--held-out-type``, default cool) is
+   never trained on.
+2. Labels (``jaxdm.train.judge_data.judge_lines``): every action judged under Hindsight +
+   Progress; an engine milestone -> "yes", a no-op -> "no"; the other actions carry no
+   trustworthy label and are left out (counted in data.json).
+3. ``jaxdm train-dm`` (readout mode: the Yes/No label logits the judge reads; LoRA on every
+   projection, per-layer remat, orbax checkpoints every few steps, so a rerun resumes). The
+   adapter folder it exports (``train/adapter``) is what ``jaxdm screen --judge`` loads.
+4. ``jaxdm screen`` on held-out trajectories: *unseen* floor plans (split "valid_unseen"), all
+   six task types (so the held-out type too), judges: SmolLM2 untrained, trained, Oracle.
+   Writes ``before_after.md`` / ``.json`` (milestone - no-op gap, Recall@R, miss rates).
+
+Every stage skips what is already done in ``--out``; a killed run resumes.
+
+    nice -n 10 python experiments/train_judge.py --out runs/train_judge       # CPU budget run
+    python experiments/train_judge.py --out /tmp/tj --quick                    # smoke run
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+HELD_OUT_TYPE = "pick_cool_then_place_in_recep"
+ROWS = (("progress", "hindsight"), ("progress", "prefix"))
+
+
+def write_data(out: Path, args) -> dict:
+    from jaxdm.envs.alfworld import noisy_expert_trajectories
+    from jaxdm.envs.alfworld.world import TASK_TYPES
+    from jaxdm.train.data import write_states
+    from jaxdm.train.judge_data import judge_lines
+    from jaxdm.trajectory import write_jsonl
+    done = out / "data.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    train_types = [t for t in TASK_TYPES if t != args.held_out_type]
+    train = noisy_expert_trajectories(args.train_trajectories, seed=args.seed,
+                                      task_types=train_types, budget=args.budget, split="train")
+    test = noisy_expert_trajectories(args.test_trajectories, seed=args.seed + 1,
+                                     budget=args.budget, split="valid_unseen")
+    write_jsonl(out / "train_trajectories.jsonl", train)
+    write_jsonl(out / "test_trajectories.jsonl", test)
+    lines, stats = judge_lines(train, question="progress", context="hindsight")
+    write_states(out / "judge_train.jsonl", lines)
+    info = {"train_trajectories": len(train), "train_types": train_types,
+            "held_out_type": args.held_out_type, "test_trajectories": len(test),
+            "test_split": "valid_unseen", "budget": args.budget, "labels": stats,
+            "lines": len(lines)}
+    done.write_text(json.dumps(info, indent=2))
+    return info
+
+
+def train(out: Path, args) -> dict:
+    from jaxdm.train.sft import TrainDMConfig
+    from jaxdm.train.sft import train as run_train
+    cfg = TrainDMConfig(data=str(out / "judge_train.jsonl"), model="smollm2",
+                        out_dir=str(out / "train"), mode="readout", epochs=args.epochs,
+                        lr=args.lr, lora_rank=args.rank, lora_alpha=float(args.rank),
+                        save_every=args.save_every, max_steps=args.max_steps, seed=args.seed,
+                        adapter_dtype="float16", q_bucket=4, min_trunk=args.min_trunk,
+                        progress=not args.no_progress)
+    t0 = time.perf_counter()
+    summary = run_train(cfg)
+    summary["wall_s_this_process"] = round(time.perf_counter() - t0, 1)
+    return summary
+
+
+def screen(out: Path, adapter: Path, args) -> dict:
+    from jaxdm.screen.run import ScreenConfig, run
+    cfg = ScreenConfig(trajectories=str(out / "test_trajectories.jsonl"),
+                       judges=("smollm2", str(adapter), "oracle"), expansions=(),
+                       out_dir=str(out / "screen"), progress=not args.no_progress)
+    resume = (out / "screen" / "screen.json").is_file()
+    return run(cfg, resume=resume)
+
+
+def table(result: dict, trained: str, held_out: str) -> tuple[str, list[dict]]:
+    from jaxdm.screen.run import task_group  # noqa: F401  (types are the screen's labels)
+    short = {"pick_cool_then_place_in_recep": "cool", "pick_clean_then_place_in_recep": "clean",
+             "pick_heat_then_place_in_recep": "heat", "pick_and_place_simple": "pick",
+             "look_at_obj_in_light": "look", "pick_two_obj_and_place": "pick two"}
+    ho = short.get(held_out, held_out)
+    rows = []
+    names = {"smollm2-135m": "SmolLM2-135M (untrained)", trained: "SmolLM2-135M trained judge",
+             "oracle": "Oracle"}
+    for judge, label in names.items():
+        block = result["summary"].get(judge, {})
+        for q, c in ROWS:
+            m = block.get(f"{q}/{c}")
+            if not m:
+                continue
+            o = m["overall"]
+            h = m["by_task_type"].get(ho, {})
+            rows.append({"judge": label, "question": q, "context": c,
+                         "milestone": o["mean_milestone"], "other": o["mean_other"],
+                         "no_op": o["mean_no_op"], "gap": o["gap"],
+                         "recall_at_r": o["recall_at_r"], "milestone_miss": o["milestone_miss"],
+                         "noop_miss": o["noop_miss"], "gap_held_out_type": h.get("gap"),
+                         "recall_held_out_type": h.get("recall_at_r")})
+
+    def f(x):
+        return "-" if x is None else f"{x:.3f}"
+    md = ["| judge | context | milestone | other | no-op | gap | Recall@R | milestone miss | "
+          f"no-op miss | gap ({ho}, held out) | Recall@R ({ho}) |", "|" + "---|" * 11]
+    for r in rows:
+        md.append(f"| {r['judge']} | {r['context']} | {f(r['milestone'])} | {f(r['other'])} | "
+                  f"{f(r['no_op'])} | {f(r['gap'])} | {f(r['recall_at_r'])} | "
+                  f"{f(r['milestone_miss'])} | {f(r['noop_miss'])} | "
+                  f"{f(r['gap_held_out_type'])} | {f(r['recall_held_out_type'])} |")
+    return "\n".join(md), rows
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--train-trajectories", type=int, default=60)
+    ap.add_argument("--test-trajectories", type=int, default=12)
+    ap.add_argument("--budget", type=int, default=20)
+    ap.add_argument("--held-out-type", default=HELD_OUT_TYPE)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--max-steps", type=int, default=None)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--rank", type=int, default=4)
+    ap.add_argument("--min-trunk", type=int, default=1024)
+    ap.add_argument("--save-every", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--stage", choices=("data", "train", "screen", "all"), default="all")
+    ap.add_argument("--adapter-to", help="copy the trained adapter folder here at the end")
+    ap.add_argument("--quick", action="store_true", help="tiny smoke run")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.train_trajectories, args.test_trajectories, args.budget = 2, 2, 8
+        args.max_steps, args.min_trunk = 2, 64
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    timing = json.loads((out / "timing.json").read_text()) if (out / "timing.json").is_file() \
+        else {}
+    t = time.perf_counter()
+    data = write_data(out, args)
+    print(json.dumps(data), file=sys.stderr)
+    if args.stage == "data":
+        return data
+    t = time.perf_counter()
+    summary = train(out, args)
+    timing["train_s"] = timing.get("train_s", 0.0) + summary["seconds"]
+    (out / "timing.json").write_text(json.dumps(timing, indent=2))
+    adapter = Path(summary["adapter"])
+    if args.adapter_to:
+        dest = Path(args.adapter_to)
+        dest.mkdir(parents=True, exist_ok=True)
+        for f in ("adapter.json", "adapter.safetensors"):
+            shutil.copy2(adapter / f, dest / f)
+    if args.stage == "train":
+        return summary
+    t = time.perf_counter()
+    result = screen(out, adapter, args)
+    timing["screen_s"] = round(time.perf_counter() - t, 1)
+    md, rows = table(result, adapter.resolve().name, args.held_out_type)
+    report = {"data": data, "train": {k: summary[k] for k in (
+        "steps_done", "steps_total", "questions", "states", "lora", "adapter_bytes")},
+        "timing": timing, "rows": rows}
+    (out / "before_after.json").write_text(json.dumps(report, indent=2))
+    (out / "before_after.md").write_text(md + "\n")
+    (out / "timing.json").write_text(json.dumps(timing, indent=2))
+    print(md)
+    return report
+
+
+if __name__ == "__main__":
+    main()
