@@ -1,17 +1,18 @@
 """``LocalVectorEnv``: the in-process env pool with ``VectorEnv``'s contract (no workers).
 
-Both pools key every env step with ``jaxdm.envs.core.step_key(task_seed, t)`` (the one
-per-step key schedule), so an episode is the same whichever pool plays it and whichever
-other slots are skipped or stepped with it.
+Both pools record their episodes with ``jaxdm.envs.recorder.EpisodeRecorder``: the same task
+schedule (group seeding, auto-reset), the same per-step key (``jaxdm.envs.core.step_key``),
+the same info keys and the same trajectories, so an episode is the same whichever pool plays
+it and whichever other slots are skipped or stepped with it. The only difference: an env
+exception propagates here (in-process, it is a bug to see), where a worker pool turns it
+into an errored, truncated episode.
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-import numpy as np
-
-from jaxdm.envs.core import step_key
-from jaxdm.envs.vector import BatchStep
+from jaxdm.envs.recorder import BatchStep, EpisodeRecorder, check_actions, reset_info_of
+from jaxdm.trajectory import Trajectory
 
 __all__ = ["LocalVectorEnv"]
 
@@ -21,6 +22,7 @@ class LocalVectorEnv:
 
     Slot ``i`` starts task ``seed + i // group_size``; finished slots are skipped and report
     ``inactive``; a ``None`` action skips a slot (``skipped``), as in ``VectorEnv``.
+    ``max_steps``, ``auto_reset`` and ``env_name`` mean what they mean for ``VectorEnv``.
     ``step_async`` steps synchronously (there is nothing to overlap in-process) and
     ``step_wait`` returns the result, so rollout code has one path for both pools. Useful for
     tests, tiny environments and JAX-native ones.
@@ -28,46 +30,38 @@ class LocalVectorEnv:
 
     steps_in_background = False  # step_async does the work; VectorEnv's workers do not
 
-    def __init__(self, env: Any, num_envs: int, *, group_size: int = 1, params: Any = None):
-        if num_envs < 1 or group_size < 1 or num_envs % group_size:
-            raise ValueError(f"group_size={group_size} must divide num_envs={num_envs}")
+    def __init__(self, env: Any, num_envs: int, *, group_size: int = 1, params: Any = None,
+                 max_steps: int | None = None, auto_reset: bool = False, env_name: str = ""):
+        self.recorder = EpisodeRecorder(num_envs, group_size=group_size, env_name=env_name,
+                                        max_steps=max_steps, auto_reset=auto_reset)
         self.env, self.num_envs, self.group_size = env, num_envs, group_size
         self.num_groups = num_envs // group_size
         self.params = params if params is not None else env.default_params
-        self._states: list[Any] = [None] * num_envs
-        self._obs: list[Any] = [""] * num_envs
-        self._done = np.zeros(num_envs, bool)
-        self._steps = np.zeros(num_envs, int)
-        self._seeds = [0] * num_envs
-        self._seed = 0
-        self._was_reset = False
         self._pending: BatchStep | None = None
 
     @property
     def states(self) -> list[Any]:
         """The current env state of every slot (immutable: copy/replay freely)."""
-        return list(self._states)
+        return self.recorder.states
 
-    def task_seed(self, slot: int) -> int:
-        return self._seed + slot // self.group_size
+    @property
+    def trajectories(self) -> list[Trajectory]:
+        return self.recorder.trajectories
+
+    def pop_trajectories(self) -> list[Trajectory]:
+        return self.recorder.pop_trajectories()
+
+    def task_seed(self, slot: int, reset_count: int = 0) -> int:
+        return self.recorder.task_seed(slot, reset_count)
 
     def reset(self, seed: int = 0):
         if self._pending is not None:
             raise RuntimeError("reset called while a step_async is in flight; call step_wait")
-        self._seed = int(seed)
-        obs, infos = [], []
-        for i in range(self.num_envs):
-            s = self.task_seed(i)
-            o, st = self.env.reset(s, self.params)
-            hook = getattr(self.env, "reset_info", None)
-            info = dict(hook(st, self.params)) if callable(hook) else {}
-            info.update(error=None, task_seed=s)
-            self._states[i], self._seeds[i], self._obs[i] = st, s, o
-            obs.append(o)
-            infos.append(info)
-        self._done[:] = False
-        self._steps[:] = 0
-        self._was_reset = True
+        seeds = self.recorder.begin(seed)
+        results = self._resets(seeds)
+        obs, infos = [None] * self.num_envs, [None] * self.num_envs
+        for i, task_seed in seeds.items():
+            obs[i], infos[i] = self.recorder.start(i, task_seed, results[i])
         return obs, infos
 
     def step(self, actions: Sequence[Any]) -> BatchStep:
@@ -81,34 +75,13 @@ class LocalVectorEnv:
         count, so skipping other slots never changes a slot's trajectory."""
         if self._pending is not None:
             raise RuntimeError("step_async called twice without step_wait")
-        if not self._was_reset:
+        if not self.recorder.started:
             raise RuntimeError("LocalVectorEnv.step called before reset()")
-        if isinstance(actions, (str, bytes)) or not hasattr(actions, "__len__"):
-            raise TypeError(f"actions must be a sequence of num_envs={self.num_envs} actions "
-                            f"(None: skip the slot), got {type(actions).__name__}")
-        if len(actions) != self.num_envs:
-            raise ValueError(f"actions has length {len(actions)}, expected num_envs="
-                             f"{self.num_envs}")
-        obs, infos = [None] * self.num_envs, [None] * self.num_envs
-        rewards = np.zeros(self.num_envs, np.float32)
-        dones = np.zeros(self.num_envs, bool)
-        for i, a in enumerate(actions):
-            if self._done[i] or a is None:
-                obs[i], dones[i] = self._obs[i], bool(self._done[i])
-                infos[i] = {"error": None, "task_seed": self._seeds[i]}
-                if a is None:
-                    infos[i]["skipped"] = True
-                if self._done[i]:
-                    infos[i]["inactive"] = True
-                continue
-            key = step_key(self._seeds[i], int(self._steps[i]))
-            o, st, r, d, info = self.env.step(key, self._states[i], a, self.params)
-            self._states[i], self._obs[i] = st, o
-            self._steps[i] += 1
-            self._done[i] = bool(d)
-            obs[i], rewards[i], dones[i] = o, float(r), bool(d)
-            infos[i] = dict(info, error=None, task_seed=self._seeds[i])
-        self._pending = BatchStep(obs, rewards, dones, infos, list(self._states))
+        actions = check_actions(actions, self.num_envs)
+        eps = self.recorder.episodes
+        results = {i: ("ok", self.env.step(key, eps[i].state, actions[i], self.params))
+                   for i, key in self.recorder.stepping(actions).items()}
+        self._pending = self.recorder.collect(actions, results, self._resets)
 
     def step_wait(self) -> BatchStep:
         if self._pending is None:
@@ -118,3 +91,10 @@ class LocalVectorEnv:
 
     def close(self) -> None:
         pass
+
+    def _resets(self, seeds: dict[int, int]) -> dict[int, tuple]:
+        out = {}
+        for i, s in seeds.items():
+            obs, state = self.env.reset(s, self.params)
+            out[i] = ("ok", (obs, state, reset_info_of(self.env, state, self.params)))
+        return out

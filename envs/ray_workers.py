@@ -41,7 +41,7 @@ except ImportError as e:  # the optional extra
     raise ImportError(
         "VectorEnv(backend='ray') needs Ray: pip install 'jaxdm[ray]'") from e
 
-from jaxdm.envs.vector import build_worker_env, run_job
+from jaxdm.envs.vector import WorkerHandle, build_worker_env, run_job
 
 
 class EnvActor:
@@ -114,9 +114,9 @@ class ActorLiveness:
                 self.sentinel = None
 
 
-class RayWorker:
+class RayWorker(WorkerHandle):
     """Parent-side handle of one env worker running as a Ray actor (``VectorEnv`` backend
-    ``"ray"``); same interface as the process worker.
+    ``"ray"``); same interface as the process worker (``close`` is ``WorkerHandle``'s).
 
     Args:
       ctx: the multiprocessing context (only its ``Pipe`` is used, for the local pipe).
@@ -227,17 +227,6 @@ class RayWorker:
             self._peer.close()
         self.proc.join(timeout=5)
         self.proc.close()
-
-    def request_close(self) -> None:
-        try:
-            self.conn.send(("close",))
-        except (OSError, BrokenPipeError, ValueError):
-            pass
-
-    def close(self, timeout: float = 2.0) -> None:
-        self.request_close()
-        self.proc.join(timeout=timeout)
-        self.kill()
 
 
 def _kill_actor(actor) -> None:

@@ -37,7 +37,7 @@ from jaxdm.envs.core import step_key
 from jaxdm.trajectory import Step, Trajectory
 
 __all__ = ["ANNOTATION_KEYS", "BatchStep", "RecordedStep", "RecordedEpisode", "EpisodeRecorder",
-           "RecordedBatch", "to_trajectory", "reset_info_of"]
+           "RecordedBatch", "to_trajectory", "reset_info_of", "check_actions"]
 
 # Annotation keys copied from step info into RecordedStep.annotations / Step.annotations.
 ANNOTATION_KEYS = ("milestone", "no_op", "subgoal")
@@ -61,6 +61,17 @@ def reset_info_of(env: Any, state: Any, params: Any) -> dict:
     if callable(hook):
         return dict(hook(state, params))
     return {k: getattr(state, k) for k in ("goal", "task_type", "budget") if hasattr(state, k)}
+
+
+def check_actions(actions: Any, num_envs: int) -> list:
+    """One action per slot (``None``: skip the slot); a string is not a batch of actions."""
+    if isinstance(actions, (str, bytes)) or not hasattr(actions, "__len__"):
+        raise TypeError(
+            f"actions must be a sequence of num_envs={num_envs} actions (None: skip the "
+            f"slot), got {type(actions).__name__}")
+    if len(actions) != num_envs:
+        raise ValueError(f"actions has length {len(actions)}, expected num_envs={num_envs}")
+    return list(actions)
 
 
 @dataclasses.dataclass

@@ -19,7 +19,9 @@ and use every host core. Design points:
 * **Group seeding.** Episode ``i`` starts task ``seed + i // group_size``, so the G members of
   a GRPO group start the same task. With auto-reset the k-th reset of slot ``i`` starts task
   ``seed + k * num_groups + i // group_size``, so groups stay aligned.
-* **Trajectories.** Every finished episode is recorded as a ``jaxdm.trajectory.Trajectory``.
+* **Recording.** ``jaxdm.envs.recorder.EpisodeRecorder`` (shared with ``LocalVectorEnv``)
+  records every episode, keys its steps (``envs.core.step_key``), does the auto-reset and
+  builds each finished episode's ``jaxdm.trajectory.Trajectory``; this module only runs jobs.
 * **No orphans.** ``close()`` (also via context manager, ``__del__`` and an ``atexit`` hook)
   joins or kills every worker; a worker also exits when its parent dies (pipe EOF, or a
   parent-pid watchdog while it is busy).
@@ -56,15 +58,12 @@ import time
 import traceback
 import weakref
 from multiprocessing.connection import wait as _wait_ready
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-import numpy as np
 
-from jaxdm.envs.core import step_key
-from jaxdm.trajectory import Step, Trajectory
-
-# Annotation keys copied from step info into Step.annotations.
-ANNOTATION_KEYS = ("milestone", "no_op", "subgoal")
+from jaxdm.envs.recorder import (  # noqa: F401 - BatchStep, ANNOTATION_KEYS re-exported
+    ANNOTATION_KEYS, BatchStep, EpisodeRecorder, check_actions, reset_info_of)
+from jaxdm.trajectory import Trajectory
 
 
 # ---------------------------------------------------------------------------------------
@@ -130,13 +129,6 @@ def _parent_watchdog(parent_pid: int, period: float = 1.0) -> None:
             os._exit(3)
 
 
-def _env_reset_info(env, state, params) -> dict:
-    hook = getattr(env, "reset_info", None)
-    if callable(hook):
-        return dict(hook(state, params))
-    return {k: getattr(state, k) for k in ("goal", "task_type", "budget") if hasattr(state, k)}
-
-
 def build_worker_env(env_factory: Callable[[], Any]) -> Any:
     """Build the environment inside a worker (any backend) and run its optional ``warm_up``:
     one-off preparation (indexes, NLP models) done before the first timed step, so a slow
@@ -162,7 +154,7 @@ def run_job(env, params, held: dict, kind: str, job: tuple) -> tuple:
             _, tag, seed = job
             obs, state = env.reset(seed, params)
             held[idx] = (tag, state)
-            return ("ok", idx, (obs, state, _env_reset_info(env, state, params)))
+            return ("ok", idx, (obs, state, reset_info_of(env, state, params)))
         _, tag_before, tag_after, state, action, key = job
         if state is None:
             have_tag, state = held.get(idx, (None, None))
@@ -207,7 +199,28 @@ def _worker_main(conn, env_factory, params, parent_pid: int) -> None:
                 conn.send(("error", job[0], message))
 
 
-class _Worker:
+class WorkerHandle:
+    """What every backend's parent-side worker handle shares: the close protocol. A subclass
+    provides ``conn``, ``proc`` and ``kill`` (end the worker now and release the pipe)."""
+
+    def kill(self) -> None:
+        raise NotImplementedError
+
+    def request_close(self) -> None:
+        """Ask the worker to exit after its current job (no wait)."""
+        try:
+            self.conn.send(("close",))
+        except (OSError, BrokenPipeError, ValueError):
+            pass
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Ask the worker to exit, wait up to ``timeout`` s, then ``kill`` whatever is left."""
+        self.request_close()
+        self.proc.join(timeout=timeout)
+        self.kill()
+
+
+class _Worker(WorkerHandle):
     """One worker process and its pipe. ``start`` returns at once; ``wait_ready`` blocks until
     the worker built its environment, so a pool starts its workers in parallel."""
 
@@ -253,30 +266,13 @@ class _Worker:
         except OSError:
             pass
 
-    def request_close(self) -> None:
-        try:
-            self.conn.send(("close",))
-        except (OSError, BrokenPipeError, ValueError):
-            pass
-
-    def close(self, timeout: float = 2.0) -> None:
-        self.request_close()
-        self.proc.join(timeout=timeout)
-        if self.proc.is_alive():
-            self.kill()
-        else:
-            try:
-                self.conn.close()
-            except OSError:
-                pass
-
 
 # Worker backends: name -> "module:Class" of the parent-side worker handle, imported on first
 # use (so an optional engine such as Ray is needed only when chosen). A handle is built as
-# ``Class(ctx, env_factory, params, slots, **backend_options)`` and offers ``_Worker``'s
-# interface: ``conn`` (send/poll/recv of the job protocol of ``run_job``), ``proc``
-# (sentinel, is_alive, join, exitcode), ``pid``, ``wait_ready``, ``kill``, ``request_close``,
-# ``close``.
+# ``Class(ctx, env_factory, params, slots, **backend_options)``, subclasses ``WorkerHandle``
+# (``request_close``, ``close``) and offers ``conn`` (send/poll/recv of the job protocol of
+# ``run_job``), ``proc`` (sentinel, is_alive, join, exitcode), ``pid``, ``wait_ready`` and
+# ``kill``.
 WORKER_BACKENDS: dict[str, str] = {
     "process": "jaxdm.envs.vector:_Worker",
     "ray": "jaxdm.envs.ray_workers:RayWorker",
@@ -292,24 +288,8 @@ def worker_backend(name: str) -> type:
 
 
 # ---------------------------------------------------------------------------------------
-# Parent-side episode bookkeeping
+# Parent-side job bookkeeping (episodes: jaxdm.envs.recorder)
 # ---------------------------------------------------------------------------------------
-@dataclasses.dataclass
-class _Episode:
-    episode_id: int
-    task_seed: int
-    state: Any = None
-    obs: str = ""
-    goal: str = ""
-    task_type: str = ""
-    budget: int = 0
-    env: str = ""
-    steps: list = dataclasses.field(default_factory=list)
-    reward_sum: float = 0.0
-    done: bool = False
-    finished_trajectory: Trajectory | None = None
-
-
 @dataclasses.dataclass
 class _Batch:
     """Jobs in flight: worker -> unanswered slots (in send order), deadlines, results."""
@@ -319,28 +299,6 @@ class _Batch:
     pending: dict = dataclasses.field(default_factory=dict)
     deadlines: dict = dataclasses.field(default_factory=dict)
     results: dict = dataclasses.field(default_factory=dict)
-
-
-class BatchStep(NamedTuple):
-    """Result of ``VectorEnv.step``: per-slot observations, rewards, dones, infos and the env
-    state of every slot after the step (immutable; after an auto-reset, the new episode's)."""
-
-    observations: list
-    rewards: np.ndarray  # [B] float32
-    dones: np.ndarray  # [B] bool
-    infos: list
-    states: list | None = None
-
-
-def _check_actions(actions: Any, num_envs: int) -> list:
-    """One action per slot (``None``: skip the slot); a string is not a batch of actions."""
-    if isinstance(actions, (str, bytes)) or not hasattr(actions, "__len__"):
-        raise TypeError(
-            f"actions must be a sequence of num_envs={num_envs} actions (None: skip the "
-            f"slot), got {type(actions).__name__}")
-    if len(actions) != num_envs:
-        raise ValueError(f"actions has length {len(actions)}, expected num_envs={num_envs}")
-    return list(actions)
 
 
 _LIVE: "weakref.WeakSet[VectorEnv]" = weakref.WeakSet()
@@ -401,19 +359,13 @@ class VectorEnv:
         backend: str = "process",
         backend_options: Mapping[str, Any] | None = None,
     ):
-        if not isinstance(num_envs, int) or num_envs < 1:
-            raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
+        # checks num_envs, group_size and max_steps
+        self.recorder = EpisodeRecorder(num_envs, group_size=group_size, env_name=env_name,
+                                        max_steps=max_steps, auto_reset=auto_reset)
         if not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"num_workers must be a positive int, got {num_workers!r}")
-        if not isinstance(group_size, int) or group_size < 1 or num_envs % group_size:
-            raise ValueError(
-                f"group_size must be a positive int dividing num_envs={num_envs}, "
-                f"got {group_size!r}"
-            )
         if not step_timeout > 0:
             raise ValueError(f"step_timeout must be > 0 seconds, got {step_timeout!r}")
-        if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
-            raise ValueError(f"max_steps must be a positive int or None, got {max_steps!r}")
         if start_method not in ("spawn", "forkserver"):
             raise ValueError(
                 f"start_method must be 'spawn' or 'forkserver' (forking a process that may run "
@@ -435,21 +387,17 @@ class VectorEnv:
             raise TypeError(f"params cannot be pickled for worker processes: {e}") from None
         self._ctx = mp.get_context(start_method)
         self._worker_cls = worker_backend(backend)
+        self.backend = backend
         if backend == "process" and backend_options:
             raise ValueError(f"backend 'process' takes no backend_options, got {backend_options!r}")
         self._backend_options = dict(backend_options or {})
         self._start_timeout = start_timeout
         self._closed = False
-        self._episodes: list[_Episode | None] = [None] * num_envs
-        self._reset_counts = [0] * num_envs
-        self._next_episode_id = 0
         # Each slot's state carries a tag; ``_synced[i]`` says its worker holds that state.
         self._tags = [0] * num_envs
         self._next_tag = 1
         self._synced = [False] * num_envs
         self._in_flight = None  # (batch, actions) between step_async and step_wait
-        self._seed = 0
-        self.trajectories: list[Trajectory] = []
         self.num_worker_restarts = 0
         bounds = [i * num_envs // self.num_workers for i in range(self.num_workers + 1)]
         self._slot_ranges = [range(bounds[w], bounds[w + 1]) for w in range(self.num_workers)]
@@ -480,27 +428,27 @@ class VectorEnv:
     @property
     def states(self) -> list[Any]:
         """The current env state of every slot (immutable: copy/replay freely)."""
-        return [ep.state if ep is not None else None for ep in self._episodes]
+        return self.recorder.states
+
+    @property
+    def trajectories(self) -> list[Trajectory]:
+        """Trajectories of the episodes finished so far (``pop_trajectories`` drains them)."""
+        return self.recorder.trajectories
 
     def task_seed(self, slot: int, reset_count: int = 0) -> int:
         """The task seed slot ``slot`` gets on its ``reset_count``-th reset (0 = first)."""
-        return self._seed + reset_count * self.num_groups + slot // self.group_size
+        return self.recorder.task_seed(slot, reset_count)
 
     def reset(self, seed: int = 0) -> tuple[list[str], list[dict]]:
         """Start a new episode in every slot; slot ``i`` gets task ``seed + i // G``."""
         self._check_open()
         if self._in_flight is not None:
             raise RuntimeError("reset called while a step_async is in flight; call step_wait")
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-        self._seed = int(seed)
-        self._reset_counts = [0] * self.num_envs
-        self._episodes = [None] * self.num_envs
-        jobs = {i: (i, self._new_tag(i), self.task_seed(i)) for i in range(self.num_envs)}
-        results = self._run("reset", jobs)
+        seeds = self.recorder.begin(seed)
+        results = self._run_resets(seeds)
         obs, infos = [None] * self.num_envs, [None] * self.num_envs
-        for i in range(self.num_envs):
-            obs[i], infos[i] = self._start_episode(i, self.task_seed(i), results[i])
+        for i, task_seed in seeds.items():
+            obs[i], infos[i] = self.recorder.start(i, task_seed, results[i])
         return obs, infos
 
     def step(self, actions: Sequence[Any]) -> BatchStep:
@@ -526,15 +474,13 @@ class VectorEnv:
         self._check_open()
         if self._in_flight is not None:
             raise RuntimeError("step_async called twice without step_wait")
-        if any(ep is None for ep in self._episodes):
+        if not self.recorder.started:
             raise RuntimeError("VectorEnv.step called before reset()")
-        actions = _check_actions(actions, self.num_envs)
+        actions = check_actions(actions, self.num_envs)
         jobs = {}
-        for i, (ep, action) in enumerate(zip(self._episodes, actions)):
-            if not ep.done and action is not None:
-                key = step_key(ep.task_seed, len(ep.steps))
-                tag_before = self._tags[i]
-                jobs[i] = (i, tag_before, self._new_tag(i), action, key)
+        for i, key in self.recorder.stepping(actions).items():
+            tag_before = self._tags[i]
+            jobs[i] = (i, tag_before, self._new_tag(i), actions[i], key)
         self._in_flight = (self._dispatch("step", jobs), actions)
 
     def step_wait(self) -> BatchStep:
@@ -547,42 +493,11 @@ class VectorEnv:
             results = self._collect(batch)
         finally:
             self._in_flight = None
-        obs = [None] * self.num_envs
-        rewards = np.zeros(self.num_envs, np.float32)
-        dones = np.zeros(self.num_envs, bool)
-        infos: list[dict] = [None] * self.num_envs
-        auto_jobs = {}
-        for i, ep in enumerate(self._episodes):
-            if i not in batch.jobs:
-                obs[i], dones[i] = ep.obs, ep.done
-                infos[i] = {"error": None, "episode_id": ep.episode_id,
-                            "task_seed": ep.task_seed}
-                if actions[i] is None:
-                    infos[i]["skipped"] = True
-                if ep.done:
-                    infos[i]["inactive"] = True
-                continue
-            obs[i], rewards[i], dones[i], infos[i] = self._advance(i, actions[i], results[i])
-            if dones[i] and self.auto_reset:
-                self._reset_counts[i] += 1
-                auto_jobs[i] = (i, self._new_tag(i), self.task_seed(i, self._reset_counts[i]))
-        if auto_jobs:
-            reset_results = self._run("reset", auto_jobs)
-            for i in auto_jobs:
-                final_obs, final_info = obs[i], infos[i]
-                obs[i], new_info = self._start_episode(i, auto_jobs[i][2], reset_results[i])
-                infos[i] = dict(
-                    final_info,
-                    final_observation=final_obs,
-                    final_info=final_info,
-                    reset_info=new_info,
-                )
-        return BatchStep(obs, rewards, dones, infos, self.states)
+        return self.recorder.collect(actions, results, self._run_resets)
 
     def pop_trajectories(self) -> list[Trajectory]:
         """Return and clear the trajectories of episodes finished so far."""
-        out, self.trajectories = self.trajectories, []
-        return out
+        return self.recorder.pop_trajectories()
 
     def close(self) -> None:
         """Stop every worker (idempotent); leaves no child processes behind."""
@@ -628,7 +543,7 @@ class VectorEnv:
         if kind != "step":
             return job
         i, tag_before, tag_after, action, key = job
-        state = None if self._synced[i] else self._episodes[i].state
+        state = None if self._synced[i] else self.recorder.episodes[i].state
         return (i, tag_before, tag_after, state, action, key)
 
     def _replace_worker(self, w_idx: int) -> None:
@@ -637,6 +552,10 @@ class VectorEnv:
         self._workers[w_idx].kill()
         self._workers[w_idx] = self._new_worker(self._slot_ranges[w_idx])
         self.num_worker_restarts += 1
+
+    def _run_resets(self, seeds: Mapping[int, int]) -> dict[int, tuple]:
+        """Reset the slots of ``seeds`` (slot -> task seed) on their workers."""
+        return self._run("reset", {i: (i, self._new_tag(i), s) for i, s in seeds.items()})
 
     def _run(self, kind: str, jobs: Mapping[int, tuple]) -> dict[int, tuple]:
         """Run jobs (slot -> job tuple) on the workers owning the slots; see ``_collect``."""
@@ -733,80 +652,6 @@ class VectorEnv:
             self._send(batch, w_idx)
         else:
             batch.pending.pop(w_idx, None)
-
-    def _start_episode(self, i: int, task_seed: int, result: tuple) -> tuple[str, dict]:
-        status, payload = result
-        ep = _Episode(episode_id=self._next_episode_id, task_seed=task_seed)
-        self._next_episode_id += 1
-        self._episodes[i] = ep
-        if status != "ok":
-            # A failed reset: the slot holds an ended, errored episode.
-            ep.done = True
-            ep.obs = ""
-            info = {"error": payload, "truncated": True, "episode_id": ep.episode_id,
-                    "task_seed": task_seed}
-            self._finish(ep, info, error=payload, truncated=True)
-            info["trajectory"] = ep.finished_trajectory
-            return "", info
-        obs, state, reset_info = payload
-        ep.state, ep.obs = state, obs
-        ep.goal = str(reset_info.get("goal", ""))
-        ep.env = str(reset_info.get("env", self.env_name))
-        ep.task_type = str(reset_info.get("task_type", ""))
-        budget = reset_info.get("budget", self.max_steps or 0)
-        if self.max_steps is not None:
-            budget = min(budget, self.max_steps) if budget else self.max_steps
-        ep.budget = int(budget or 0)
-        info = dict(reset_info, error=None, episode_id=ep.episode_id, task_seed=task_seed)
-        return obs, info
-
-    def _advance(self, i: int, action: Any, result: tuple):
-        ep = self._episodes[i]
-        status, payload = result
-        if status != "ok":
-            ep.steps.append(Step(ep.obs, str(action), valid=False, annotations={}))
-            ep.done = True
-            info = {"error": payload, "truncated": True, "episode_id": ep.episode_id,
-                    "task_seed": ep.task_seed, "won": False}
-            self._finish(ep, info, error=payload, truncated=True)
-            info["trajectory"] = ep.finished_trajectory
-            return ep.obs, 0.0, True, info
-        obs, state, reward, done, info = payload
-        annotations = {k: info[k] for k in ANNOTATION_KEYS if k in info}
-        ep.steps.append(
-            Step(ep.obs, str(action), valid=bool(info.get("valid", True)), annotations=annotations)
-        )
-        ep.state, ep.obs = state, obs
-        ep.reward_sum += reward
-        truncated = bool(info.get("truncated", False))
-        if not done and self.max_steps is not None and len(ep.steps) >= self.max_steps:
-            done, truncated = True, True
-        info = dict(info, error=None, truncated=truncated, episode_id=ep.episode_id,
-                    task_seed=ep.task_seed)
-        if done:
-            ep.done = True
-            self._finish(ep, info, error=None, truncated=truncated)
-            info["trajectory"] = ep.finished_trajectory
-        return obs, reward, done, info
-
-    def _finish(self, ep: _Episode, info: Mapping, *, error, truncated: bool) -> None:
-        score = info.get("score", ep.reward_sum)
-        traj = Trajectory(
-            goal=ep.goal,
-            steps=tuple(ep.steps),
-            final_observation=ep.obs,
-            reward=float(score),
-            success=bool(info.get("won", False)) and error is None,
-            budget=ep.budget,
-            task_type=ep.task_type,
-            env=ep.env or self.env_name,
-            final_observation_terminal=bool(info.get("final_observation_terminal", False)),
-            truncated=bool(truncated),
-            error=error,
-            metadata={"task_seed": ep.task_seed, "episode_id": ep.episode_id},
-        )
-        ep.finished_trajectory = traj
-        self.trajectories.append(traj)
 
 
 def make_vector_env(env_factory: Any, num_envs: int, **kwargs) -> VectorEnv:

@@ -15,7 +15,10 @@ GRPO advantage).
 ``EpisodeBatch`` is the one array view of a batch of ``EpisodeRecord``s: [B, T] masks,
 returns and step rewards, outcomes, group ids, the per-action training units in row-major
 order, and ``errored`` [B]: episodes lost to an env error (a dead worker) are masked out of
-every estimator (their group is computed over the rest) and never trained on.
+every estimator (their group is computed over the rest) and never trained on. ``recorded``
+is the env side of the same rows as the one env batch type (``jaxdm.envs.recorder.
+RecordedBatch``: commands, env rewards, dones, validity and the per-step env states), present
+when the pool recorded the episodes (``EpisodeRecord.record``).
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from jaxdm.envs.recorder import RecordedBatch
 from jaxdm.rl import advantages as advmod
 
 __all__ = ["EpisodeBatch", "episode_batch", "Advantages", "Estimator", "ESTIMATORS",
@@ -45,6 +49,7 @@ class EpisodeBatch:
     unit_rows: np.ndarray            # [N] row of each unit
     unit_cols: np.ndarray            # [N] action slot of each unit
     unit_logp: np.ndarray            # [N] sampling log-prob
+    recorded: RecordedBatch | None = None  # env side of the rows (None: not recorded)
 
 
 def episode_batch(episodes: Sequence[Any], max_actions: int, penalty: float) -> EpisodeBatch:
@@ -72,10 +77,15 @@ def episode_batch(episodes: Sequence[Any], max_actions: int, penalty: float) -> 
         step_r[i, :n] = -penalty * invalid[i, :n]
         if n:
             step_r[i, n - 1] += ep.reward
+    records = [getattr(ep, "record", None) for ep in episodes]
+    recorded = None
+    if records and all(r is not None for r in records):
+        longest = max(len(r.steps) for r in records)
+        recorded = RecordedBatch.from_episodes(records, max(max_actions, longest))
     return EpisodeBatch(list(episodes), [ep.trajectory for ep in episodes], mask, returns,
                         step_r, outcome, groups, invalid, errored, units,
                         np.asarray(rows, np.int64), np.asarray(cols, np.int64),
-                        np.asarray(logps, np.float32))
+                        np.asarray(logps, np.float32), recorded)
 
 
 @dataclasses.dataclass(frozen=True)

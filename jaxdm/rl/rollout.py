@@ -3,11 +3,14 @@
 Per turn, the engine builds the policy input of every live episode (goal, observation,
 admissible actions, history, steps taken), asks the policy for actions (one jitted device
 call for the whole live batch), sends them to the env pool (``jaxdm.envs.vector.VectorEnv``
-worker processes, or ``LocalVectorEnv`` in-process, ``jaxdm.envs.local``), and records, per
-action, the tokens the policy saw and produced, their sampling log-prob, validity, the env's
-annotations and the env state after it (both pools return per-step states in ``BatchStep``,
-and key every step with ``jaxdm.envs.core.step_key``, so a recorded episode replays exactly
-from ``EpisodeRecord.initial_state``).
+worker processes, or ``LocalVectorEnv`` in-process, ``jaxdm.envs.local``), and keeps, per
+action, the tokens the policy saw and produced and their sampling log-prob. The env side of
+every episode (observations, commands, rewards, validity, annotations, the env state after
+each step, the outcome) is recorded once, by the pool's ``jaxdm.envs.recorder.EpisodeRecorder``
+(``EpisodeRecord.record``), which keys every step with ``jaxdm.envs.core.step_key``, so a
+recorded episode replays exactly from ``EpisodeRecord.initial_state``; its ``Trajectory``
+comes from ``jaxdm.envs.recorder.to_trajectory`` with the rollout's budget, the policy's
+validity and the group metadata. ``RolloutResult.recorded_batch`` is the array view.
 Episodes end at their own time (done, or the action budget); the batch continues with the
 rest. An output without both ``<think>`` and ``<action>`` tags is invalid: the env receives
 ``INVALID_COMMAND`` and the action is marked for the invalid-action penalty.
@@ -29,20 +32,19 @@ import jax
 import numpy as np
 
 from jaxdm.envs.local import LocalVectorEnv  # noqa: F401 - re-exported (it lived here)
-from jaxdm.envs.vector import BatchStep
+from jaxdm.envs.recorder import BatchStep, RecordedBatch, RecordedEpisode, to_trajectory
 from jaxdm.rl.policy import ActionOut, TurnInput
 from jaxdm.rl.text import INVALID_COMMAND
-from jaxdm.trajectory import Step, Trajectory
+from jaxdm.trajectory import Trajectory
 
 __all__ = ["LocalVectorEnv", "ActionRecord", "EpisodeRecord", "RolloutResult", "rollout",
            "pipeline_halves"]
 
-_ANNOTATION_KEYS = ("milestone", "no_op", "subgoal")
-
 
 @dataclasses.dataclass
 class ActionRecord:
-    """One executed action with everything training and judging need."""
+    """One executed action: the policy's output plus a copy of the env side's record
+    (``jaxdm.envs.recorder.RecordedStep``)."""
 
     observation: str
     out: ActionOut
@@ -73,6 +75,7 @@ class EpisodeRecord:
     success: bool = False
     truncated: bool = False
     error: str | None = None
+    record: RecordedEpisode | None = None  # the env side, as the pool recorded it
 
 
 @dataclasses.dataclass
@@ -99,6 +102,10 @@ class RolloutResult:
 
     def trajectories(self) -> list[Trajectory]:
         return [e.trajectory for e in self.episodes]
+
+    def recorded_batch(self, num_steps: int | None = None) -> RecordedBatch:
+        """The env side of the episodes as one ``RecordedBatch`` ([B, num_steps] arrays)."""
+        return RecordedBatch.from_episodes([e.record for e in self.episodes], num_steps)
 
     @property
     def num_actions(self) -> int:
@@ -146,28 +153,28 @@ def rollout(policy: Any, params: Any, venv: Any, *, seed: int, key: jax.Array,
         if not callable(getattr(venv, method, None)):
             raise TypeError(f"venv must provide {method}() (VectorEnv or LocalVectorEnv), got "
                             f"{type(venv).__name__}")
+    if getattr(venv, "recorder", None) is None:
+        raise TypeError(f"venv must record its episodes in .recorder (an EpisodeRecorder: "
+                        f"VectorEnv or LocalVectorEnv), got {type(venv).__name__}")
     t_start = time.perf_counter()
     b = venv.num_envs
     g = getattr(venv, "group_size", 1)
     group_of = group_of or (lambda i: i // g)
     obs, infos = venv.reset(seed)
+    # The pool's records of these episodes (kept even if a slot is reset after them).
+    records: list[RecordedEpisode] = list(venv.recorder.episodes)
     eps: list[EpisodeRecord] = []
     admissible: list[tuple[str, ...]] = []
     live = np.ones(b, bool)
-    for i in range(b):
+    for i, rec in enumerate(records):
         info = infos[i] or {}
-        eps.append(EpisodeRecord(slot=i, group=group_of(i),
-                                 task_seed=int(info.get("task_seed", -1)),
-                                 goal=str(info.get("goal", "")),
-                                 task_type=str(info.get("task_type", "")),
+        eps.append(EpisodeRecord(slot=i, group=group_of(i), task_seed=rec.task_seed,
+                                 goal=rec.goal, task_type=rec.task_type,
                                  budget=int(min(info.get("budget") or max_actions, max_actions)),
-                                 actions=[]))
+                                 actions=[], initial_state=rec.initial_state, record=rec))
         admissible.append(tuple(info.get("admissible_actions", ())))
-        if info.get("error"):
-            live[i], eps[i].error, eps[i].truncated = False, str(info["error"]), True
+        live[i] = not rec.done  # a failed reset ends the episode at once
     current_obs = list(obs)
-    for i, st in enumerate(getattr(venv, "states", None) or [None] * b):
-        eps[i].initial_state = st
 
     halves = pipeline_halves(b) if pipeline else [np.arange(b)]
     n_halves = len(halves)
@@ -219,27 +226,17 @@ def rollout(policy: Any, params: Any, venv: Any, *, seed: int, key: jax.Array,
     def absorb(flight: tuple, res: BatchStep) -> None:
         _, idx, outs, commands = flight
         for j, i in enumerate(idx):
-            info = res.infos[i] or {}
-            ep = eps[i]
+            ep, step = eps[i], records[i].steps[-1]
+            if len(records[i].steps) != len(ep.actions) + 1 or step.command != commands[j]:
+                raise RuntimeError(f"slot {i}: the pool did not record the action just taken")
             ep.actions.append(ActionRecord(
-                observation=current_obs[i], out=outs[j], command=commands[j],
-                reward=float(res.rewards[i]),
-                annotations={k: info[k] for k in _ANNOTATION_KEYS if k in info},
-                env_valid=bool(info.get("valid", True)),
-                state=None if res.states is None else res.states[i]))
-            ep.reward += float(res.rewards[i])
+                observation=step.observation, out=outs[j], command=step.command,
+                reward=step.reward, annotations=dict(step.annotations), env_valid=step.valid,
+                state=step.state))
             current_obs[i] = res.observations[i]
-            admissible[i] = tuple(info.get("admissible_actions", ()))
-            if info.get("error"):
-                ep.error = str(info["error"])
-            if res.dones[i]:
+            admissible[i] = tuple((res.infos[i] or {}).get("admissible_actions", ()))
+            if res.dones[i] or len(ep.actions) >= ep.budget:
                 live[i] = False
-                ep.success = bool(info.get("won", False)) and not ep.error
-                ep.truncated = bool(info.get("truncated", False)) or bool(ep.error)
-                if "score" in info:
-                    ep.reward = float(info["score"])
-            elif len(ep.actions) >= ep.budget:
-                live[i], ep.truncated = False, True
 
     try:
         while True:
@@ -267,17 +264,16 @@ def rollout(policy: Any, params: Any, venv: Any, *, seed: int, key: jax.Array,
             except Exception:
                 pass
         raise
-    for i in np.flatnonzero(live):
-        eps[i].truncated = True
-    for i, ep in enumerate(eps):
-        ep.trajectory = Trajectory(
-            goal=ep.goal,
-            steps=tuple(Step(a.observation, a.command, valid=a.valid and a.env_valid,
-                             annotations=dict(a.annotations)) for a in ep.actions),
-            final_observation=current_obs[i], reward=ep.reward, success=ep.success,
-            budget=ep.budget, task_type=ep.task_type, env=env_name, truncated=ep.truncated,
-            error=ep.error, metadata={"id": f"seed{ep.task_seed}-slot{i}",
-                                      "task_seed": ep.task_seed, "group": ep.group})
+    for i, (ep, rec) in enumerate(zip(eps, records)):
+        # An episode the rollout stopped at its budget (the pool has not ended it) counts
+        # as truncated.
+        ep.reward, ep.success, ep.error = rec.reward, rec.success, rec.error
+        ep.truncated = rec.truncated if rec.done else True
+        ep.trajectory = to_trajectory(
+            rec, env=env_name, budget=ep.budget, truncated=ep.truncated,
+            valid=[a.valid for a in ep.actions],
+            metadata={"id": f"seed{ep.task_seed}-slot{i}", "task_seed": ep.task_seed,
+                      "group": ep.group})
     return RolloutResult(eps, timing["gen"], timing["env"], max(half_turns),
                          overlap_s=timing["overlap"], wall_s=time.perf_counter() - t_start,
                          policy_calls=sum(half_turns))

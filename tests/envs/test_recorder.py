@@ -176,3 +176,52 @@ def test_batch_from_arrays_with_stacked_jax_states():
         _array_batch(states, lengths=np.array([2, 1], np.int32))
     with pytest.raises(ValueError, match="no episodes"):
         _array_batch(states).trajectories()
+
+
+class FirstOption:
+    """A deterministic policy: the first admissible action, malformed on step 1."""
+    form = "option"
+
+    def act(self, params, states, key, *, greedy=False, pad_to=None):
+        from jaxdm.rl.policy import ActionOut
+
+        return [ActionOut(s.admissible[0], s.steps_taken != 1, s.admissible[0], -0.5, {})
+                for s in states]
+
+
+def test_rollout_uses_the_pools_records():
+    import jax
+
+    from jaxdm.envs.local import LocalVectorEnv
+    from jaxdm.envs.toy import make_ordering_env
+    from jaxdm.rl.estimators import episode_batch
+    from jaxdm.rl.rollout import rollout
+
+    env = make_ordering_env(budget=4)
+    venv = LocalVectorEnv(env, 4, group_size=2, env_name="ordering")
+    res = rollout(FirstOption(), None, venv, seed=3, key=jax.random.key(0), max_actions=3,
+                  env_name="toy")
+    for ep in res.episodes:
+        rec = ep.record
+        assert rec is venv.recorder.episodes[ep.slot] and ep.initial_state is rec.initial_state
+        assert [a.command for a in ep.actions] == [s.command for s in rec.steps]
+        assert [a.state for a in ep.actions] == [s.state for s in rec.steps]
+        traj = ep.trajectory
+        # the rollout's view of the pool's record: its env name, budget, group metadata and
+        # the policy's validity (step 1 was malformed)
+        assert traj.env == "toy" and traj.budget == 3 and traj.metadata["group"] == ep.group
+        assert [s.valid for s in traj.steps] == [a.valid and a.env_valid for a in ep.actions]
+        assert len(traj.steps) < 2 or not traj.steps[1].valid
+        assert traj.reward == rec.reward == ep.reward and traj.success == ep.success
+        assert traj.truncated == (ep.truncated if rec.done else True)
+    batch = res.recorded_batch(3)
+    assert batch.lengths.tolist() == [len(e.actions) for e in res.episodes]
+    eb = episode_batch(res.episodes, 3, 0.1)
+    assert eb.recorded is not None and eb.recorded.num_steps == 3
+    np.testing.assert_array_equal(eb.recorded.mask, eb.mask)
+    np.testing.assert_array_equal(eb.recorded.outcome, eb.outcome)
+    # the per-step states replay with the one key schedule
+    for i, ep in enumerate(res.episodes):
+        for t, a in enumerate(ep.actions):
+            _, state, *_ = env.step(step_key(ep.task_seed, t), batch.state(i, t), a.command)
+            assert state == batch.state(i, t + 1)
