@@ -1,8 +1,18 @@
 """Host-side construction for the trainer: env factories and pools, the policy model, the
-critic. Nothing here runs per iteration."""
+critic, the rollout collector. Nothing here runs per iteration.
+
+Policy kinds are registered (``POLICY_KINDS``, the names ``policy.kind`` takes), each with
+its builder and the rollout kind that plays it (``jaxdm.rl.collect.ROLLOUT_KINDS``):
+
+- ``text``: the decoder policies on text envs (``policy.form``: ``option`` or
+  ``generative``), rollout ``host``;
+- ``symbolic_mlp``: an MLP on a pure-JAX env's observation rows
+  (``jaxdm.rl.symbolic.SymbolicMLPPolicy``, ``policy.mlp_hidden``), rollout ``jax``.
+"""
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+import dataclasses
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -11,7 +21,8 @@ from jaxdm.rl import text as rltext
 from jaxdm.rl.env_factories import ENV_FACTORIES
 from jaxdm.rl.policy import GenerativePolicy, OptionScoringPolicy
 
-__all__ = ["env_factory", "collect_texts", "build_policy", "make_venv", "build_critic"]
+__all__ = ["env_factory", "env_factories", "collect_texts", "build_policy", "make_venv",
+           "build_critic", "PolicyKind", "POLICY_KINDS", "check_policy_kind", "make_collector"]
 
 
 def env_factory(section: Any, split_kwargs: Mapping[str, Any]):
@@ -47,8 +58,8 @@ def collect_texts(env, seeds: Sequence[int], budget: int) -> list[str]:
     return texts
 
 
-def build_policy(cfg, train_factory, eval_factory):
-    """(policy, initial params, model config, tokenizer) for ``cfg.model``/``cfg.policy``."""
+def _text_policy(cfg, train_factory, eval_factory):
+    """(policy, params, model config, tokenizer) of the decoder text policy."""
     from jaxdm.models import decoder
     from jaxdm.models.config import ModelConfig
 
@@ -82,14 +93,80 @@ def build_policy(cfg, train_factory, eval_factory):
     return policy, params, mcfg, tokenizer
 
 
-def build_critic(cfg, vocab_size: int):
-    """(critic model config, initial critic params) or (None, None) without a critic."""
+def _symbolic_policy(cfg, train_factory, eval_factory):
+    """(policy, params, None, None): the MLP on the JAX env's observation rows."""
+    from jaxdm.rl.jax_envs import make_jax_env
+    from jaxdm.rl.symbolic import SymbolicMLPPolicy
+
+    spec = make_jax_env(cfg.env.name, cfg.env.kwargs, cfg.max_actions)
+    policy = SymbolicMLPPolicy(spec.features, spec.row_width, spec.feature_dim,
+                               spec.num_actions, tuple(cfg.policy.mlp_hidden),
+                               cfg.policy.temperature)
+    return policy, policy.init_params(jax.random.key(cfg.model.init_seed)), None, None
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyKind:
+    build: Callable[[Any, Any, Any], tuple]  # (cfg, train/eval factories) -> build_policy's
+    rollout: str                                       # a jaxdm.rl.collect.ROLLOUT_KINDS name
+    critics: tuple[str, ...]                           # critic kinds that read its states
+    env_factories: bool = True                         # plays host env factories
+
+
+POLICY_KINDS: dict[str, PolicyKind] = {
+    "text": PolicyKind(_text_policy, "host", ("decoder",)),
+    "symbolic_mlp": PolicyKind(_symbolic_policy, "jax", ("mlp",), env_factories=False),
+}
+
+
+def check_policy_kind(cfg) -> None:
+    """``policy.kind`` is registered and its rollout can serve ``cfg`` (errors name the key)."""
+    from jaxdm.rl.collect import check_rollout
+
+    kind = POLICY_KINDS.get(cfg.policy.kind)
+    if kind is None:
+        raise ValueError(f"policy.kind: unknown policy kind {cfg.policy.kind!r}; registered: "
+                         f"{sorted(POLICY_KINDS)}")
+    if cfg.critic.kind != "none" and cfg.critic.kind not in kind.critics:
+        raise ValueError(f"critic.kind: {cfg.critic.kind!r} cannot read policy.kind="
+                         f"{cfg.policy.kind!r} states; use one of {list(kind.critics)}")
+    check_rollout(cfg, kind.rollout)
+
+
+def env_factories(cfg):
+    """(train, eval) host env factories, or (None, None) for a policy kind without them."""
+    if not POLICY_KINDS[cfg.policy.kind].env_factories:
+        return None, None
+    return env_factory(cfg.env, {}), env_factory(cfg.env, cfg.env.eval_kwargs)
+
+
+def build_policy(cfg, train_factory, eval_factory):
+    """(policy, initial params, model config, tokenizer) for ``cfg.policy.kind`` (the last
+    two None for a policy without a decoder)."""
+    return POLICY_KINDS[cfg.policy.kind].build(cfg, train_factory, eval_factory)
+
+
+def make_collector(cfg, policy, train_factory, eval_factory, *, dist=None,
+                   local_tasks: int | None = None, with_values: bool = False):
+    """The rollout collector of ``cfg.policy.kind`` (``jaxdm.rl.collect``); ``with_values``:
+    record the env's oracle values (the ``values`` signal's ``oracle`` model reads them)."""
+    from jaxdm.rl.collect import ROLLOUT_KINDS
+
+    kind = ROLLOUT_KINDS[POLICY_KINDS[cfg.policy.kind].rollout]
+    return kind.make(cfg, policy, {"train_factory": train_factory, "eval_factory": eval_factory,
+                                   "dist": dist, "local_tasks": local_tasks,
+                                   "with_values": with_values})
+
+
+def build_critic(cfg, policy):
+    """(critic object, initial params), or (None, None) without a critic
+    (``jaxdm.rl.critic.CRITIC_KINDS``)."""
     if cfg.critic.kind == "none":
         return None, None
-    from jaxdm.rl.critic import critic_model_config, init_critic
+    from jaxdm.rl.critic import critic_kind
 
-    ccfg = critic_model_config(vocab_size, cfg.critic, cfg.model.dtype)
-    return ccfg, init_critic(ccfg, jax.random.key(cfg.critic.init_seed))
+    critic = critic_kind(cfg.critic.kind)(cfg, policy)
+    return critic, critic.init(jax.random.key(cfg.critic.init_seed))
 
 
 def make_venv(cfg, factory, num_envs: int, group_size: int):

@@ -16,11 +16,19 @@ generative form's prompt: ``state_tokens``) and outputs V(s) = w·h_last + b, wh
 the final hidden state at the state's last token. The terminal state after an episode's last
 action is not scored: ``gae_advantages`` bootstraps 0 there (an episode cut by the action
 budget also ends: the budget is part of the task and shown in the state).
+
+Critic kinds are registered (``CRITIC_KINDS``, the names ``critic.kind`` takes): ``decoder``
+(``DecoderCritic``, here) and ``mlp`` (``jaxdm.rl.symbolic.MLPCritic``, for the symbolic
+policy; imported on the first lookup). A kind is ``build(cfg, policy) -> critic``, a frozen,
+hashable object with ``init(key) -> params``, ``batch(units, pad_to) -> batch`` (host) and
+the pure ``values(params, batch) -> [R]``; the trainer and the ``value`` loss term use only
+these three.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +38,8 @@ from jaxdm.models import decoder
 from jaxdm.models.config import ModelConfig
 
 __all__ = ["CriticBatch", "init_critic", "critic_values", "critic_batch", "state_tokens",
-           "critic_model_config"]
+           "critic_model_config", "DecoderCritic", "CRITIC_KINDS", "register_critic",
+           "critic_kind"]
 
 
 class CriticBatch(NamedTuple):
@@ -97,3 +106,58 @@ def critic_batch(units: Sequence[dict[str, Any]], pad_to: int, pad_id: int, *,
         tokens[i, :len(x)] = x
         valid[i, :len(x)] = True
     return CriticBatch(tokens, valid)
+
+
+# ---- registered critic kinds --------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class DecoderCritic:
+    """The decoder critic over the text policy's state tokens (``critic.kind: decoder``)."""
+
+    model: ModelConfig
+    pad_id: int
+    min_width: int  # the policy's context limit: one batch width, one compilation
+
+    def init(self, key: jax.Array) -> dict[str, Any]:
+        return init_critic(self.model, key)
+
+    def batch(self, units: Sequence[dict[str, Any]], pad_to: int) -> CriticBatch:
+        return critic_batch(units, pad_to, self.pad_id, min_width=self.min_width)
+
+    def values(self, params, batch: CriticBatch):
+        return critic_values(params, self.model, batch)
+
+
+def _decoder_critic(cfg, policy) -> DecoderCritic:
+    if not hasattr(policy, "tokenizer"):
+        raise ValueError(f"critic.kind: 'decoder' reads a text policy's state tokens; a "
+                         f"{type(policy).__name__} has none (use critic.kind: mlp)")
+    return DecoderCritic(critic_model_config(policy.config.vocab_size, cfg.critic,
+                                             cfg.model.dtype),
+                         policy.tokenizer.pad_id, cfg.policy.max_prompt_tokens)
+
+
+CRITIC_KINDS: dict[str, Callable[[Any, Any], Any]] = {}
+_PROVIDERS = ("jaxdm.rl.symbolic",)  # modules registering more kinds (imported on lookup)
+
+
+def register_critic(name: str, build: Callable[[Any, Any], Any]) -> None:
+    """Register ``build(cfg, policy) -> critic`` (see module docstring) as ``name``."""
+    if name in CRITIC_KINDS:
+        raise ValueError(f"critic kind {name!r} is already registered")
+    CRITIC_KINDS[name] = build
+
+
+def critic_kind(name: str) -> Callable[[Any, Any], Any]:
+    """The registered kind ``name``; ValueError naming ``critic.kind`` when unknown."""
+    if name not in CRITIC_KINDS:
+        import importlib
+
+        for module in _PROVIDERS:
+            importlib.import_module(module)
+    if name not in CRITIC_KINDS:
+        raise ValueError(f"critic.kind: unknown critic {name!r}; registered: "
+                         f"{['none', *sorted(CRITIC_KINDS)]}")
+    return CRITIC_KINDS[name]
+
+
+register_critic("decoder", _decoder_critic)

@@ -119,6 +119,8 @@ class OptionScoringPolicy:
     """The decision model as an actor: a distribution over the admissible actions."""
 
     form = "option"
+    # The sampling log-prob comes from the same jitted function as training's: it is π_old.
+    exact_sampling_logp = True
 
     def __init__(self, config: ModelConfig, tokenizer: rltext.TextTokenizer, *,
                  history: int = 2, max_context_tokens: int = 256,
@@ -293,6 +295,7 @@ class GenerativePolicy:
     """
 
     form = "generative"
+    exact_sampling_logp = False  # the KV-cache sampler's numerics differ from training's
 
     def __init__(self, config: ModelConfig, tokenizer: rltext.TextTokenizer, *,
                  history: int = 2, max_prompt_tokens: int = 2048,

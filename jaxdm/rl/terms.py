@@ -6,8 +6,8 @@ A loss term is a pure function ``term(params, batch, aux) -> (loss scalar, metri
   only when a critic is configured);
 - ``batch``: one mini-batch of device arrays: ``policy`` (the policy's training batch),
   ``adv`` [M], ``old_logp`` / ``ref_logp`` [M, L], and for the value term ``critic``
-  (``CriticBatch``), ``returns`` [M], ``old_values`` [M], ``row_mask`` [M];
-- ``aux``: a ``TermContext`` (the policy object, the critic's model config and the frozen
+  (the critic's ``batch``), ``returns`` [M], ``old_values`` [M], ``row_mask`` [M];
+- ``aux``: a ``TermContext`` (the policy object, the critic object and the frozen
   ``LossConfig``), static under jit.
 
 The step minimises Σ_k w_k · term_k with the configured weights (``LossConfig.terms``),
@@ -64,7 +64,7 @@ class LossConfig:
 @dataclasses.dataclass(frozen=True)
 class TermContext:
     policy: Any                 # the policy object (its logp_and_entropy is pure)
-    critic_config: Any          # the critic's ModelConfig, or None
+    critic_config: Any          # the critic object (jaxdm.rl.critic.CRITIC_KINDS), or None
     loss: LossConfig
 
 
@@ -124,9 +124,7 @@ def _ppo_term(params, batch, aux: TermContext):
 
 
 def _value_term(params, batch, aux: TermContext):
-    from jaxdm.rl.critic import critic_values
-
-    v = critic_values(params["critic"], aux.critic_config, batch["critic"])
+    v = aux.critic_config.values(params["critic"], batch["critic"])
     return losses.clipped_value_loss(v, batch["old_values"], batch["returns"],
                                      batch["row_mask"], clip=aux.loss.value_clip)
 

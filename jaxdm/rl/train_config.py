@@ -47,6 +47,9 @@ class EnvSection:
 
 @dataclasses.dataclass(frozen=True)
 class PolicySection:
+    # A jaxdm.rl.build.POLICY_KINDS name: "text" (a decoder on text envs, ``form``) or
+    # "symbolic_mlp" (an MLP on a pure-JAX env's observation rows, ``mlp_hidden``).
+    kind: str = "text"
     form: Literal["generative", "option"] = "generative"
     history: int = 2
     max_prompt_tokens: int = 2048
@@ -55,6 +58,7 @@ class PolicySection:
     temperature: float = 1.0
     top_p: float = 1.0
     normalize_options: bool = True
+    mlp_hidden: tuple[int, ...] = (128, 128)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,9 +97,11 @@ class TeacherSection:
 
 @dataclasses.dataclass(frozen=True)
 class CriticSection:
-    """PPO's learned critic (``jaxdm.rl.critic``): a small separate decoder + value head."""
+    """PPO's learned critic (``jaxdm.rl.critic``): a small separate decoder + value head
+    (``decoder``, text policies) or an MLP on the observation rows (``mlp``, symbolic policy);
+    ``kind`` is ``"none"`` or a ``jaxdm.rl.critic.CRITIC_KINDS`` name."""
 
-    kind: Literal["none", "decoder"] = "none"
+    kind: str = "none"
     init_seed: int = 0
     hidden_size: int = 32
     intermediate_size: int = 64
@@ -193,6 +199,11 @@ class TrainConfig:
         from jaxdm.rl.signals import signal_spec
         from jaxdm.rl.terms import loss_term, registered_terms
 
+        from jaxdm.rl.build import check_policy_kind
+        from jaxdm.rl.critic import critic_kind
+
+        if self.critic.kind != "none":
+            critic_kind(self.critic.kind)  # ValueError naming critic.kind
         est = ESTIMATORS.get(self.algo.advantage)
         if est is None:
             raise ValueError(f"algo.advantage: unknown estimator {self.algo.advantage!r}; "
@@ -211,6 +222,7 @@ class TrainConfig:
                 raise ValueError(f"algo.terms.{name} needs a critic: set critic.kind")
         for need in signals_needed(self):
             signal_spec(need).check(self)
+        check_policy_kind(self)  # the policy kind's rollout serves env / estimator / value
         if self.algo.lvopd_gate not in GATES:
             raise ValueError(f"algo.lvopd_gate: unknown gate {self.algo.lvopd_gate!r}; "
                              f"registered: {sorted(GATES)}")

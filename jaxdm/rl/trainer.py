@@ -2,8 +2,10 @@
 
 One iteration, from the previous ``TrainState`` (``jaxdm.rl.state``) to the next:
   1. **Rollout**: take the next ``tasks_per_iter`` training tasks (the data cursor) and play
-     ``group_size`` episodes each (``jaxdm.rl.rollout``); ``EpisodeBatch`` is their array
-     view (``jaxdm.rl.estimators``; episodes lost to env errors are masked out, counted as
+     ``group_size`` episodes each with the policy kind's rollout kind (``jaxdm.rl.collect``:
+     ``host`` text envs through ``jaxdm.rl.rollout``, or ``jax``: one jitted scan over a
+     vmapped JAX env, ``jaxdm.rl.jax_rollout``); ``EpisodeBatch`` is their array view
+     (``jaxdm.rl.estimators``; episodes lost to env errors are masked out, counted as
      ``env/errors``).
   2. **Signals** (``jaxdm.rl.signals``): the estimator's and the loss terms' signals only —
      teacher scores per action (``jaxdm.decision.jobs.score_trajectories`` on a
@@ -42,9 +44,7 @@ from jaxdm import config as cfgmod
 from jaxdm import runlog
 from jaxdm.rl import build, rundir, sharding
 from jaxdm.rl.checkpoint import Checkpointer
-from jaxdm.rl.estimators import ESTIMATORS, EpisodeBatch, episode_batch
-from jaxdm.rl.evaluation import evaluate
-from jaxdm.rl.rollout import rollout
+from jaxdm.rl.estimators import ESTIMATORS, EpisodeBatch
 from jaxdm.rl.signals import signal_spec
 from jaxdm.rl.state import TrainState, check_restored, from_checkpoint, to_checkpoint
 from jaxdm.rl.terms import StepSpec, cached_train_step
@@ -72,11 +72,10 @@ class Trainer:
         if cfg.algo.mini_batch % self.mesh.devices.shape[0]:
             raise ValueError(f"algo.mini_batch={cfg.algo.mini_batch} must divide by the mesh "
                              f"data axis ({self.mesh.devices.shape[0]} devices)")
-        self.train_factory = build.env_factory(cfg.env, {})
-        self.eval_factory = build.env_factory(cfg.env, cfg.env.eval_kwargs)
+        self.train_factory, self.eval_factory = build.env_factories(cfg)
         self.policy, params, self.model_config, self.tokenizer = build.build_policy(
             cfg, self.train_factory, self.eval_factory)
-        self.critic_config, critic = build.build_critic(cfg, self.model_config.vocab_size)
+        self.critic_config, critic = build.build_critic(cfg, self.policy)
         spec = StepSpec(self.policy.static_key, self.critic_config, cfg.optim, cfg.critic.lr,
                         cfg.loss_config())
         self.train_step, self.logp_fn, self.txs = cached_train_step(self.policy, spec)
@@ -92,9 +91,9 @@ class Trainer:
         self.state = TrainState(params, opts, jax.device_put(jax.random.key(cfg.seed), rep),
                                 0, 0, np.random.default_rng(cfg.seed))
         self.signal_backends = {n: signal_spec(n).build(cfg, self) for n in signals_needed(cfg)}
-        self.venv = build.make_venv(cfg, self.train_factory,
-                                    cfg.tasks_per_iter * cfg.group_size, cfg.group_size)
-        self._eval_venv = None
+        self.collector = build.make_collector(
+            cfg, self.policy, self.train_factory, self.eval_factory,
+            with_values=cfg.value.get("kind") == "oracle")
         self.checkpointer = Checkpointer(self.out / "checkpoints",
                                          max_to_keep=cfg.keep_checkpoints)
 
@@ -102,6 +101,7 @@ class Trainer:
     params = property(lambda self: self.state.params["policy"])
     iteration = property(lambda self: self.state.iteration)
     cursor = property(lambda self: self.state.cursor)
+    venv = property(lambda self: getattr(self.collector, "venv", None))  # host rollout's pool
 
     # ---- checkpoints --------------------------------------------------------------------
     def save(self) -> None:
@@ -127,14 +127,11 @@ class Trainer:
 
     def critic_state_values(self, units) -> np.ndarray:
         """V(s) [N] of the states of ``units`` under the current critic (mini-batch chunks)."""
-        from jaxdm.rl.critic import critic_batch, critic_values
-
         m, out = self.cfg.algo.mini_batch, []
         for s in range(0, len(units), m):
             chunk = units[s:s + m]
-            batch = self._put_batch(critic_batch(chunk, m, self.tokenizer.pad_id,
-                                                 min_width=self.cfg.policy.max_prompt_tokens))
-            v = critic_values(self.state.params["critic"], self.critic_config, batch)
+            batch = self._put_batch(self.critic_config.batch(chunk, m))
+            v = self.critic_config.values(self.state.params["critic"], batch)
             out.append(np.asarray(v)[:len(chunk)])
         return np.concatenate(out) if out else np.zeros((0,), np.float32)
 
@@ -148,12 +145,10 @@ class Trainer:
         cfg = self.cfg
         t_start = time.perf_counter()
         st.key, k_roll = jax.random.split(st.key)
-        res = rollout(self.policy, st.params["policy"], self.venv,
-                      seed=cfg.train_task_offset + st.cursor, key=k_roll,
-                      max_actions=cfg.max_actions, env_name=cfg.env.name,
-                      pipeline=cfg.rollout_pipeline)
+        # The rollout kind of the policy (jaxdm.rl.collect): host text envs or a JAX scan.
+        eb, roll = self.collector.collect(st.params["policy"], k_roll,
+                                          cfg.train_task_offset + st.cursor)
         st.cursor += cfg.tasks_per_iter
-        eb = episode_batch(res.episodes, cfg.max_actions, cfg.algo.invalid_penalty)
         signals, metrics = {}, {}
         for name, backend in self.signal_backends.items():
             t0 = time.perf_counter()
@@ -166,25 +161,13 @@ class Trainer:
         upd = self._update(st, eb, adv, signals)
         update_s = time.perf_counter() - t0
         st.iteration += 1
-        kept = [e for e in res.episodes if not e.error]
-        n_act = np.array([len(e.actions) for e in kept]) if kept else np.zeros(1)
-        invalid = np.array([not a.valid for e in kept for a in e.actions], bool)
         a = adv.adv[eb.mask]
         stat = (lambda f: float(f(a)) if a.size else 0.0)  # noqa: E731
         metrics = {
-            "iteration": st.iteration,
-            "train/success": float(np.mean([e.success for e in kept])) if kept else 0.0,
-            "train/reward": float(np.mean([e.reward for e in kept])) if kept else 0.0,
-            "train/actions": float(n_act.mean()),
-            "train/invalid_frac": float(invalid.mean()) if invalid.size else 0.0,
-            "train/truncated_frac": float(np.mean([e.truncated for e in kept])) if kept
-            else 0.0,
-            "env/errors": float(eb.errored.sum()),
+            "iteration": st.iteration, **roll,
             "adv/mean": stat(np.mean), "adv/std": stat(np.std), "adv/min": stat(np.min),
             "adv/max": stat(np.max), "adv/nonzero_frac": stat(lambda x: (x != 0).mean()),
-            "time/generation": res.generation_s, "time/env": res.env_s,
-            "time/env_overlapped": res.overlap_s, "time/update": update_s,
-            **metrics, **adv.stats, **upd,
+            "time/update": update_s, **metrics, **adv.stats, **upd,
             "time/iteration": time.perf_counter() - t_start,
         }
         return st, metrics
@@ -201,8 +184,6 @@ class Trainer:
                 f"{metrics.get('teacher/last_error')}", metrics)
 
     def _update(self, st: TrainState, eb: EpisodeBatch, adv, signals) -> dict[str, float]:
-        from jaxdm.rl.critic import critic_batch
-
         cfg, units = self.cfg, eb.units
         n = len(units)
         if n == 0:
@@ -236,16 +217,14 @@ class Trainer:
                     x[:len(idx)] = arr[eb.unit_rows[idx], eb.unit_cols[idx]]
                     batch[k] = self._put_batch(x)
                 batch["row_mask"] = self._put_batch(np.arange(m) < len(idx))
-                batch["critic"] = self._put_batch(critic_batch(
-                    mb_units, m, self.tokenizer.pad_id,
-                    min_width=cfg.policy.max_prompt_tokens))
+                batch["critic"] = self._put_batch(self.critic_config.batch(mb_units, m))
             mbs.append(batch)
             recorded.append(self._put_batch(lp))
         # π_old and π_ref log-probs before any update of this iteration. The option form's
         # sampling log-prob comes from the same jitted function and params, so it *is* the
-        # recomputed π_old; the generative sampler's numerics differ, so π_old is recomputed.
+        # recomputed π_old; other samplers' numerics differ, so π_old is recomputed.
         for batch, rec in zip(mbs, recorded):
-            old = rec if self.policy.form == "option" else \
+            old = rec if self.policy.exact_sampling_logp else \
                 self.logp_fn(st.params["policy"], batch["policy"])
             batch["old_logp"] = old
             batch["ref_logp"] = self.logp_fn(self.ref_params, batch["policy"]) \
@@ -287,10 +266,8 @@ class Trainer:
         num_tasks = num_tasks or self.cfg.eval_tasks
         if num_tasks < 1:
             raise ValueError("evaluate needs num_tasks >= 1 (cfg.eval_tasks)")
-        if self._eval_venv is None or self._eval_venv.num_envs != num_tasks:
-            self._eval_venv = build.make_venv(self.cfg, self.eval_factory, num_tasks, 1)
-        return evaluate(self.policy, self.params, self._eval_venv, self.cfg,
-                        values=self.signal_backends.get("values"), iteration=self.iteration)
+        return self.collector.evaluate(self.params, num_tasks, iteration=self.iteration,
+                                       values=self.signal_backends.get("values"))
 
     # ---- the loop -----------------------------------------------------------------------
     def run(self, *, resume: bool = False, overwrite: bool = False,
@@ -380,7 +357,5 @@ class Trainer:
                                   title=f"{self.cfg.env.name}: {self.cfg.algo.advantage}")
 
     def close(self) -> None:
-        for v in (self.venv, self._eval_venv):
-            if v is not None:
-                v.close()
+        self.collector.close()
         self.checkpointer.close()
