@@ -3,7 +3,9 @@
 Backends (all with ``.name``, ``.choose(list[MultipleChoice])``, ``.score(list[YesNo])``):
 ``LocalReadout``, ``LocalLikelihood``, ``Prompted`` (local jaxdm model), ``Remote``
 (OpenAI-compatible HTTP) and ``Oracle`` (environment annotations). ``make_backend(spec)``
-builds one from a plain dict (YAML configs, the ``jaxdm screen`` job).
+builds one from a plain dict (YAML configs, the ``jaxdm screen`` job); ``parse_backend_spec``
+(``jaxdm.decision.specs``) is the one parser of spec strings / aliases / dicts every command
+uses.
 
 The throughput core is ``score_batch`` (pure, jitted, differentiable shared-prefix scoring;
 see ``jaxdm.decision.shared_prefix``).
@@ -17,6 +19,7 @@ from jaxdm.decision.types import (ChoiceResult, Cost, DecisionModel, MultipleCho
 from jaxdm.decision.oracle import Oracle
 from jaxdm.decision.parsing import parse_choice, parse_score
 from jaxdm.decision.remote import Remote
+from jaxdm.decision.specs import BACKEND_ALIASES, BackendSpecError, parse_backend_spec
 _SHARED_PREFIX = ("MASKED_LOGPROB", "Request", "ScoringBatch", "pack_groups", "plan_groups",
                   "score_batch", "score_requests", "score_requests_one_by_one")
 
@@ -107,6 +110,7 @@ __all__ = [
     "ChoiceResult", "Cost", "DecisionModel", "MultipleChoice", "ScoreResult", "YesNo",
     "choice_failed", "choice_ok", "score_failed", "score_ok", "Oracle", "Remote",
     "LocalReadout", "LocalLikelihood", "Prompted", "make_backend", "BACKEND_KINDS",
+    "parse_backend_spec", "BackendSpecError", "BACKEND_ALIASES",
     "parse_choice", "parse_score", "Request", "ScoringBatch", "score_batch", "score_requests",
     "score_requests_one_by_one", "plan_groups", "pack_groups", "MASKED_LOGPROB",
 ]

@@ -11,7 +11,9 @@
   keyword shortlist instead of a decision model's.
 - ``RandomTrigger`` ("random_trigger"): the random-trigger control (runs an optional step at
   a given rate, the fitted TRIGGER's measured call rate).
-- ``make_dm(spec)``: these three kinds, else ``jaxdm.decision.make_backend``.
+- ``make_dm(spec)``: these three kinds, else ``jaxdm.decision.make_backend``; a spec string
+  (``"oracle_noisy:default_accuracy=0.8"``, ``"oracle"``, ``"local_likelihood:path=smollm2"``)
+  is parsed by ``jaxdm.decision.parse_backend_spec``.
 """
 from __future__ import annotations
 
@@ -106,11 +108,18 @@ class BM25Shortlist:
 DM_KINDS = ("oracle_noisy", "bm25", "random_trigger")
 
 
-def make_dm(spec: Mapping[str, Any]) -> Any:
+def make_dm(spec: Mapping[str, Any] | str) -> Any:
     """A decision model from a dict: {"kind": "oracle_noisy", ...}, {"kind": "bm25"}, or any
-    ``jaxdm.decision.make_backend`` spec (oracle, local_readout, local_likelihood, remote...)."""
+    ``jaxdm.decision.make_backend`` spec (oracle, local_readout, local_likelihood, remote...);
+    or the same as a spec string (``jaxdm.decision.parse_backend_spec``)."""
+    if isinstance(spec, str):
+        from jaxdm.decision.specs import parse_backend_spec
+        spec = parse_backend_spec(spec, what="decision model", with_name=False)
+        if spec.get("kind") == "oracle":
+            spec.pop("name", None)  # the alias's display name is not an Oracle option
     if not isinstance(spec, Mapping):
-        raise TypeError(f"decision model spec must be a mapping, got {type(spec).__name__}")
+        raise TypeError(f"decision model spec must be a mapping or a string, got "
+                        f"{type(spec).__name__}")
     kind = spec.get("kind")
     opts = {k: v for k, v in spec.items() if k != "kind"}
     if kind == "oracle_noisy":
