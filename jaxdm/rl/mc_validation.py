@@ -39,7 +39,8 @@ import numpy as np
 __all__ = ["N_CONTINUATIONS", "K_SIGMA", "sigma", "event_threshold", "null_tail_probability",
            "Events", "label_events", "summarize_events", "plot_events", "ReplayStats",
            "replay_actions", "field_policy", "BabyAIEpisodes", "babyai_record_episodes",
-           "babyai_continue", "babyai_mc_values", "babyai_continue_one_at_a_time"]
+           "babyai_continue", "babyai_mc_values", "babyai_continue_one_at_a_time",
+           "readout_state_values"]
 
 N_CONTINUATIONS = 32
 K_SIGMA = 3.0
@@ -270,7 +271,8 @@ def field_policy(key, state, field, eps):
 @dataclasses.dataclass(frozen=True)
 class BabyAIEpisodes:
     """Recorded episodes: states [B, H + 1] (a stacked BabyAIState), fields [B, W, H, 4],
-    actions [B, H], lengths [B] (transitions), success [B], policy keys [B]."""
+    actions [B, H], lengths [B] (transitions), success [B], policy keys [B], task keys [B]
+    (``env.reset_env(task_keys[i])`` is episode i's reset, e.g. for a text replay)."""
 
     states: Any
     fields: jax.Array
@@ -278,6 +280,7 @@ class BabyAIEpisodes:
     lengths: np.ndarray
     success: np.ndarray
     policy_keys: jax.Array
+    task_keys: jax.Array | None = None
 
     def state(self, i: int, t: int):
         return jax.tree.map(lambda x: x[i, t], self.states)
@@ -319,7 +322,7 @@ def babyai_record_episodes(env, params, key, num: int, eps: float) -> BabyAIEpis
     states, fields, actions, lengths, succ = _record(env, params, task_keys, policy_keys,
                                                      jnp.float32(eps))
     return BabyAIEpisodes(states, fields, np.asarray(actions), np.asarray(lengths),
-                          np.asarray(succ), policy_keys)
+                          np.asarray(succ), policy_keys, task_keys)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
@@ -456,3 +459,26 @@ def alfworld_mc_values(env, seed: int, params, commands: Sequence[str],
                                      obs=observations[t])[2]
         out[t] = wins / n
     return out, kept
+
+
+# ---- a language model as the value model (the readout of jaxdm.rl.values) -----------------
+def readout_state_values(backend, traj, group_context: str = "") -> np.ndarray:
+    """Value-model values of s_0..s_T of one text ``Trajectory``: [T + 1] with P(Yes) of the
+    LVRL value question (``jaxdm.rl.values`` prompts: ``state_context`` / ``state_question``)
+    at s_0..s_{T−1}, all in one ``backend.score`` call (one packed pass for a
+    ``LocalReadout``), and the known outcome at the terminal state s_T (anchored, as for the
+    Oracle rows). Raises ValueError naming the state when the backend returns no value."""
+    from jaxdm.decision.types import YesNo
+    from jaxdm.rl.values import state_context, state_question
+
+    n = len(traj.steps)
+    reqs = [YesNo(context=state_context(traj, group_context, t),
+                  question=state_question(traj, t), meta={"role": "mc_value", "state": t})
+            for t in range(n)]
+    out = np.full(n + 1, np.nan)
+    for t, r in enumerate(backend.score(reqs) if reqs else []):
+        if not r.ok or r.score is None or not math.isfinite(float(r.score)):
+            raise ValueError(f"state {t}: the value model returned no value ({r.error})")
+        out[t] = float(r.score)
+    out[n] = float(bool(traj.success))
+    return out

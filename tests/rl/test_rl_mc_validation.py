@@ -95,6 +95,32 @@ def test_replay_from_stored_state_equals_the_original_continuation():
         row = v[j, :ep.lengths[j]]
         assert np.all(np.isin(row * 4, np.arange(5)))
         assert np.isnan(v[j, ep.lengths[j] + 1:]).all()
+    # the recorded task keys replay an episode as text (for a language value model)
+    from jaxdm.envs.babyai import make_text_env, play_trajectory
+
+    tr = play_trajectory(make_text_env("train", room_size=env.room_size, max_steps=40),
+                         ep.task_keys[i], ep.actions[i, :ep.lengths[i]], params)
+    assert len(tr.steps) == ep.lengths[i] and tr.success == bool(ep.success[i])
+
+
+def test_readout_state_values_of_a_text_trajectory():
+    """A language value model's values of s_0..s_T: P(Yes) of the LVRL value question at every
+    non-terminal state in one packed call (equal to scoring each question alone), the outcome
+    at s_T."""
+    from jaxdm.decision import LocalReadout
+    from jaxdm.decision.types import YesNo
+    from jaxdm.rl.values import state_context, state_question
+    from tests.decision.dm_fixtures import small_trajectory, tiny_pretrained
+
+    dm = LocalReadout(tiny_pretrained())
+    for success in (True, False):
+        traj = small_trajectory(success)
+        v = mc.readout_state_values(dm, traj)
+        n = len(traj.steps)
+        assert v.shape == (n + 1,) and v[n] == float(success)
+        assert np.all((v[:n] > 0) & (v[:n] < 1))
+        one = dm.score([YesNo(state_context(traj, "", 1), state_question(traj, 1))])[0]
+        np.testing.assert_allclose(v[1], one.score, atol=1e-5)
 
 
 def test_diverging_action_replay_is_dropped_and_counted():
