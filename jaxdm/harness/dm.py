@@ -11,7 +11,11 @@
   keyword shortlist instead of a decision model's.
 - ``RandomTrigger`` ("random_trigger"): the random-trigger control (runs an optional step at
   a given rate, the fitted TRIGGER's measured call rate).
-- ``make_dm(spec)``: these three kinds, else ``jaxdm.decision.make_backend``; a spec string
+- ``PointsOnly`` ("points_only"): another decision model restricted to some decision
+  points; questions of other points get a failed answer naming the restriction (the harness
+  then leaves them to the LLM and counts the failure), so a slow model can shadow / decide the
+  cheap points only (e.g. ``stop`` and ``params``, not the 69-option ``tool`` question).
+- ``make_dm(spec)``: these four kinds, else ``jaxdm.decision.make_backend``; a spec string
   (``"oracle_noisy:default_accuracy=0.8"``, ``"oracle"``, ``"local_likelihood:path=smollm2"``)
   is parsed by ``jaxdm.decision.parse_backend_spec``.
 """
@@ -105,7 +109,7 @@ class BM25Shortlist:
         return out
 
 
-DM_KINDS = ("oracle_noisy", "bm25", "random_trigger")
+DM_KINDS = ("oracle_noisy", "bm25", "random_trigger", "points_only")
 
 
 def make_dm(spec: Mapping[str, Any] | str) -> Any:
@@ -135,6 +139,11 @@ def make_dm(spec: Mapping[str, Any] | str) -> Any:
             return BM25Shortlist(**opts)
         except TypeError as e:
             raise ValueError(f"decision model kind 'bm25': {e}") from None
+    if kind == "points_only":
+        if set(opts) != {"points", "dm"}:
+            raise ValueError(f"decision model kind 'points_only' takes exactly 'points' and "
+                             f"'dm', got {sorted(opts)}")
+        return PointsOnly(make_dm(opts["dm"]), opts["points"])
     if kind == "random_trigger":
         try:
             return RandomTrigger(**opts)
@@ -144,6 +153,32 @@ def make_dm(spec: Mapping[str, Any] | str) -> Any:
     return make_backend(spec)
 
 
+
+
+class PointsOnly:
+    """``dm`` answering only questions whose ``meta["point"]`` is in ``points`` (see module
+    docstring); the others fail without reaching ``dm``."""
+
+    def __init__(self, dm: Any, points: Sequence[str]):
+        from jaxdm.roles.harness import POINTS
+        if isinstance(points, str) or not points:
+            raise ValueError(f"points_only: points must be a non-empty list, got {points!r}")
+        bad = sorted(set(points) - set(POINTS))
+        if bad:
+            raise ValueError(f"points_only: unknown decision point(s) {bad}; known: "
+                             f"{list(POINTS)}")
+        self.dm, self.points = dm, tuple(points)
+        self.name = f"{getattr(dm, 'name', 'dm')}[{','.join(self.points)}]"
+
+    def choose(self, questions: Sequence[MultipleChoice]) -> list[ChoiceResult]:
+        mine = [i for i, q in enumerate(questions) if q.meta.get("point") in self.points]
+        out: list[ChoiceResult] = [choice_failed(
+            f"point {q.meta.get('point')!r} not delegated to this model (points_only "
+            f"{list(self.points)})") for q in questions]
+        if mine:
+            for i, r in zip(mine, self.dm.choose([questions[i] for i in mine])):
+                out[i] = r
+        return out
 
 
 class RandomTrigger:
@@ -169,4 +204,5 @@ class RandomTrigger:
         return out
 
 
-__all__ = ["NoisyOracle", "BM25Shortlist", "RandomTrigger", "make_dm", "DM_KINDS"]
+__all__ = ["NoisyOracle", "BM25Shortlist", "RandomTrigger", "PointsOnly", "make_dm",
+           "DM_KINDS"]

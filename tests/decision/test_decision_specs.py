@@ -45,3 +45,18 @@ def test_harness_make_dm_reads_spec_strings():
     assert make_dm("oracle:noise=0.1").noise == 0.1
     with pytest.raises(ValueError, match="unknown decision model"):
         make_dm("bogus")
+
+
+def test_points_only_wrapper():
+    from jaxdm.decision.types import MultipleChoice
+    dm = make_dm({"kind": "points_only", "points": ["stop"],
+                  "dm": "oracle_noisy:default_accuracy=1.0"})
+    q_stop = MultipleChoice("c", "stop?", ("stop", "continue"), meta={"point": "stop",
+                                                                       "answer": (1,)})
+    q_tool = MultipleChoice("c", "tool?", ("a", "b", "c"), meta={"point": "tool",
+                                                                  "answer": (0,)})
+    r_tool, r_stop = dm.choose([q_tool, q_stop])
+    assert r_stop.ok and r_stop.choice == 1
+    assert not r_tool.ok and "not delegated" in r_tool.error
+    with pytest.raises(ValueError, match="unknown decision point"):
+        make_dm({"kind": "points_only", "points": ["tooling"], "dm": "oracle"})
