@@ -26,7 +26,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from jaxdm.config import SECRET_HINT, is_secret_key, to_dict
+from jaxdm.config import to_dict
+from jaxdm.decision.specs import BackendSpecError, parse_backend_spec, parse_scalar, shown_spec
 from jaxdm.screen import figures, metrics
 from jaxdm.screen.store import FIGURES, PassResult, ScreenError, ScreenStore
 from jaxdm.trajectory import Trajectory, read_jsonl
@@ -97,12 +98,7 @@ def task_group(task_type: str) -> str:
 
 def _shown_spec(spec: str) -> str:
     """A judge spec string for messages, values of secret-looking keys hidden."""
-    kind, colon, rest = spec.partition(":")
-    # An item without "=" may be a pasted secret: never shown.
-    items = [f"{k}=<value hidden>" if eq and is_secret_key(k.strip()) else
-             (f"{k}{eq}{v}" if eq or not k else "<item without '='>")
-             for k, eq, v in (item.partition("=") for item in rest.split(","))]
-    return repr(kind + colon + ",".join(items))
+    return shown_spec(spec)
 
 
 def normalize_judge_spec(spec: Any) -> dict[str, Any]:
@@ -114,32 +110,14 @@ def normalize_judge_spec(spec: Any) -> dict[str, Any]:
             out = dict(JUDGE_ALIASES[spec])
         elif _looks_like_folder(spec):
             out = folder_judge_spec(spec)
-        elif ":" in spec:
-            kind, _, rest = spec.partition(":")
-            out = {"kind": kind}
-            for n, item in enumerate(rest.split(","), 1):
-                if item and "=" not in item:
-                    raise ScreenError(f"judge spec {_shown_spec(spec)}: item {n} is not "
-                                      "key=value")
-                if not item:
-                    continue
-                k, v = item.split("=", 1)
-                out[k.strip()] = _parse_scalar(v.strip(), k.strip())
-        else:
-            raise ScreenError(f"unknown judge {_shown_spec(spec)}; known aliases: "
-                              f"{sorted(JUDGE_ALIASES)}, or use 'kind:key=value,...' "
-                              "(e.g. local_readout:path=/ckpt)")
+        else:  # 'kind:key=value,...' or an unknown name: the one spec parser
+            out = spec
     else:
-        raise ScreenError(f"judge spec must be a string or a mapping, got {type(spec).__name__}")
-    secret = sorted(k for k in out if is_secret_key(str(k)))
-    if secret:
-        raise ScreenError(f"judge spec key(s) {secret} look like secrets: {SECRET_HINT}")
-    for k, v in out.items():
-        if isinstance(v, float) and not math.isfinite(v):
-            raise ScreenError(f"judge spec key {k!r}: non-finite number {v!r} is not allowed")
-    if "kind" not in out:
-        raise ScreenError(f"judge spec {sorted(out)} has no 'kind'")
-    out.setdefault("name", out.get("model") or Path(str(out.get("path", out["kind"]))).name or out["kind"])
+        out = spec
+    try:
+        out = parse_backend_spec(out, aliases=JUDGE_ALIASES, what="judge")
+    except BackendSpecError as e:
+        raise ScreenError(str(e)) from None
     return out
 
 
@@ -170,18 +148,6 @@ def folder_judge_spec(path: str) -> dict[str, Any]:
                           f"missing {missing} (an HF folder needs {list(HF_FOLDER_FILES)}; an "
                           f"adapter folder {list(ADAPTER_FILES)})")
     return {"kind": "local_readout", "path": str(folder), "name": folder.resolve().name}
-
-
-def _parse_scalar(v: str, key: str = "value"):
-    for cast in (int, float):
-        try:
-            out = cast(v)
-        except ValueError:
-            continue
-        if not math.isfinite(out):
-            raise ScreenError(f"judge spec key {key!r}: non-finite number {v!r} is not allowed")
-        return out
-    return {"true": True, "false": False}.get(v.lower(), v)
 
 
 def build_judges(specs: Sequence[Any]):
