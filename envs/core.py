@@ -28,7 +28,8 @@ INFO_KEYS = ("admissible_actions", "valid", "won", "milestone", "no_op")
 
 def step_key(task_seed: int, t: int) -> int:
     """The env key of step ``t`` of an episode of task ``task_seed``: the one per-step key
-    schedule of every env loop (``VectorEnv``, ``LocalVectorEnv``), so an episode does not
+    schedule of every env loop (``jaxdm.envs.recorder.EpisodeRecorder``, hence ``VectorEnv``
+    and ``LocalVectorEnv``; ``replay``; the expert agents; the JAX rollouts), so an episode does not
     depend on which pool plays it or on the other slots."""
     return int(task_seed) * 1_000_003 + int(t)
 
@@ -74,8 +75,9 @@ class Environment(abc.ABC, Generic[S, P]):
     def step_env(self, key: Any, state: S, action: Any, params: P): ...
 
     def replay(self, key: Any, actions, params: P | None = None):
-        """Reset with ``key`` and apply ``actions``; returns (obs, state) after the last one."""
+        """Reset with ``key`` and apply ``actions`` (step ``t`` keyed ``step_key(seed_of(key),
+        t)``, as in every env loop); returns (obs, state) after the last one."""
         obs, state = self.reset(key, params)
-        for a in actions:
-            obs, state, _, done, _ = self.step(key, state, a, params)
+        for t, a in enumerate(actions):
+            obs, state, _, done, _ = self.step(step_key(seed_of(key), t), state, a, params)
         return obs, state

@@ -37,7 +37,7 @@ from jaxdm.envs.core import step_key
 from jaxdm.trajectory import Step, Trajectory
 
 __all__ = ["ANNOTATION_KEYS", "BatchStep", "RecordedStep", "RecordedEpisode", "EpisodeRecorder",
-           "RecordedBatch", "to_trajectory", "reset_info_of", "check_actions"]
+           "RecordedBatch", "to_trajectory", "reset_info_of", "check_actions", "play_episode"]
 
 # Annotation keys copied from step info into RecordedStep.annotations / Step.annotations.
 ANNOTATION_KEYS = ("milestone", "no_op", "subgoal")
@@ -325,6 +325,30 @@ class EpisodeRecorder:
         ep.trajectory = to_trajectory(ep)
         self.trajectories.append(ep.trajectory)
         info["trajectory"] = ep.trajectory
+
+
+def play_episode(env: Any, key: Any, act: Callable[[Any, Any], Any], *, params: Any = None,
+                 max_steps: int | None = None, env_name: str = "") -> RecordedEpisode:
+    """Play one episode in-process with ``act(state, observation) -> command`` (``None``
+    stops early, leaving the episode unfinished): the loop of scripted and expert agents.
+
+    ``key`` resets the env (an int task seed, or a JAX key for JAX-backed text envs; its
+    ``seed_of`` is the task seed of the step-key schedule). Recorded by an
+    ``EpisodeRecorder``, so ``to_trajectory`` gives the episode's Trajectory.
+    """
+    from jaxdm.envs.core import seed_of
+
+    params = env.default_params if params is None else params
+    rec = EpisodeRecorder(1, env_name=env_name, max_steps=max_steps)
+    obs, state = env.reset(key, params)
+    rec.start(0, seed_of(key), ("ok", (obs, state, reset_info_of(env, state, params))))
+    ep = rec.episodes[0]
+    while not ep.done:
+        action = act(ep.state, ep.obs)
+        if action is None:
+            break
+        rec.advance(0, action, ("ok", env.step(ep.step_key(), ep.state, action, params)))
+    return ep
 
 
 # ---------------------------------------------------------------------------------------

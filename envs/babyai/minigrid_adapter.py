@@ -23,7 +23,7 @@ import numpy as np
 
 from jaxdm.envs.babyai import layout as L
 from jaxdm.envs.babyai.text import ACTION_WORDS, parse_action, render_text
-from jaxdm.envs.core import Environment, seed_of
+from jaxdm.envs.core import Environment, seed_of, step_key
 from jaxdm.trajectory import Step, Trajectory
 
 try:  # minigrid is the optional "envs" extra
@@ -260,7 +260,8 @@ def bot_trajectory(text_env: MiniGridTextEnv, key: Any) -> Trajectory:
     steps, reward, info, done = [], 0.0, {}, False
     while not done:
         word = ACTION_WORDS[int(bot.replan())]
-        next_obs, state, reward, done, info = text_env.step(key, state, word)
+        next_obs, state, reward, done, info = text_env.step(
+            step_key(seed_of(key), len(steps)), state, word)
         steps.append(Step(observation=obs, action=word, valid=info["valid"],
                           annotations={"milestone": info["milestone"], "no_op": info["no_op"],
                                        "subgoal": info["subgoal"]}))

@@ -18,7 +18,8 @@ from jaxdm.envs.babyai import layout as L
 from jaxdm.envs.babyai.env import (
     DROP, FORWARD, LEFT, PICKUP, RIGHT, TOGGLE, BabyAIParams, BabyAIState,
 )
-from jaxdm.trajectory import Step, Trajectory
+from jaxdm.envs.recorder import play_episode, to_trajectory
+from jaxdm.trajectory import Trajectory
 
 
 def _find(grid: np.ndarray, target) -> tuple[int, int] | None:
@@ -171,26 +172,18 @@ def play_trajectory(text_env: Any, key: Any, actions, params: BabyAIParams | Non
     from jaxdm.envs.babyai.text import ACTION_WORDS
 
     params = text_env.default_params if params is None else params
-    obs, state = text_env.reset(key, params)
-    steps = []
-    reward, done = 0.0, False
-    info = dict(text_env.reset_info(state, params), won=False, truncated=False)
-    for a in actions:
-        if done:
-            break
-        word = ACTION_WORDS[int(a)]
-        next_obs, state, reward, done, info = text_env.step(key, state, word, params)
-        steps.append(Step(observation=obs, action=word, valid=info["valid"],
-                          annotations={"milestone": info["milestone"], "no_op": info["no_op"],
-                                       "subgoal": info["subgoal"]}))
-        obs = next_obs
-    return Trajectory(
-        goal=info["goal"], steps=tuple(steps), final_observation=obs, reward=float(reward),
-        success=bool(info["won"]), budget=int(params.max_steps), task_type=info["task_type"],
-        env="babyai", truncated=bool(info["truncated"]),
-        metadata={"door_distance": info["door_distance"], "split": info["split"],
-                  "key": key if isinstance(key, int) else None, **metadata},
-    )
+    todo = iter(actions)
+
+    def act(state, obs):
+        a = next(todo, None)
+        return None if a is None else ACTION_WORDS[int(a)]
+
+    ep = play_episode(text_env, key, act, params=params)
+    facts = ep.reset_info
+    return to_trajectory(
+        ep, env="babyai", budget=int(params.max_steps),
+        metadata={"door_distance": facts["door_distance"], "split": facts["split"],
+                  "key": key if isinstance(key, int) else None, **metadata})
 
 
 def reference_trajectory(text_env: Any, key: Any, params: BabyAIParams | None = None

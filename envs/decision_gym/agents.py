@@ -17,6 +17,7 @@ import re
 from typing import Any, Callable, Protocol
 
 from jaxdm.decision.types import MultipleChoice
+from jaxdm.envs.core import step_key
 from jaxdm.envs.decision_gym import questions as q_lib
 from jaxdm.envs.decision_gym.env import (DecisionGym, GymParams, GymState, format_action,
                                          render_context)
@@ -311,7 +312,8 @@ def run_episode(env: DecisionGym, agent: Agent, seed: int, params: GymParams | N
                 state.task.task_id, state.t, after_error,
                 tuple(q_lib.state_questions(state, params)), action,
                 expert.act(env, state, params)))
-        obs_next, state_next, _, done, info = env.step(seed, state, action, params)
+        obs_next, state_next, _, done, info = env.step(step_key(seed, len(steps)), state,
+                                                       action, params)
         if not info["milestone"]:
             after_error = True
         steps.append(Step(observation=obs, action=action, valid=info["valid"],

@@ -12,6 +12,7 @@ import re
 
 from thefuzz import fuzz
 
+from jaxdm.envs.recorder import play_episode, to_trajectory
 from jaxdm.envs.webshop.env import SEARCH_PLACEHOLDER, WebShopEnv, WebShopParams, WebShopState
 from jaxdm.envs.webshop.reward import normalize_color
 
@@ -107,26 +108,11 @@ def noisy_expert_policy(env: WebShopEnv, rng: random.Random, *, detour_prob: flo
 
 
 def rollout(env: WebShopEnv, seed: int, policy, params: WebShopParams | None = None):
-    """Play one episode in-process and record it as a ``Trajectory``."""
-    from jaxdm.trajectory import Step, Trajectory
-
+    """Play one episode in-process and record it as a ``Trajectory`` (the outcome reward is
+    the purchase score)."""
     params = params or env.default_params
-    obs, state = env.reset(seed, params)
-    start = env.reset_info(state, params)
-    steps, done, info, reward = [], False, {}, 0.0
-    while not done:
-        action = policy(state)
-        prev_obs = obs
-        obs, state, reward, done, info = env.step(seed, state, action, params)
-        annotations = {"milestone": info["milestone"], "no_op": info["no_op"],
-                       "subgoal": info["subgoal"]}
-        steps.append(Step(prev_obs, action, valid=info["valid"], annotations=annotations))
-    return Trajectory(
-        goal=start["goal"], steps=tuple(steps), final_observation=obs, reward=float(reward),
-        success=bool(info["won"]), budget=params.budget, task_type=start["task_type"],
-        env=env.name, final_observation_terminal=bool(info["final_observation_terminal"]),
-        truncated=bool(info["truncated"]), metadata={"task_seed": seed},
-    )
+    ep = play_episode(env, seed, lambda state, obs: policy(state), params=params)
+    return to_trajectory(ep, env=env.name, budget=params.budget, metadata={"task_seed": seed})
 
 
 def main(argv=None) -> int:

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from jaxdm.envs.core import Environment, seed_of, step_key
-from jaxdm.envs.recorder import EpisodeRecorder, RecordedBatch, reset_info_of, to_trajectory
+from jaxdm.envs.recorder import (EpisodeRecorder, RecordedBatch, play_episode, reset_info_of,
+                                 to_trajectory)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +149,19 @@ def test_batch_from_episodes():
         batch.state(0, 2)
     with pytest.raises(ValueError, match="more than num_steps=2"):
         RecordedBatch.from_episodes(rec.episodes, 2)
+
+
+def test_play_episode():
+    env = TickEnv()
+    ep = play_episode(env, 4, lambda state, obs: "bad" if state.count == 0 and obs == "start"
+                      else "tick", env_name="tick")  # task 4 needs 2 ticks
+    assert ep.done and ep.success and [s.command for s in ep.steps] == ["bad", "tick", "tick"]
+    assert ep.steps[1].state == TickState(4, 1) and ep.task_seed == 4
+    assert to_trajectory(ep).steps[0].valid is False
+    cut = play_episode(env, 4, lambda state, obs: None if state.count else "tick")
+    assert not cut.done and len(cut.steps) == 1 and not to_trajectory(cut).truncated
+    capped = play_episode(env, 5, lambda state, obs: "bad", max_steps=3)
+    assert capped.done and capped.truncated and len(capped.steps) == 3
 
 
 def _array_batch(states, **over):
