@@ -31,7 +31,7 @@ from jaxdm.models.config import ModelConfig
 from jaxdm.rl import text as rltext
 
 __all__ = ["TurnInput", "ActionOut", "OptionScoringPolicy", "GenerativePolicy", "bucket",
-           "option_log_probs"]
+           "option_log_probs", "SampleWindow"]
 
 
 def bucket(n: int, minimum: int = 1) -> int:
@@ -104,14 +104,32 @@ def option_log_probs(params, config: ModelConfig, batch: OptionBatch, *,
     return jnp.where(omask, logp, -1e9), entropy
 
 
-@functools.partial(jax.jit, static_argnames=("config", "normalize", "temperature", "greedy"))
-def _sample_options(params, config, batch, key, *, normalize, temperature, greedy):
+class SampleWindow(NamedTuple):
+    """[MULTIHOST] An ``act`` call's decisions are rows ``offset, offset + 1, ...`` of a
+    larger batch of ``rows`` decisions padded to ``options`` options (another process holds
+    the other rows): draw the Gumbel noise those rows get in that batch, so sampling equals
+    the one-process batch's (``jaxdm.rl.distributed``). Threefry noise is "partitionable":
+    element (i, k) of a [rows, options] draw depends only on i * options + k."""
+
+    offset: int
+    rows: int
+    options: int
+
+
+@functools.partial(jax.jit, static_argnames=("config", "normalize", "temperature", "greedy",
+                                             "window_rows"))
+def _sample_options(params, config, batch, key, row_offset=0, *, normalize, temperature,
+                    greedy, window_rows=None):
     logp, _ = option_log_probs(params, config, batch, normalize=normalize,
                                temperature=temperature)
     if greedy:
         choice = jnp.argmax(logp, axis=-1)
-    else:
+    elif window_rows is None:
         choice = jax.random.categorical(key, logp, axis=-1)
+    else:  # [MULTIHOST] this call's rows of the window's noise (categorical = Gumbel argmax)
+        d, n = logp.shape
+        noise = jax.random.gumbel(key, (window_rows + d, n), logp.dtype)
+        choice = jnp.argmax(jax.lax.dynamic_slice_in_dim(noise, row_offset, d) + logp, axis=-1)
     return choice, jnp.take_along_axis(logp, choice[:, None], axis=-1)[:, 0]
 
 
@@ -154,9 +172,10 @@ class OptionScoringPolicy:
         return ids[: self.max_option_tokens]
 
     def encode(self, contexts: Sequence[Sequence[int]], options: Sequence[Sequence[Sequence[int]]],
-               chosen: Sequence[int] | None = None, *, pad_decisions: int | None = None
-               ) -> OptionBatch:
-        """Pad decisions into an OptionBatch (bucketed shapes)."""
+               chosen: Sequence[int] | None = None, *, pad_decisions: int | None = None,
+               pad_options: int | None = None) -> OptionBatch:
+        """Pad decisions into an OptionBatch (bucketed shapes; ``pad_options``: at least
+        this many option slots)."""
         d_real = len(contexts)
         if len(options) != d_real:
             raise ValueError(f"{len(options)} option lists for {d_real} contexts")
@@ -172,7 +191,7 @@ class OptionScoringPolicy:
         # A fixed trunk width (the context limit) keeps one compilation for every turn.
         t = bucket(max(max(len(c) for c in contexts),
                        self.max_context_tokens if self.fixed_context else 8), 8)
-        n = bucket(max(len(o) for o in options), 8)
+        n = bucket(max(max(len(o) for o in options), pad_options or 0), 8)
         a = bucket(max(len(x) for o in options for x in o), 8)
         pad = self.tokenizer.pad_id
         trunk = np.full((d, t), pad, np.int32)
@@ -210,9 +229,11 @@ class OptionScoringPolicy:
 
     # ---- acting -------------------------------------------------------------------------
     def act(self, params, states: Sequence[TurnInput], key, *, greedy: bool = False,
-            pad_to: int | None = None) -> list[ActionOut]:
+            pad_to: int | None = None, window: SampleWindow | None = None
+            ) -> list[ActionOut]:
         """Sample one option per state (``pad_to``: pad the batch to this many decisions so
-        every turn of a rollout reuses one compilation)."""
+        every turn of a rollout reuses one compilation; ``window``: these states are rows of
+        a larger batch, ``SampleWindow``)."""
         ctxs, opts, drops = [], [], []
         for s in states:
             if not s.admissible:
@@ -223,9 +244,17 @@ class OptionScoringPolicy:
             drops.append(drop)
             opts.append([self._option_ids(o) for o in s.admissible])
         pad = None if pad_to is None else bucket(max(pad_to, len(states)))
-        batch = self.encode(ctxs, opts, pad_decisions=pad)
-        choice, logp = _sample_options(params, self.config, batch, key, normalize=self.normalize,
-                                       temperature=self.temperature, greedy=greedy)
+        if window is None:
+            batch = self.encode(ctxs, opts, pad_decisions=pad)
+            choice, logp = _sample_options(params, self.config, batch, key,
+                                           normalize=self.normalize,
+                                           temperature=self.temperature, greedy=greedy)
+        else:  # [MULTIHOST]
+            batch = self.encode(ctxs, opts, pad_decisions=pad, pad_options=window.options)
+            choice, logp = _sample_options(params, self.config, batch, key,
+                                           np.int32(window.offset), normalize=self.normalize,
+                                           temperature=self.temperature, greedy=greedy,
+                                           window_rows=window.rows)
         choice, logp = np.asarray(choice), np.asarray(logp)
         out = []
         for i, s in enumerate(states):

@@ -27,7 +27,7 @@ import numpy as np
 
 from jaxdm.rl.checkpoint import numpy_rng_from_state, numpy_rng_state
 
-__all__ = ["TrainState", "to_checkpoint", "from_checkpoint", "nonfinite_leaves",
+__all__ = ["TrainState", "to_checkpoint", "from_checkpoint", "place_key", "nonfinite_leaves",
            "NonFiniteCheckpointError"]
 
 
@@ -66,9 +66,20 @@ def from_checkpoint(arrays: dict[str, Any], host: dict[str, Any], key_sharding) 
     opts = {"policy": arrays["opt_state"]}
     if "critic" in arrays:
         params["critic"], opts["critic"] = arrays["critic"], arrays["critic_opt_state"]
-    key = jax.device_put(jax.random.wrap_key_data(arrays["key"]), key_sharding)
+    key = place_key(jax.random.wrap_key_data(arrays["key"]), key_sharding)
     return TrainState(params, opts, key, int(host["iteration"]), int(host["cursor"]),
                       numpy_rng_from_state(host["host_rng"]))
+
+
+def place_key(key: jax.Array, sharding) -> jax.Array:
+    """``key`` (a typed PRNG key) placed with ``sharding``, also one spanning several
+    processes (``jax.device_put`` refuses typed keys there: the raw key data travels)."""
+    if sharding.is_fully_addressable:
+        return jax.device_put(key, sharding)
+    if key.sharding.is_equivalent_to(sharding, key.ndim):
+        return key
+    data = jax.device_put(np.asarray(jax.random.key_data(key)), sharding)
+    return jax.random.wrap_key_data(data, impl=jax.random.key_impl(key))
 
 
 def nonfinite_leaves(tree: Any) -> list[str]:

@@ -1,0 +1,280 @@
+"""The RL trainer on JAX's multi-controller runtime: P processes train like one.
+
+Start every process with the same config; ``jaxdm.models.sharding.initialize_distributed``
+(coordinator address, process count and id from flags or ``JAX_COORDINATOR_ADDRESS`` /
+``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``; SLURM and TPU pods detected by JAX) connects
+them. The trainer then creates a ``Distributed`` (``Distributed.create``: None for one
+process, so a one-process run takes exactly the code path it took before) and the run with
+P processes gives the parameters of the one-process run with the same global batch
+(``tests/rl/test_rl_multihost.py``: 2 CPU processes on 127.0.0.1 vs one, within 1e-6, and
+a run killed in both processes resumes). The design:
+
+- **Tasks.** Process p plays the groups ``process_rows(tasks_per_iter)`` (a contiguous
+  block of ``tasks_per_iter / P`` tasks, each ``group_size`` episodes) starting at task seed
+  ``train_task_offset + cursor + first group``, so processes sample disjoint tasks and a
+  GRPO/LVRL group never straddles two processes: advantages are computed per process on its
+  own groups, with the one-process estimator (``num_groups`` = its groups).
+- **Sampling.** The one-process rollout draws, per turn, Gumbel noise [D, N] from one key
+  for all live episodes (row j = the j-th live slot; N = option slots). Each process keeps
+  the same key chain and, per turn, all-gathers (live episodes, option bucket) of every
+  process (one small ``process_allgather``); its live episodes are rows
+  ``offset .. offset + n`` of the global turn and it draws exactly those rows of the
+  global noise (``jaxdm.rl.policy.SampleWindow``; threefry noise is partitionable: element
+  (i, k) depends on i * N + k only). So the union of the processes' episodes is the
+  one-process rollout. A process whose episodes have all ended keeps answering the turn's
+  all-gather with zeros until every process is done (``finish_rollout``). The option form
+  only; the generative form samples with ``fold_in(key, process)`` (valid training, not
+  the one-process samples).
+- **Parameters for acting.** Rollouts and evaluation run process-locally on a replicated
+  copy of the policy parameters on this process's first device (``local_params``: one
+  all-gather per iteration); the update is one SPMD program over the global mesh.
+- **Update.** Every process draws the same permutation of the *global* units (the host RNG
+  is identical everywhere; units are numbered process after process, i.e. in the
+  one-process order). The units (host token lists, small next to the model) are
+  all-gathered once per iteration, so every process builds global mini-batch b
+  (``order[b*m:(b+1)*m]``) exactly as one process would, and uploads only its block of rows
+  (``jax.make_array_from_process_local_data`` via ``sharding.global_batch``): the update is
+  the one-process update, as one SPMD program over the global mesh.
+- **Files.** Metrics JSONL, progress bar, config dump and plots come from process 0 only
+  (``is_main``); every process writes and restores its orbax checkpoint shards; all read
+  the same ``out_dir`` (a shared file system on several hosts). Episode metrics
+  (``train/*``, ``adv/*``, ``env/errors``) are over all processes' episodes.
+- **Not supported with P > 1 (refused at start, naming the key):** a critic
+  (``critic.kind``), extra loss terms (``algo.terms``), batch-normalised advantages
+  (``algo.lvrl_normalize=rms`` with ``advantage=lvrl``, ``gae``), ``rollout_pipeline``,
+  a mesh that does not span every process's devices.
+"""
+from __future__ import annotations
+
+import pickle
+import time
+import types
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from jaxdm.models import sharding as sh
+
+__all__ = ["Distributed", "UnitRows", "RecordOnly", "allgather", "barrier", "gather_rows",
+           "gather_objects", "is_main"]
+
+
+def is_main() -> bool:
+    """Process 0 writes metrics, progress, config and plots."""
+    return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+    """Every process waits here for the others (nothing with one process)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+class RecordOnly:
+    """The metrics writer of processes other than 0: the same records, no file."""
+
+    def __init__(self, path: Any = None, *, resume_step: int | None = None):
+        del path, resume_step
+
+    def write(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+        from jaxdm import runlog
+
+        return {"step": int(step), "time": time.time(), **runlog.jsonable(dict(metrics))}
+
+    def close(self) -> None:
+        pass
+
+
+def allgather(x: Any) -> np.ndarray:
+    """[P, ...]: ``x`` (a small host array, the same shape on every process) of every
+    process, in process order. A collective: every process must call it."""
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(np.asarray(x)))
+
+
+def _bucket(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def check_config(cfg, mesh) -> None:
+    """Refuse settings a multi-process run does not support (see module docstring)."""
+    algo = cfg.algo
+    bad = []
+    if cfg.critic.kind != "none":
+        bad.append(f"critic.kind={cfg.critic.kind!r}")
+    if algo.terms:
+        bad.append(f"algo.terms={dict(algo.terms)!r}")
+    if algo.advantage == "gae":
+        bad.append("algo.advantage='gae'")
+    if algo.advantage == "lvrl" and algo.lvrl_normalize != "none":
+        bad.append(f"algo.lvrl_normalize={algo.lvrl_normalize!r} (a batch statistic)")
+    if cfg.rollout_pipeline:
+        bad.append("rollout_pipeline=true")
+    if bad:
+        raise ValueError(f"{jax.process_count()} processes: not supported across processes "
+                         f"yet: {', '.join(bad)} (jaxdm.rl.distributed)")
+    if mesh.devices.size != jax.device_count():
+        raise ValueError(f"{jax.process_count()} processes: the mesh (mesh_data="
+                         f"{cfg.mesh_data}, mesh_model={cfg.mesh_model}) holds "
+                         f"{mesh.devices.size} of the {jax.device_count()} devices; it must "
+                         f"span every process (mesh_data=-1)")
+
+
+class Distributed:
+    """Per-run multi-process state of the trainer (see module docstring)."""
+
+    def __init__(self, cfg, mesh):
+        check_config(cfg, mesh)
+        self.mesh = mesh
+        groups = sh.process_rows(cfg.tasks_per_iter, "tasks_per_iter")
+        self.first_task, self.local_tasks = groups.start, len(groups)
+        self.group_size = cfg.group_size
+        # the one-process rollout pads every turn to bucket(all slots) decisions
+        self.window_rows = _bucket(cfg.tasks_per_iter * cfg.group_size)
+        self._local: tuple[Any, Any] | None = None  # (global tree, its local copy)
+
+    @classmethod
+    def create(cls, cfg, mesh) -> "Distributed | None":
+        """None for a one-process run (the trainer then runs exactly as before)."""
+        return cls(cfg, mesh) if jax.process_count() > 1 else None
+
+    # ---- acting -----------------------------------------------------------------------
+    def local_params(self, tree: Any) -> Any:
+        """A replicated copy of the global ``tree`` on this process's first device, for
+        process-local acting (a collective; the last copy is reused for the same tree)."""
+        if self._local is not None and self._local[0] is tree:
+            return self._local[1]
+        whole = jax.jit(lambda t: t, out_shardings=sh.replicated(self.mesh))(tree)
+        local = jax.tree.map(lambda x: x.addressable_data(0), whole)
+        self._local = (tree, local)
+        return local
+
+    def rollout_args(self, policy, params, seed: int, key) -> tuple[Any, Any, int, Any]:
+        """(policy, params, task seed, key) of this process's share of the rollout."""
+        params = self.local_params(params)
+        seed = seed + self.first_task
+        data = jax.random.key_data(key).addressable_data(0)  # the same key, on this process
+        key = jax.random.wrap_key_data(data, impl=jax.random.key_impl(key))
+        if getattr(policy, "form", None) == "option":
+            return _WindowedPolicy(policy, self), params, seed, key
+        return policy, params, seed, jax.random.fold_in(key, jax.process_index())
+
+    def turn(self, live: int, options: int) -> tuple[np.ndarray, np.ndarray]:
+        """One rollout turn's all-gather: every process's (live episodes, option bucket)."""
+        got = allgather(np.array([live, options], np.int64))
+        return got[:, 0], got[:, 1]
+
+    def finish_rollout(self) -> None:
+        """Answer the other processes' turns with zeros until every process is done."""
+        while True:
+            live, _ = self.turn(0, 0)
+            if not live.any():
+                return
+
+    # ---- episode metrics ---------------------------------------------------------------
+    def episodes_view(self, episodes: Sequence[Any]) -> list[Any]:
+        """Every process's episodes as light stand-ins (error, success, reward, truncated,
+        actions with ``valid``), in process order: the trainer's episode metrics then cover
+        the whole global batch."""
+        rows = np.array([[bool(e.error), bool(e.success), float(e.reward), bool(e.truncated),
+                          len(e.actions), sum(not a.valid for a in e.actions)]
+                         for e in episodes], np.float64).reshape(-1, 6)
+        out = []
+        for r in gather_rows(rows):
+            n, bad = int(r[4]), int(r[5])
+            acts = [types.SimpleNamespace(valid=i >= bad) for i in range(n)]
+            out.append(types.SimpleNamespace(error="error" if r[0] else None,
+                                             success=bool(r[1]), reward=float(r[2]),
+                                             truncated=bool(r[3]), actions=acts))
+        return out
+
+    @staticmethod
+    def gather_rows(rows: np.ndarray) -> np.ndarray:
+        """Concatenation over processes of ``rows`` [n_p, ...] (``gather_rows``)."""
+        return gather_rows(rows)
+
+    # ---- update -----------------------------------------------------------------------
+    def unit_rows(self, n_local: int) -> "UnitRows":
+        return UnitRows(n_local, self.mesh)
+
+
+class _WindowedPolicy:
+    """The policy as the rollout sees it in a multi-process run: ``act`` samples this
+    process's rows of the global turn (``SampleWindow``); everything else is the policy's."""
+
+    def __init__(self, policy, dist: Distributed):
+        self._policy, self._dist = policy, dist
+
+    def __getattr__(self, name):
+        return getattr(self._policy, name)
+
+    def act(self, params, states, key, *, greedy: bool = False, pad_to: int | None = None):
+        from jaxdm.rl.policy import SampleWindow, bucket
+
+        options = bucket(max(len(s.admissible) for s in states), 8)
+        live, opts = self._dist.turn(len(states), options)
+        p = jax.process_index()
+        window = SampleWindow(int(live[:p].sum()), self._dist.window_rows, int(opts.max()))
+        return self._policy.act(params, states, key, greedy=greedy, pad_to=pad_to,
+                                window=window)
+
+
+class UnitRows:
+    """One iteration's training units across processes, numbered process after process
+    (the one-process order): every process holds all of them (``gather_objects``), builds
+    each global mini-batch exactly as one process would, and uploads its block of rows."""
+
+    def __init__(self, n_local: int, mesh):
+        self.mesh = mesh
+        self.counts = allgather(np.int64(n_local))
+        self.n = int(self.counts.sum())
+
+    def mini_batches(self, policy, units: Sequence[Any], unit_adv: np.ndarray,
+                     unit_logp: np.ndarray, order: np.ndarray, m: int
+                     ) -> tuple[list[dict[str, Any]], list[Any]]:
+        """(batches, recorded log-probs) of the global mini-batches ``order[b*m:(b+1)*m]``,
+        each a global array assembled from every process's block of rows."""
+        every = gather_objects(list(units))
+        adv, logp = gather_rows(unit_adv), gather_rows(unit_logp)
+        p, count = jax.process_index(), jax.process_count()
+        block = slice(p * m // count, (p + 1) * m // count)
+        mbs, recorded = [], []
+        for s in range(0, self.n, m):
+            idx = order[s:s + m]
+            a = np.zeros((m,), np.float32)
+            a[:len(idx)] = adv[idx]
+            lp = np.zeros((m, 1), np.float32)
+            lp[:len(idx), 0] = logp[idx]
+            batch = {"policy": policy.training_batch([every[j] for j in idx], m), "adv": a}
+            mbs.append(sh.global_batch(jax.tree.map(lambda x: np.asarray(x)[block], batch),
+                                       self.mesh))
+            recorded.append(sh.global_batch(lp[block], self.mesh))
+        return mbs, recorded
+
+
+def gather_rows(rows: np.ndarray) -> np.ndarray:
+    """Concatenation over processes of ``rows`` [n_p, ...] (n_p may differ). A collective."""
+    rows = np.asarray(rows)
+    counts = allgather(np.int64(rows.shape[0]))
+    pad = np.zeros((int(counts.max()),) + rows.shape[1:], rows.dtype)
+    pad[:rows.shape[0]] = rows
+    every = allgather(pad)
+    return np.concatenate([every[p, :int(c)] for p, c in enumerate(counts)])
+
+
+def gather_objects(items: list[Any]) -> list[Any]:
+    """Concatenation over processes of the lists ``items`` (picklable host data, e.g.
+    training units: token id lists). A collective."""
+    blob = np.frombuffer(pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    sizes = allgather(np.int64(blob.size))
+    pad = np.zeros((int(sizes.max()),), np.uint8)
+    pad[:blob.size] = blob
+    every = allgather(pad)
+    out: list[Any] = []
+    for p, size in enumerate(sizes):
+        out.extend(pickle.loads(every[p, :int(size)].tobytes()))
+    return out
