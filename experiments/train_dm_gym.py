@@ -1,15 +1,26 @@
-"""SmolLM2-135M before / after packed SFT on DECISION GYM states, scored on L1 and L2.
+"""SmolLM2-135M before / after packed SFT on DECISION GYM states: AGENT DECISION BENCH L1 / L2 /
+L3 and the trained model as the harness's CASCADE decision model.
 
-1. Training data: noisy-agent states of DECISION GYM train-split tasks (``--train-tasks``),
-   written in the ``jaxdm train-dm`` line format (``experiments/decision_gym_data.py``'s rows).
-2. Before: ``jaxdm bench`` (L1 BFCL subset + L2 test-split states) with SmolLM2 as an
-   option-likelihood decision model (constrained readout cannot show DECISION GYM's 69 tools:
-   26 labels).
-3. ``jaxdm train-dm`` (LoRA rank 32, lr 1e-4, AdamW, likelihood mode; ``--max-steps`` bounds
-   the CPU budget), exporting the merged model.
-4. After: the same bench with the exported folder. Writes ``before_after.md`` / ``.json``.
+1. Training data: noisy-agent states of DECISION GYM **train-split, base-variant** tasks
+   (``--train-tasks``), in the ``jaxdm train-dm`` line format. Shift is held out (never
+   trained on); evaluation uses test-split tasks only.
+2. ``jaxdm train-dm`` (LoRA rank 32, lr 1e-4, AdamW, option likelihood, decoder remat;
+   ``--max-steps`` bounds the CPU budget); the adapter folder it exports is merged into an HF
+   folder (``model/``) every backend loads.
+3. One ``jaxdm bench`` run over three decision models: Oracle-noisy (noise 0.2; a reference
+   so Kendall τ has more than two points), SmolLM2 before and after (option likelihood:
+   constrained readout cannot show DECISION GYM's 69 tools, 26 labels): L1 (BFCL subset),
+   L2 (test-split states), L3 (takeover; ``--l3-envs`` / ``--l3-tasks``).
+4. CASCADE in the harness (``jaxdm.harness.run``: shadow on fit-split tasks, fitted
+   thresholds, arms on test-split tasks), before vs after, with the SmolLM2 model restricted
+   to the ``stop`` and ``params`` points (``points_only``): its 69-option tool question costs
+   minutes per step on the shared CPU (stated in ``experiments/harness_decision_gym.py``).
+   The fitted savings = 1 − cost / cost of the LLM alone on the same test tasks.
 
-    python experiments/train_dm_gym.py --out train_dm_gym_out                # CPU budget run
+Writes ``results.json`` after every stage (a late kill loses little), ``before_after.md`` and
+``before_after.png``.
+
+    nice -n 10 python experiments/train_dm_gym.py --out experiments/results/train_dm_gym
     python experiments/train_dm_gym.py --out /tmp/x --quick                  # smoke run
 """
 from __future__ import annotations
@@ -19,6 +30,9 @@ import json
 import sys
 import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 
 def write_train_states(path: Path, tasks: int, error_rate: float, max_states: int | None,
@@ -44,12 +58,115 @@ def write_train_states(path: Path, tasks: int, error_rate: float, max_states: in
             "train_questions": sum(len(r["questions"]) for r in rows)}
 
 
-def bench(judge: str, out: Path, args) -> dict:
+def sft(out: Path, args, progress: bool) -> tuple[dict, Path]:
+    """Train, then merge the exported adapter into an HF folder; (summary, folder)."""
+    from jaxdm.models.loading import save_pretrained
+    from jaxdm.train.sft import TrainDMConfig, load_adapted, load_model, train
+
+    summary = train(TrainDMConfig(data=str(out / "train_states.jsonl"), model="smollm2",
+                                  out_dir=str(out / "run"), mode="likelihood",
+                                  epochs=args.epochs, max_steps=args.max_steps,
+                                  save_every=10, progress=progress, export=True))
+    if "model" in summary:  # the run finished its epochs: train-dm merged and exported
+        return summary, Path(summary["model"])
+    pre = load_adapted(summary["adapter"])
+    base = load_model("smollm2")
+    folder = save_pretrained(out / "model", pre.params, pre.config, tokenizer=pre.tokenizer,
+                             source=base.path)
+    return summary, folder
+
+
+def bench(judges: list[str], out: Path, args, progress: bool) -> dict:
     from jaxdm.bench.run import BenchConfig, run
-    cfg = BenchConfig(judges=(judge,), out_dir=str(out), l1_tool=args.l1, l1_param=args.l1,
-                      l2_tasks=args.test_tasks, l2_max_states=args.test_states, seed=0,
-                      progress=not args.no_progress, batch=8)
-    return run(cfg)["backends"]
+    cfg = BenchConfig(judges=tuple(judges), out_dir=str(out), l1_tool=args.l1,
+                      l1_param=args.l1, l2_tasks=args.test_tasks, l2_max_states=args.test_states,
+                      l3_envs=tuple(args.l3_envs.split(",")), l3_tasks=args.l3_tasks,
+                      l3_max_steps=args.l3_max_steps, seed=0, progress=progress, batch=8)
+    return run(cfg)
+
+
+def cascade(model_path: str, tag: str, out: Path, args, progress: bool,
+            inner: dict | None = None) -> dict:
+    """shadow -> fit -> run (LLM alone vs CASCADE at the fitted thresholds on stop / params).
+    ``inner``: another decision-model spec instead of the SmolLM2 folder (tests)."""
+    from jaxdm.harness import run as hr
+    cfg = hr.HarnessConfig(
+        dm={"kind": "points_only", "points": list(args.cascade_points.split(",")),
+            "dm": inner or {"kind": "local_likelihood", "path": model_path, "name": tag}},
+        shadow_tasks=args.shadow_tasks, test_tasks=args.cascade_tasks, stage2_tasks=1,
+        arms=(hr.ArmConfig("cascade_fitted", tuple(
+            hr.DelegationConfig(p, "cascade", fitted=True)
+            for p in args.cascade_points.split(",")), candidate=True),),
+        frontier_point="route", frontier_thresholds=(),
+        fit=hr.FitConfig(points=tuple(args.cascade_points.split(",")), min_support=3),
+        out_dir=str(out), progress=progress)
+    out.mkdir(parents=True, exist_ok=True)
+    hr.cmd_shadow(cfg)
+    fits = hr.cmd_fit(cfg)
+    summary = hr.cmd_run(cfg)
+    ref, arm = summary["arms"]["llm_alone"], summary["arms"]["cascade_fitted"]
+    return {"thresholds": {p: (f or {}).get("threshold") for p, f in
+                           (hr.load_thresholds(out) or {}).items()},
+            "fit": fits if isinstance(fits, dict) else None,
+            "llm_alone": {k: ref[k] for k in ("success", "cost", "llm_calls", "dm_calls")},
+            "cascade": {k: arm[k] for k in ("success", "cost", "llm_calls", "dm_calls",
+                                            "dm_failures")},
+            "saving": 1.0 - arm["cost"] / ref["cost"] if ref["cost"] else None,
+            "success_delta": arm["success"] - ref["success"]}
+
+
+def _save(out: Path, result: dict) -> None:
+    (out / "results.json").write_text(json.dumps(result, indent=2, default=str),
+                                      encoding="utf-8")
+
+
+def table(result: dict) -> str:
+    f = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+    backends = (result.get("bench") or {}).get("backends", {})
+    lines = ["| decision model | L1 acc. | L2 acc. | L2 ECE | L3 step acc. | L3 success | "
+             "L3 success per env | CASCADE saving | CASCADE success (LLM alone) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, b in backends.items():
+        t = b.get("l3_tasks") or {}
+        per_env = ", ".join(f"{e} {f(s['success'])}" for e, s in t.items() if e != "all")
+        c = (result.get("cascade") or {}).get(name) or {}
+        cas = (f"{c['saving']:+.1%}" if c.get("saving") is not None else "-")
+        cas_s = (f"{f(c['cascade']['success'])} ({f(c['llm_alone']['success'])})"
+                 if c else "-")
+        lines.append(f"| {name} | {f((b.get('l1') or {}).get('accuracy'))} | "
+                     f"{f((b.get('l2') or {}).get('accuracy'))} | "
+                     f"{f((b.get('l2') or {}).get('ece'))} | "
+                     f"{f((b.get('l3') or {}).get('accuracy'))} | "
+                     f"{f((t.get('all') or {}).get('success'))} | {per_env} | {cas} | {cas_s} |")
+    return "\n".join(lines)
+
+
+def figure(result: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    backends = (result.get("bench") or {}).get("backends", {})
+    names = list(backends)
+    cols = [("L1 acc.", lambda b: (b.get("l1") or {}).get("accuracy")),
+            ("L2 acc.", lambda b: (b.get("l2") or {}).get("accuracy")),
+            ("L3 step acc.", lambda b: (b.get("l3") or {}).get("accuracy")),
+            ("L3 success", lambda b: ((b.get("l3_tasks") or {}).get("all") or {}).get("success"))]
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    w = 0.8 / max(len(names), 1)
+    for i, n in enumerate(names):
+        ax.bar(np.arange(len(cols)) + i * w, [fn(backends[n]) or 0.0 for _, fn in cols], w,
+               label=n)
+    ax.set_xticks(np.arange(len(cols)) + w * (len(names) - 1) / 2)
+    ax.set_xticklabels([c for c, _ in cols])
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=8)
+    ax.set_title("SmolLM2-135M before / after SFT (DECISION GYM states), Oracle-noisy for "
+                 "reference", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv=None) -> dict:
@@ -61,68 +178,67 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-steps", type=int, default=40)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--test-tasks", type=int, default=6)
-    ap.add_argument("--test-states", type=int, default=16)
+    ap.add_argument("--test-states", type=int, default=6)
     ap.add_argument("--l1", type=int, default=20, help="L1 tool and parameter items each")
+    ap.add_argument("--l3-envs", default="base,shift,alfworld")
+    ap.add_argument("--l3-tasks", type=int, default=2)
+    ap.add_argument("--l3-max-steps", type=int, default=15)
+    ap.add_argument("--cascade-points", default="stop,params")
+    ap.add_argument("--shadow-tasks", type=int, default=8)
+    ap.add_argument("--cascade-tasks", type=int, default=8)
+    ap.add_argument("--skip", default="", help="comma list of stages to skip: sft,bench,cascade")
     ap.add_argument("--quick", action="store_true", help="tiny smoke run (2 steps)")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     if args.quick:
         args.train_tasks, args.train_states, args.max_steps = 2, 2, 2
-        args.test_tasks, args.test_states, args.l1 = 1, 2, 3
+        args.test_tasks, args.test_states, args.l1 = 1, 1, 2
+        args.l3_envs, args.l3_tasks, args.l3_max_steps = "alfworld", 1, 3
+        args.shadow_tasks, args.cascade_tasks = 1, 1
+    progress = not args.no_progress
+    skip = set(filter(None, args.skip.split(",")))
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    data = write_train_states(out / "train_states.jsonl", args.train_tasks, args.error_rate,
-                              args.train_states, 0)
-    print(json.dumps(data), file=sys.stderr)
-    timing = {}
-    t = time.perf_counter()
-    before = bench("local_likelihood:path=smollm2,name=smollm2-base", out / "bench_before", args)
-    timing["bench_before_s"] = time.perf_counter() - t
-
-    from jaxdm.train.sft import TrainDMConfig, train
-    t = time.perf_counter()
-    summary = train(TrainDMConfig(data=str(out / "train_states.jsonl"), model="smollm2",
-                                  out_dir=str(out / "run"), mode="likelihood",
-                                  epochs=args.epochs, max_steps=args.max_steps, save_every=10,
-                                  progress=not args.no_progress, export=False))
-    timing["train_s"] = time.perf_counter() - t
-    # Export whatever was trained (a budget run stops before the 2 epochs end).
-    import jax  # noqa: F401
-    from jaxdm.models.loading import save_pretrained
-    from jaxdm.rl.checkpoint import Checkpointer
-    from jaxdm.train import lora
-    from jaxdm.train.sft import load_model
-    pre = load_model("smollm2")
-    lcfg = lora.LoraConfig()
-    target = {"trainable": lora.init_adapters(pre.params, lcfg, jax.random.key(0))}
-    import optax
-    target["opt"] = optax.adamw(1e-4).init(target["trainable"])
-    ck = Checkpointer(out / "run" / "checkpoints")
-    state, _, step = ck.restore(target)
-    ck.close()
-    folder = save_pretrained(out / "model", lora.merge(pre.params, state["trainable"], lcfg),
-                             pre.config, tokenizer=pre.tokenizer, source=pre.path)
-    t = time.perf_counter()
-    after = bench(f"local_likelihood:path={folder},name=smollm2-sft", out / "bench_after", args)
-    timing["bench_after_s"] = time.perf_counter() - t
-    result = {"data": data, "train": {k: v for k, v in summary.items()
-                                      if k != "skipped_indistinct"}, "trained_steps": step,
-              "before": before, "after": after, "timing": timing,
-              "seconds": time.perf_counter() - t0}
-    (out / "before_after.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
-    rows = ["| group | before acc | before ECE | after acc | after ECE | n |", "|---|---|---|---|---|---|"]
-    b, a = next(iter(before.values())), next(iter(after.values()))
-    for g in ("l1/l1_tool", "l1/l1_param", "l2/tool", "l2/param", "l2/stop", "l2/after_error",
-              "l2/no_error", "l2/tool/must_ask", "all"):
-        if g in b:
-            f = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
-            rows.append(f"| {g} | {f(b[g]['accuracy'])} | {f(b[g]['ece'])} | "
-                        f"{f(a[g]['accuracy'])} | {f(a[g]['ece'])} | {b[g]['n']} |")
-    text = (f"SmolLM2-135M (option likelihood) before / after {step} packed-SFT steps on "
-            f"{data['train_states']} DECISION GYM train states ({data['train_questions']} "
-            f"questions), LoRA rank 32, lr 1e-4; {time.perf_counter() - t0:.0f} s in all.\n\n"
-            + "\n".join(rows) + "\n")
+    prev = out / "results.json"
+    result: dict = json.loads(prev.read_text()) if prev.is_file() else {}
+    result["args"] = vars(args)
+    timing = result.setdefault("timing", {})
+    result["data"] = write_train_states(out / "train_states.jsonl", args.train_tasks,
+                                        args.error_rate, args.train_states, 0)
+    _save(out, result)
+    folder = out / "model"
+    if "sft" not in skip:
+        t = time.perf_counter()
+        summary, folder = sft(out, args, progress)
+        timing["sft_s"] = round(time.perf_counter() - t, 1)
+        result["train"] = {k: v for k, v in summary.items() if k != "skipped_indistinct"}
+        _save(out, result)
+    models = {"smollm2-base": "smollm2", "smollm2-sft": str(folder)}
+    if "bench" not in skip:
+        t = time.perf_counter()
+        judges = ["oracle:noise=0.2,name=oracle-noisy"] + [
+            f"local_likelihood:path={p},name={n}" for n, p in models.items()]
+        result["bench"] = bench(judges, out / "bench", args, progress)
+        timing["bench_s"] = round(time.perf_counter() - t, 1)
+        _save(out, result)
+    if "cascade" not in skip:
+        result.setdefault("cascade", {})
+        for name, path in models.items():
+            t = time.perf_counter()
+            result["cascade"][name] = cascade(path, name, out / f"harness_{name}", args,
+                                              progress)
+            timing[f"cascade_{name}_s"] = round(time.perf_counter() - t, 1)
+            _save(out, result)
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    _save(out, result)
+    text = ("SmolLM2-135M before / after packed SFT on DECISION GYM train states "
+            f"({result['data']['train_states']} states, "
+            f"{result.get('train', {}).get('steps_done', '?')} SFT steps), option likelihood.\n\n"
+            + table(result) + "\n")
     (out / "before_after.md").write_text(text, encoding="utf-8")
+    if result.get("bench"):
+        figure(result, out / "before_after.png")
     print(text)
     return result
 
