@@ -39,11 +39,12 @@ Info keys read from environments (``reset_info(state, params)`` at reset, ``info
 ``final_observation_terminal`` (bool): the terminal observation must be masked for judges;
 ``subgoal`` (str): which subgoal a milestone achieved (copied into step annotations).
 
-Info keys added by ``VectorEnv``: ``error`` (str or None), ``truncated`` (bool),
-``episode_id`` (int), ``task_seed`` (int) and, when an episode ended and auto-reset started a
-new one in its slot, ``final_observation``, ``final_info`` and ``trajectory``; ``skipped``
-(True: the slot's action was ``None``, so it did not step) and ``inactive`` (True: the slot's
-episode had already ended, so it did not step).
+Info keys added by the pool (``EpisodeRecorder``, the same for ``LocalVectorEnv``): ``error``
+(str or None), ``truncated`` (bool), ``episode_id`` (int), ``task_seed`` (int);
+``trajectory`` when an episode ended, and when auto-reset then started a new one in its slot
+``final_observation``, ``final_info`` and ``reset_info``; ``skipped`` (True: the slot's action
+was ``None``, so it did not step) and ``inactive`` (True: the slot's episode had already
+ended, so it did not step).
 """
 from __future__ import annotations
 
