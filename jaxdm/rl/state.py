@@ -84,11 +84,20 @@ def place_key(key: jax.Array, sharding) -> jax.Array:
 
 def nonfinite_leaves(tree: Any) -> list[str]:
     """Paths of floating leaves of ``tree`` holding NaN or inf."""
-    bad = []
+    bad, spread = [], []
     for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+            if jax.numpy.issubdtype(leaf.dtype, jax.numpy.floating):
+                spread.append((path, leaf))
+            continue
         a = np.asarray(leaf)
         if np.issubdtype(a.dtype, np.floating) and not np.all(np.isfinite(a)):
             bad.append(jax.tree_util.keystr(path))
+    if spread:  # arrays over several processes: one global check, its answer on every process
+        finite = jax.jit(lambda xs: [jax.numpy.isfinite(x).all() for x in xs])(
+            [x for _, x in spread])
+        bad += [jax.tree_util.keystr(p) for (p, _), ok in zip(spread, finite)
+                if not bool(ok.addressable_data(0))]
     return bad
 
 

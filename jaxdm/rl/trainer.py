@@ -42,11 +42,12 @@ import numpy as np
 
 from jaxdm import config as cfgmod
 from jaxdm import runlog
-from jaxdm.rl import build, rundir, sharding
+from jaxdm.rl import build, distributed, rundir, sharding
 from jaxdm.rl.checkpoint import Checkpointer
 from jaxdm.rl.estimators import ESTIMATORS, EpisodeBatch
 from jaxdm.rl.signals import signal_spec
-from jaxdm.rl.state import TrainState, check_restored, from_checkpoint, to_checkpoint
+from jaxdm.rl.state import (TrainState, check_restored, from_checkpoint, place_key,
+                            to_checkpoint)
 from jaxdm.rl.terms import StepSpec, cached_train_step
 from jaxdm.rl.rundir import (NonFiniteLossError, ResumeMismatchError, RunDirError,  # noqa: F401
                              TeacherFailureError, TrainingStopped)
@@ -72,6 +73,8 @@ class Trainer:
         if cfg.algo.mini_batch % self.mesh.devices.shape[0]:
             raise ValueError(f"algo.mini_batch={cfg.algo.mini_batch} must divide by the mesh "
                              f"data axis ({self.mesh.devices.shape[0]} devices)")
+        # [MULTIHOST] None for one process; else this process's tasks/rows (rl/distributed)
+        self.dist = distributed.Distributed.create(cfg, self.mesh)
         self.train_factory, self.eval_factory = build.env_factories(cfg)
         self.policy, params, self.model_config, self.tokenizer = build.build_policy(
             cfg, self.train_factory, self.eval_factory)
@@ -88,12 +91,13 @@ class Trainer:
             opts["critic"] = jax.device_put(self.txs["critic"].init(params["critic"]), rep)
         # The frozen reference policy is the initial policy (rebuilt identically on resume).
         self.ref_params = params["policy"]
-        self.state = TrainState(params, opts, jax.device_put(jax.random.key(cfg.seed), rep),
+        self.state = TrainState(params, opts, place_key(jax.random.key(cfg.seed), rep),
                                 0, 0, np.random.default_rng(cfg.seed))
         self.signal_backends = {n: signal_spec(n).build(cfg, self) for n in signals_needed(cfg)}
+        self.local_tasks = cfg.tasks_per_iter if self.dist is None else self.dist.local_tasks
         self.collector = build.make_collector(
-            cfg, self.policy, self.train_factory, self.eval_factory,
-            with_values=cfg.value.get("kind") == "oracle")
+            cfg, self.policy, self.train_factory, self.eval_factory, dist=self.dist,
+            local_tasks=self.local_tasks, with_values=cfg.value.get("kind") == "oracle")
         self.checkpointer = Checkpointer(self.out / "checkpoints",
                                          max_to_keep=cfg.keep_checkpoints)
 
@@ -156,12 +160,14 @@ class Trainer:
             metrics.update(signals[name].stats)
             metrics[f"time/{name}"] = time.perf_counter() - t0
         self._check_failures(metrics, st.iteration + 1)
-        adv = ESTIMATORS[cfg.algo.advantage].fn(eb, signals, cfg.algo, cfg.tasks_per_iter)
+        adv = ESTIMATORS[cfg.algo.advantage].fn(eb, signals, cfg.algo, self.local_tasks)
         t0 = time.perf_counter()
         upd = self._update(st, eb, adv, signals)
         update_s = time.perf_counter() - t0
         st.iteration += 1
         a = adv.adv[eb.mask]
+        if self.dist is not None:  # [MULTIHOST] advantages of every process's rows
+            a = self.dist.gather_rows(a)
         stat = (lambda f: float(f(a)) if a.size else 0.0)  # noqa: E731
         metrics = {
             "iteration": st.iteration, **roll,
@@ -185,7 +191,8 @@ class Trainer:
 
     def _update(self, st: TrainState, eb: EpisodeBatch, adv, signals) -> dict[str, float]:
         cfg, units = self.cfg, eb.units
-        n = len(units)
+        rows = None if self.dist is None else self.dist.unit_rows(len(units))  # [MULTIHOST]
+        n = len(units) if rows is None else rows.n
         if n == 0:
             return {"ppo/updates": 0.0}
         lvopd = None
@@ -199,7 +206,10 @@ class Trainer:
         n_mb = -(-n // m)
         order = st.host_rng.permutation(n)
         mbs, recorded = [], []
-        for b in range(n_mb):
+        if rows is not None:  # [MULTIHOST] this process's rows of every global mini-batch
+            mbs, recorded = rows.mini_batches(self.policy, units, unit_adv, eb.unit_logp,
+                                              order, m)
+        for b in range(n_mb if rows is None else 0):
             idx = order[b * m:(b + 1) * m]
             mb_units = [units[j] for j in idx]
             batch = {"policy": self._put_batch(self.policy.training_batch(mb_units, m))}
@@ -266,7 +276,8 @@ class Trainer:
         num_tasks = num_tasks or self.cfg.eval_tasks
         if num_tasks < 1:
             raise ValueError("evaluate needs num_tasks >= 1 (cfg.eval_tasks)")
-        return self.collector.evaluate(self.params, num_tasks, iteration=self.iteration,
+        params = self.params if self.dist is None else self.dist.local_params(self.params)
+        return self.collector.evaluate(params, num_tasks, iteration=self.iteration,
                                        values=self.signal_backends.get("values"))
 
     # ---- the loop -----------------------------------------------------------------------
@@ -280,25 +291,29 @@ class Trainer:
         """
         cfg = self.cfg
         total = iterations or cfg.iterations
+        main = distributed.is_main()  # [MULTIHOST] files and progress from process 0 only
         if resume:
             rundir.check_resume_config(self.out, cfg)
         elif rundir.holds_run(self.out, self.checkpointer):
             if not overwrite:
                 raise RunDirError(rundir.describe_run(self.out, self.checkpointer))
             self.checkpointer.close()
-            rundir.clear_run(self.out)
+            if main:  # [MULTIHOST] one process clears the shared out_dir, then all go on
+                rundir.clear_run(self.out)
+            distributed.barrier("clear_run")
             self.checkpointer = Checkpointer(self.out / "checkpoints",
                                              max_to_keep=cfg.keep_checkpoints)
         resumed = self.restore() if resume else False
-        writer = runlog.MetricsWriter(self.out / "metrics.jsonl",
-                                      resume_step=self.iteration if resumed else None)
+        writer = (runlog.MetricsWriter if main else distributed.RecordOnly)(  # [MULTIHOST]
+            self.out / "metrics.jsonl", resume_step=self.iteration if resumed else None)
+        distributed.barrier("metrics_file")  # [MULTIHOST] read it after process 0 trimmed it
         final_done = resumed and any(
             r.get("step") == self.iteration and "eval/All" in r and "train/success" not in r
             for r in runlog.read_metrics(self.out / "metrics.jsonl"))
-        if not resumed:
+        if not resumed and main:
             cfgmod.dump_yaml(cfg, self.out / "config.yaml")
         bar = runlog.Progress(total, cfg.algo.advantage, initial=self.iteration,
-                              enabled=cfg.progress and self.log,
+                              enabled=cfg.progress and self.log and main,
                               keys=("train/success", "train/reward", "loss/total"))
         records, done_here = [], 0
         last_good, recorded = self.state, self.iteration
@@ -325,7 +340,7 @@ class Trainer:
             bar.close()
             if self.iteration >= total and cfg.eval_tasks and not final_done:
                 ev = self.evaluate()
-                if self.log:
+                if self.log and main:
                     print(f"\nEvaluation after {self.iteration} iterations (seeds "
                           f"{list(cfg.eval_seeds)}, {cfg.eval_tasks} held-out tasks):\n"
                           f"{ev['eval/table']}", flush=True)
@@ -339,7 +354,8 @@ class Trainer:
                 self.state = last_good
             if self.checkpointer.latest_step() != self.iteration and self.iteration > 0:
                 self.save()
-        self.plot()
+        if main:
+            self.plot()
         return records
 
     def plot(self) -> Path | None:
