@@ -14,7 +14,7 @@ import pytest
 from jaxdm import config as cfgmod
 from jaxdm.envs.toy import make_ordering_env
 from jaxdm.envs.vector import EnvFactory, VectorEnv
-from jaxdm.rl import trainer as trainer_mod
+from jaxdm.rl import rollout as rollout_mod
 from jaxdm.rl import evaluation as evaluation_mod
 from jaxdm.rl.policy import ActionOut
 from jaxdm.rl.rollout import LocalVectorEnv, pipeline_halves, rollout
@@ -250,7 +250,7 @@ def test_trainer_config_and_wiring(tmp_path, monkeypatch):
         seen.append(kwargs["pipeline"])
         return rollout(*args, **kwargs)
 
-    monkeypatch.setattr(trainer_mod, "rollout", spy)
+    monkeypatch.setattr(rollout_mod, "rollout", spy)  # the host collector imports it per call
     monkeypatch.setattr(evaluation_mod, "rollout", spy)
     tr = Trainer(cfg, log=False)
     try:
