@@ -36,7 +36,9 @@ sys.path.insert(0, str(ROOT))
 
 
 def write_train_states(path: Path, tasks: int, error_rate: float, max_states: int | None,
-                       seed: int) -> dict:
+                       seed: int, kinds: tuple[str, ...] | None = None) -> dict:
+    """Noisy-agent states of train-split base tasks; ``kinds``: keep only these question
+    kinds (tool / param / stop; states left without a question are dropped)."""
     from jaxdm.envs.decision_gym import (DecisionGym, GymParams, NoisyAgent, run_episode,
                                          split_seed)
     env = DecisionGym()
@@ -46,14 +48,18 @@ def write_train_states(path: Path, tasks: int, error_rate: float, max_states: in
     for i in range(tasks):
         traj, records = run_episode(env, agent, split_seed("train", i), params)
         for r in records:
-            rows.append(r.to_dict() | {"seed": split_seed("train", i), "split": "train",
-                                       "variant": "base"})
+            row = r.to_dict() | {"seed": split_seed("train", i), "split": "train",
+                                 "variant": "base"}
+            if kinds is not None:
+                row["questions"] = [q for q in row["questions"] if q["kind"] in kinds]
+            if row["questions"]:
+                rows.append(row)
     if max_states is not None:
         import random
         rows = random.Random(seed).sample(rows, min(max_states, len(rows)))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return {"train_tasks": tasks, "train_states": len(rows),
+    return {"train_tasks": tasks, "train_states": len(rows), "kinds": list(kinds or []),
             "train_after_error_share": sum(r["after_error"] for r in rows) / max(len(rows), 1),
             "train_questions": sum(len(r["questions"]) for r in rows)}
 
@@ -174,6 +180,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", required=True)
     ap.add_argument("--train-tasks", type=int, default=30)
     ap.add_argument("--train-states", type=int, default=40)
+    ap.add_argument("--train-kinds", default="tool,param,stop",
+                    help="question kinds to train on (the 69-option tool question is the "
+                         "memory-heavy one)")
     ap.add_argument("--error-rate", type=float, default=0.25)
     ap.add_argument("--max-steps", type=int, default=40)
     ap.add_argument("--epochs", type=int, default=2)
@@ -205,7 +214,8 @@ def main(argv=None) -> dict:
     result["args"] = vars(args)
     timing = result.setdefault("timing", {})
     result["data"] = write_train_states(out / "train_states.jsonl", args.train_tasks,
-                                        args.error_rate, args.train_states, 0)
+                                        args.error_rate, args.train_states, 0,
+                                        tuple(args.train_kinds.split(",")))
     _save(out, result)
     folder = out / "model"
     if "sft" not in skip:
