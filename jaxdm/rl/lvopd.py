@@ -15,7 +15,8 @@ seed does not state one). The term applies to environment-action tokens: the res
 of each policy turn (``TokenBatch.response_mask``), not prompts.
 
 **Kernel.** The student's final hidden states come from the decoder forward of the training
-batch; only the response positions are gathered ([M, R, d]) and fed to
+batch (in the trainer: the step's one policy forward, shared with the ``ppo`` term through
+``batch["policy/hidden"]``, ``jaxdm.rl.terms``; no second forward); only the response positions are gathered ([M, R, d]) and fed to
 ``fused_linear_topk_reverse_kl`` with the LM head, so no [T, V] logits tensor exists
 (``impl="auto"``, the default everywhere here: Pallas on GPU/TPU, chunked XLA on CPU;
 ``jaxdm.kernels.resolve_impl``). ``lvopd_objective`` is the whole
@@ -210,13 +211,17 @@ def _lvopd_term(params, batch, aux):
         raise ValueError(f"algo.terms.lvopd: the mini-batch lacks {missing}; the trainer must "
                          "add lvopd_unit_arrays(...) for the 'teacher_topk' signal")
     tb = batch["policy"]
-    _, h_resp = _response_hidden(params["policy"], policy.config, tb.tokens, tb.valid,
-                                 batch["lvopd/positions"])
+    if "policy/hidden" in batch:  # the train step's one policy forward (jaxdm.rl.terms)
+        h_resp = jnp.take_along_axis(batch["policy/hidden"],
+                                     jnp.asarray(batch["lvopd/positions"])[..., None], axis=1)
+    else:
+        _, h_resp = _response_hidden(params["policy"], policy.config, tb.tokens, tb.valid,
+                                     batch["lvopd/positions"])
     return _distill(h_resp, lm_head_matrix(params["policy"], policy.config), batch,
                     impl="auto")
 
 
-register_loss_term("lvopd", _lvopd_term, needs=("teacher_topk",))
+register_loss_term("lvopd", _lvopd_term, needs=("teacher_topk",), reads_policy_hidden=True)
 
 
 # ---- host-side arrays ----------------------------------------------------------------------

@@ -296,11 +296,25 @@ class TokenBatch(NamedTuple):
 def token_log_probs_and_entropy(params, config: ModelConfig, batch: TokenBatch, *,
                                 with_entropy: bool = True):
     """log p of every token given its prefix [R, S] (0 at s = 0) and the entropy there."""
+    hidden = token_hidden_states(params, config, batch)
+    return log_probs_and_entropy_from_hidden(params, config, hidden, batch,
+                                             with_entropy=with_entropy)
+
+
+def token_hidden_states(params, config: ModelConfig, batch: TokenBatch):
+    """The decoder's final hidden states [R, S, d] of a TokenBatch (the training forward;
+    LVOPD's distillation reads them too: ``jaxdm.rl.terms`` shares one forward)."""
     tokens = jnp.asarray(batch.tokens)
-    valid = jnp.asarray(batch.valid, bool)
     r, s = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(s), (r, s))
-    hidden = decoder.forward(params, config, tokens, positions, attn_mask=valid)
+    return decoder.forward(params, config, tokens, positions,
+                           attn_mask=jnp.asarray(batch.valid, bool))
+
+
+def log_probs_and_entropy_from_hidden(params, config: ModelConfig, hidden, batch: TokenBatch,
+                                      *, with_entropy: bool = True):
+    """``token_log_probs_and_entropy`` from ``token_hidden_states``' output."""
+    tokens = jnp.asarray(batch.tokens)
     lp = decoder.token_logprobs(params, config, hidden[:, :-1], tokens[:, 1:])
     lp = jnp.pad(lp, ((0, 0), (1, 0)))
     if with_entropy:
@@ -405,3 +419,11 @@ class GenerativePolicy:
     def logp_and_entropy(self, params, batch: TokenBatch):
         return token_log_probs_and_entropy(params, self.config, batch,
                                            with_entropy=self.with_entropy)
+
+    # One decoder forward shared by every loss term of a train step (``jaxdm.rl.terms``).
+    def hidden_states(self, params, batch: TokenBatch):
+        return token_hidden_states(params, self.config, batch)
+
+    def logp_and_entropy_from_hidden(self, params, hidden, batch: TokenBatch):
+        return log_probs_and_entropy_from_hidden(params, self.config, hidden, batch,
+                                                 with_entropy=self.with_entropy)

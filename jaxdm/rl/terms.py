@@ -73,6 +73,10 @@ class LossTerm:
     fn: Callable[[Mapping[str, Any], Mapping[str, Any], TermContext], tuple[Any, dict]]
     needs_critic: bool = False
     needs: tuple[str, ...] = ()  # signals (jaxdm.rl.signals) the trainer must produce
+    # Reads batch["policy/hidden"]: the policy's final hidden states [M, S, d] from the step's
+    # ONE decoder forward (when the policy has ``hidden_states``; the ppo term then computes
+    # its log-probs from the same forward, so no term runs a second forward).
+    reads_policy_hidden: bool = False
 
 
 LOSS_TERMS: dict[str, LossTerm] = {}
@@ -103,17 +107,22 @@ def registered_terms() -> list[str]:
 
 
 def register_loss_term(name: str, fn: Callable, *, needs_critic: bool = False,
-                       needs: tuple[str, ...] = ()) -> None:
+                       needs: tuple[str, ...] = (), reads_policy_hidden: bool = False) -> None:
     """Register ``fn(params, batch, aux) -> (loss, metrics)`` under ``name`` (see module doc);
-    ``needs``: the signals the trainer must produce for it each iteration."""
+    ``needs``: the signals the trainer must produce for it each iteration;
+    ``reads_policy_hidden``: see ``LossTerm``."""
     if name in LOSS_TERMS:
         raise ValueError(f"loss term {name!r} is already registered")
-    LOSS_TERMS[name] = LossTerm(fn, needs_critic, tuple(needs))
+    LOSS_TERMS[name] = LossTerm(fn, needs_critic, tuple(needs), bool(reads_policy_hidden))
 
 
 def _ppo_term(params, batch, aux: TermContext):
     cfg = aux.loss
-    logp, ent, mask = aux.policy.logp_and_entropy(params["policy"], batch["policy"])
+    if "policy/hidden" in batch:  # the step's shared forward (see LossTerm)
+        logp, ent, mask = aux.policy.logp_and_entropy_from_hidden(
+            params["policy"], batch["policy/hidden"], batch["policy"])
+    else:
+        logp, ent, mask = aux.policy.logp_and_entropy(params["policy"], batch["policy"])
     adv = batch["adv"]
     adv_tok = advmod.broadcast_to_tokens(adv[:, None], jnp.zeros(mask.shape, jnp.int32), mask)
     use_kl = cfg.kl_coef != 0.0
@@ -165,9 +174,14 @@ def make_train_step(aux: TermContext, txs: Mapping[str, optax.GradientTransforma
     trainables).
     """
     terms = [(name, loss_term(name), float(w)) for name, w in aux.loss.terms]
+    share_forward = (any(t.reads_policy_hidden for _, t, _ in terms)
+                     and hasattr(aux.policy, "hidden_states"))
 
     def loss_fn(params, batch):
         total, metrics = None, {}
+        if share_forward:  # one decoder forward for every term (differentiated once)
+            batch = {**batch, "policy/hidden": aux.policy.hidden_states(params["policy"],
+                                                                        batch["policy"])}
         for name, term, w in terms:
             loss, met = term.fn(params, batch, aux)
             metrics.update(met)

@@ -352,3 +352,58 @@ def test_batcher_gates_the_whole_batch_and_builds_minibatches(tiny):
         np.testing.assert_allclose(a["lvopd/weights"], [expect[5], expect[0], 0, 0], rtol=1e-6)
         assert a["lvopd/mask"][0, :3].all() and not a["lvopd/mask"][0, 3:].any()
         assert a["lvopd/response"][1, :3].all() and not a["lvopd/response"][2:].any()
+
+
+def test_train_step_runs_one_policy_forward_for_ppo_and_lvopd(tiny, monkeypatch):
+    """In the trainer's step the lvopd term reads the hidden states of the policy forward the
+    ppo term uses (one decoder forward traced, not two), with unchanged term values."""
+    import optax
+
+    from jaxdm.rl import terms
+    from jaxdm.rl.policy import GenerativePolicy, TokenBatch
+    from jaxdm.rl.text import WordTokenizer
+
+    config, params, trajs = tiny
+    units = [u for t in trajs for u in t]
+    lists = [x for t in lvopd.LocalTeacher(params, config).topk(trajs) for x in t]
+    arrays = lvopd.lvopd_unit_arrays(units, [1.0, 0.5, 0.0, 2.0, 1.0, 0.3], lists, pad_to=8)
+    s = 32
+    tokens, valid, resp = np.zeros((8, s), np.int32), np.zeros((8, s), bool), np.zeros((8, s), bool)
+    for i, u in enumerate(units):
+        seq = u["prompt"] + u["response"]
+        tokens[i, :len(seq)], valid[i, :len(seq)] = seq, True
+        resp[i, len(u["prompt"]):len(seq)] = True
+    rng = np.random.default_rng(1)
+    batch = {"policy": TokenBatch(tokens, valid, resp), **arrays,
+             "adv": np.linspace(-1, 1, 8).astype(np.float32),
+             "old_logp": (rng.normal(size=(8, s)) - 5).astype(np.float32),
+             "ref_logp": np.zeros((8, s), np.float32)}
+    policy = GenerativePolicy(config, WordTokenizer([]))
+    loss = LossConfig(terms=(("ppo", 1.0), ("lvopd", 0.5)))
+    aux = terms.TermContext(policy, None, loss)
+    calls = []
+    real_forward = decoder.forward
+
+    def counting_forward(*args, **kwargs):
+        calls.append(1)
+        return real_forward(*args, **kwargs)
+
+    monkeypatch.setattr(decoder, "forward", counting_forward)
+    jax.clear_caches()  # every jitted helper is traced afresh (its forward counted)
+    opt = {"policy": optax.sgd(0.0).init(params)}
+    _, _, met = terms.make_train_step(aux, {"policy": optax.sgd(0.0)})(
+        {"policy": params}, opt, batch)
+    assert len(calls) == 1, f"{len(calls)} decoder forwards traced in the ppo + lvopd step"
+    # a policy without hidden_states: each term runs its own forward (what sharing removes)
+    calls.clear()
+    bare = types.SimpleNamespace(form="generative", config=config,
+                                 logp_and_entropy=policy.logp_and_entropy)
+    terms.make_train_step(terms.TermContext(bare, None, loss), {"policy": optax.sgd(0.0)})(
+        {"policy": params}, opt, batch)
+    assert len(calls) == 2
+    ppo_alone = float(terms.loss_term("ppo").fn({"policy": params}, batch, aux)[0])
+    lvopd_alone = float(terms.loss_term("lvopd").fn({"policy": params}, batch, aux)[0])
+    np.testing.assert_allclose(float(met["loss/ppo"]), ppo_alone, rtol=1e-5)
+    np.testing.assert_allclose(float(met["loss/lvopd"]), lvopd_alone, rtol=1e-5)
+    np.testing.assert_allclose(float(met["loss/total"]), ppo_alone + 0.5 * lvopd_alone,
+                               rtol=1e-5)
