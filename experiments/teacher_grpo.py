@@ -13,6 +13,11 @@ Compare advantage estimators on the same seeds (PNG curves + a summary table)::
 
 ``--config`` takes a path or a preset name in ``experiments/configs/`` (``teacher_grpo_<name>
 .yaml``); any ``a.b=value`` argument overrides a config key (unknown keys are an error).
+
+Several processes (hosts) train one run together (``jaxdm.rl.distributed``): start the same
+command on each, with ``--coordinator HOST:PORT --num-processes P --process-id I`` (or the
+``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID`` variables; SLURM
+and TPU pods are detected) and ``mesh_data=-1``; ``out_dir`` on a shared file system.
 """
 from __future__ import annotations
 
@@ -120,7 +125,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", default=None,
                         help="comma-separated estimators to compare (grpo,teacher,gigpo)")
     parser.add_argument("--seeds", default="0,1,2", help="seeds for --compare")
+    parser.add_argument("--coordinator", default=None,
+                        help="multi-process run: HOST:PORT of process 0 (jax.distributed)")
+    parser.add_argument("--num-processes", type=int, default=None,
+                        help="multi-process run: number of processes")
+    parser.add_argument("--process-id", type=int, default=None,
+                        help="multi-process run: this process's index")
     args = parser.parse_args(rest)
+    from jaxdm.models.sharding import initialize_distributed
+
+    initialize_distributed(args.coordinator, args.num_processes, args.process_id)
     if args.resume and args.overwrite:
         parser.error("--resume and --overwrite exclude each other")
     try:

@@ -55,6 +55,7 @@ import jax
 import numpy as np
 
 from jaxdm.models import sharding as sh
+from jaxdm.rl.policy import SampleWindow, bucket
 
 __all__ = ["Distributed", "UnitRows", "RecordOnly", "allgather", "barrier", "gather_rows",
            "gather_objects", "is_main"]
@@ -96,10 +97,6 @@ def allgather(x: Any) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(np.asarray(x)))
 
 
-def _bucket(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
-
-
 def check_config(cfg, mesh) -> None:
     """Refuse settings a multi-process run does not support (see module docstring)."""
     algo = cfg.algo
@@ -132,9 +129,8 @@ class Distributed:
         self.mesh = mesh
         groups = sh.process_rows(cfg.tasks_per_iter, "tasks_per_iter")
         self.first_task, self.local_tasks = groups.start, len(groups)
-        self.group_size = cfg.group_size
         # the one-process rollout pads every turn to bucket(all slots) decisions
-        self.window_rows = _bucket(cfg.tasks_per_iter * cfg.group_size)
+        self.window_rows = bucket(cfg.tasks_per_iter * cfg.group_size)
         self._local: tuple[Any, Any] | None = None  # (global tree, its local copy)
 
     @classmethod
@@ -213,8 +209,6 @@ class _WindowedPolicy:
         return getattr(self._policy, name)
 
     def act(self, params, states, key, *, greedy: bool = False, pad_to: int | None = None):
-        from jaxdm.rl.policy import SampleWindow, bucket
-
         options = bucket(max(len(s.admissible) for s in states), 8)
         live, opts = self._dist.turn(len(states), options)
         p = jax.process_index()

@@ -1,0 +1,69 @@
+"""The pieces of multi-process training that one process can check (``jaxdm.rl.distributed``).
+
+- Sampling a turn's live episodes in two parts, each with its ``SampleWindow`` (its rows of
+  the whole turn's noise), picks the actions of sampling them all at once: what lets two
+  processes reproduce the one-process rollout.
+- Settings that need batch statistics or other processes' rows are refused, naming the key.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from jaxdm import config as cfgmod
+from jaxdm.rl import build, distributed
+from jaxdm.rl.policy import SampleWindow, TurnInput, bucket
+from jaxdm.rl.trainer import TrainConfig
+
+PRESET = Path(__file__).resolve().parents[2] / "experiments/configs/teacher_grpo_cpu_smoke.yaml"
+
+
+def _cfg(*overrides: str) -> TrainConfig:
+    return cfgmod.load_config(TrainConfig, PRESET, ["progress=false", *overrides])
+
+
+def test_windowed_sampling_equals_the_whole_turn():
+    cfg = _cfg()
+    train_factory, eval_factory = build.env_factories(cfg)
+    policy, params, _, _ = build.build_policy(cfg, train_factory, eval_factory)
+    venv = build.make_venv(cfg, train_factory, 8, 4)
+    try:
+        obs, infos = venv.reset(5)
+    finally:
+        venv.close()
+    states = [TurnInput(info["goal"], o, tuple(info["admissible_actions"]), (), 0, 5)
+              for o, info in zip(obs, infos)]
+    # one state with few options: its part's own option bucket is narrower than the turn's
+    states[6] = TurnInput(states[6].goal, states[6].observation, states[6].admissible[:2],
+                          (), 0, 5)
+    live = [0, 1, 2, 4, 6, 7]  # slots 3 and 5 have ended
+    turn = [states[i] for i in live]
+    key = jax.random.key(11)
+    whole = policy.act(params, turn, key, pad_to=8)
+    options = bucket(max(len(s.admissible) for s in turn), 8)
+    parts = []
+    for offset, part in ((0, turn[:3]), (3, turn[3:])):  # process 0: slots 0-3, 1: 4-7
+        parts += policy.act(params, part, key, pad_to=4,
+                            window=SampleWindow(offset, bucket(8), options))
+    assert [o.action for o in parts] == [o.action for o in whole]
+    np.testing.assert_allclose([o.logp for o in parts], [o.logp for o in whole], atol=1e-6)
+
+
+@pytest.mark.parametrize("override,named", [
+    ("rollout_pipeline=true", "rollout_pipeline"),
+    ("algo.advantage=gigpo", None),
+])
+def test_multi_process_settings_checked(override, named):
+    cfg = _cfg(override, "teacher.kind=none" if "gigpo" in override else "progress=false")
+    every = distributed.sh.make_mesh(-1, 1)
+    if named is not None:
+        with pytest.raises(ValueError, match=named):
+            distributed.check_config(cfg, every)
+        return
+    distributed.check_config(cfg, every)  # per-group estimators are fine
+    if jax.device_count() > 1:  # a mesh that leaves devices (processes) out is refused
+        with pytest.raises(ValueError, match="mesh_data=-1"):
+            distributed.check_config(cfg, distributed.sh.make_mesh(1, 1))
