@@ -5,8 +5,9 @@ backward pass keeps every layer's activations (attention logits and probabilitie
 with it only each layer's input, recomputing one layer at a time. Two realistic states, each
 one packed SFT step of train-dm (rows layout, LoRA rank 32 on every projection, AdamW):
 
-- ``judge``: one ALFWorld noisy-expert trajectory (native engine, budget 30) judged under
-  Hindsight + Progress, every action a Yes/No question (constrained readout);
+- ``judge``: the longest of six ALFWorld noisy-expert trajectories (native engine, one per
+  task type, budget 30) judged under Hindsight + Progress, every action a Yes/No question
+  (constrained readout);
 - ``gym``: the DECISION GYM train state with the most options (69 tools), option-likelihood
   mode, every question of that state (the state that asked for 62 GB before).
 
@@ -33,7 +34,8 @@ def judge_items(budget: int):
     from jaxdm.envs.alfworld import noisy_expert_trajectories
     from jaxdm.roles import judge_requests
     from jaxdm.train.packing import SFTItem
-    traj = noisy_expert_trajectories(1, seed=0, budget=budget)[0]
+    # The longest of one trajectory per task type (the first ones end after a few actions).
+    traj = max(noisy_expert_trajectories(6, seed=0, budget=budget), key=lambda t: len(t.steps))
     qs = judge_requests(traj, question="progress", context="hindsight")
     return [SFTItem(YesNo(context=q.context, question=q.question),
                     (0 if (q.meta.get("annotations") or {}).get("milestone") else 1,),

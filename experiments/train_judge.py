@@ -44,14 +44,15 @@ def write_data(out: Path, args) -> dict:
     train = noisy_expert_trajectories(args.train_trajectories, seed=args.seed,
                                       task_types=train_types, budget=args.budget, split="train")
     test = noisy_expert_trajectories(args.test_trajectories, seed=args.seed + 1,
-                                     budget=args.budget, split="valid_unseen")
+                                     budget=args.test_budget, split="valid_unseen")
     write_jsonl(out / "train_trajectories.jsonl", train)
     write_jsonl(out / "test_trajectories.jsonl", test)
     lines, stats = judge_lines(train, question="progress", context="hindsight")
     write_states(out / "judge_train.jsonl", lines)
     info = {"train_trajectories": len(train), "train_types": train_types,
             "held_out_type": args.held_out_type, "test_trajectories": len(test),
-            "test_split": "valid_unseen", "budget": args.budget, "labels": stats,
+            "test_split": "valid_unseen", "budget": args.budget,
+            "test_budget": args.test_budget, "labels": stats,
             "lines": len(lines)}
     done.write_text(json.dumps(info, indent=2))
     return info
@@ -122,13 +123,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", required=True)
     ap.add_argument("--train-trajectories", type=int, default=60)
     ap.add_argument("--test-trajectories", type=int, default=12)
-    ap.add_argument("--budget", type=int, default=20)
+    ap.add_argument("--budget", type=int, default=14, help="action budget of training "
+                    "trajectories (shorter contexts: cheaper steps on CPU)")
+    ap.add_argument("--test-budget", type=int, default=20, help="as the demo")
     ap.add_argument("--held-out-type", default=HELD_OUT_TYPE)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--max-steps", type=int, default=None)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--rank", type=int, default=4)
-    ap.add_argument("--min-trunk", type=int, default=1024)
+    ap.add_argument("--min-trunk", type=int, default=640)
     ap.add_argument("--save-every", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--stage", choices=("data", "train", "screen", "all"), default="all")
@@ -137,7 +140,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     if args.quick:
-        args.train_trajectories, args.test_trajectories, args.budget = 2, 2, 8
+        args.train_trajectories, args.test_trajectories = 2, 2
+        args.budget = args.test_budget = 8
         args.max_steps, args.min_trunk = 2, 64
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -41,6 +41,9 @@ GROUPS = ("single", "dependency", "independent")
 JUDGE_ALIASES: dict[str, dict[str, Any]] = {
     "smollm2": {"kind": "local_readout", "path": "smollm2", "name": "smollm2-135m"},
     "oracle": {"kind": "oracle", "name": "oracle"},
+    # The trained Hindsight + Progress judge shipped as an adapter (jaxdm.judges).
+    "smollm2-judge": {"kind": "local_readout", "path": "<jaxdm.judges.SMOLLM2_PROGRESS>",
+                      "name": "smollm2-135m-judge"},
 }
 
 
@@ -108,6 +111,9 @@ def normalize_judge_spec(spec: Any) -> dict[str, Any]:
     elif isinstance(spec, str):
         if spec in JUDGE_ALIASES:
             out = dict(JUDGE_ALIASES[spec])
+            if out.get("path") == "<jaxdm.judges.SMOLLM2_PROGRESS>":
+                from jaxdm.judges import SMOLLM2_PROGRESS
+                out = folder_judge_spec(str(SMOLLM2_PROGRESS)) | {"name": out["name"]}
         elif _looks_like_folder(spec):
             out = folder_judge_spec(spec)
         else:  # 'kind:key=value,...' or an unknown name: the one spec parser

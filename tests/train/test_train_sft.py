@@ -93,6 +93,12 @@ def test_full_run_exports_a_folder_jaxdm_and_transformers_load(setup):
     want = np.asarray(decoder.logits(merged, loaded.config, tokens))
     got = np.asarray(decoder.logits(loaded.params, loaded.config, tokens))
     np.testing.assert_allclose(got, want, atol=1e-5)
+    # The adapter alone (out/adapter) rebuilds the same model from the base.
+    assert summary["adapter_bytes"] == (root / "full" / "adapter" / "adapter.safetensors"
+                                        ).stat().st_size
+    adapted = sft.load_adapted(root / "full" / "adapter")
+    np.testing.assert_allclose(np.asarray(decoder.logits(adapted.params, loaded.config, tokens)),
+                               want, atol=1e-5)
     # ... and through a backend given the path.
     from jaxdm.decision import make_backend
     from jaxdm.decision.types import YesNo
