@@ -4,6 +4,7 @@ that is neither names what is missing."""
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -79,3 +80,15 @@ def test_folder_judges_score_and_bad_folders_are_named(folders, tmp_path):
         normalize_judge_spec(str(tmp_path / "nowhere" / "judge"))
     with pytest.raises(ScreenError, match="unknown judge"):
         normalize_judge_spec("nosuchalias")
+
+
+def test_packaged_trained_judge_alias():
+    """The demo's trained judge: an adapter folder in the package, small enough for the repo."""
+    from jaxdm.judges import SMOLLM2_PROGRESS
+    spec = normalize_judge_spec("smollm2-judge")
+    assert spec == {"kind": "local_readout", "path": str(SMOLLM2_PROGRESS),
+                    "name": "smollm2-135m-judge"}
+    ad, cfg, info = lora.read_adapter(SMOLLM2_PROGRESS)
+    assert info["base"] == "smollm2" and "train_judge.py" in info["command"]
+    assert (SMOLLM2_PROGRESS / "adapter.safetensors").stat().st_size < 5 * 2**20
+    assert all(float(jnp.max(jnp.abs(a["b"]))) > 0 for a in ad.values())     # trained: B != 0
