@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import subprocess
 import sys
 import time
@@ -199,8 +200,10 @@ def main(argv=None) -> int:
     log_f.close()
     cfg0 = train_config("grpo", 0, out, overrides, noise)
     plot(results, out, cfg0.max_actions)
+    ru = resource.getrusage(resource.RUSAGE_SELF)
     summary = {"base_config": str(BASE.name), "overrides": overrides, "seeds": seeds,
-               "noise": noise, "wall_seconds": time.perf_counter() - t0, "methods": {}}
+               "noise": noise, "wall_seconds": time.perf_counter() - t0,
+               "cpu_seconds": ru.ru_utime + ru.ru_stime, "methods": {}}
     lines = ["| method | train success, first 5 it. -> last 10 | all-fail groups, first 5 it. "
              "| ID success % | OOD success % | iterations to 50 % ID | value queries / it. "
              "| s / it. (update) |",
@@ -236,7 +239,8 @@ def main(argv=None) -> int:
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    print(f"wall {summary['wall_seconds']:.0f} s; outputs in {out}")
+    print(f"wall {summary['wall_seconds']:.0f} s, CPU {summary['cpu_seconds']:.0f} s; "
+          f"outputs in {out}")
     return 0
 
 
