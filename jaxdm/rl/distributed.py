@@ -5,9 +5,12 @@ Start every process with the same config; ``jaxdm.models.sharding.initialize_dis
 ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``; SLURM and TPU pods detected by JAX) connects
 them. The trainer then creates a ``Distributed`` (``Distributed.create``: None for one
 process, so a one-process run takes exactly the code path it took before) and the run with
-P processes gives the parameters of the one-process run with the same global batch
-(``tests/rl/test_rl_multihost.py``: 2 CPU processes on 127.0.0.1 vs one, within 1e-6, and
-a run killed in both processes resumes). The design:
+P processes is the one-process run with the same global batch: the same episodes (bit for
+bit), the same mini-batches; only the data-parallel gradient sum is split over devices
+(``tests/rl/test_rl_multihost.py``: 2 CPU processes on 127.0.0.1, killed in both processes
+after the first checkpoint and resumed, end 2.7e-6 from one process's parameters, as one
+process on 2 devices ends 1.7e-6 from 1 device: AdamW enlarges last-bit gradient
+differences where a gradient is near its eps). The design:
 
 - **Tasks.** Process p plays the groups ``process_rows(tasks_per_iter)`` (a contiguous
   block of ``tasks_per_iter / P`` tasks, each ``group_size`` episodes) starting at task seed
@@ -42,7 +45,9 @@ a run killed in both processes resumes). The design:
 - **Not supported with P > 1 (refused at start, naming the key):** a critic
   (``critic.kind``), extra loss terms (``algo.terms``), batch-normalised advantages
   (``algo.lvrl_normalize=rms`` with ``advantage=lvrl``, ``gae``), ``rollout_pipeline``,
-  a mesh that does not span every process's devices.
+  a mesh that does not span every process's devices, the JAX-env rollout. Signal
+  statistics (``teacher/*``, ``values/*``) are process 0's share; every process runs the
+  held-out evaluation (the same episodes; process 0 records them).
 """
 from __future__ import annotations
 
