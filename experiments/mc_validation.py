@@ -16,8 +16,13 @@ the known outcome for the MC estimate and for the anchored Oracle alike; the see
 contain none); the summary also gives the counts with them.
 
 Value models: the env Oracle (BabyAI: q ** plan length, the LVRL BabyAI form; ALFWorld:
-1 − plan length / steps left) and noisy Oracles (Gaussian noise, clipped to [0, 1]). The
-SmolLM2 value model is not run here (see experiments/README.md).
+1 − plan length / steps left), noisy Oracles (Gaussian noise, clipped to [0, 1]) and, on the
+first ``--smollm2-episodes`` episodes of each env (default 8; 0 = off), SmolLM2-135M
+(packaged, local) as the LVRL readout value model (``mc.readout_state_values``: P(Yes) of
+the LVRL value question at every state, one packed pass per trajectory, no group context:
+the recorded episodes are different tasks), scored on that subset next to the Oracle on
+the same subset. BabyAI episodes are replayed as text by ``play_trajectory`` from their
+recorded task keys (checked: same length and outcome).
 
     python experiments/mc_validation.py --quick          # < 60 s on 2 loaded cores
     python experiments/mc_validation.py                  # the full run (a few minutes)
@@ -67,11 +72,27 @@ def run_babyai(args) -> dict:
     h = np.arange(oracle.shape[1])
     oracle = np.where(h[None] <= ep.lengths[:, None], oracle, np.nan)
     oracle[np.arange(len(ep.lengths)), ep.lengths] = ep.success  # anchored terminal value
+    extra = {}
+    if args.smollm2_episodes:
+        from jaxdm.envs.babyai import make_text_env, play_trajectory
+
+        text_env = make_text_env("train", room_size=env.room_size,
+                                 max_steps=args.babyai_max_steps)
+        trajs = []
+        for i in range(min(args.smollm2_episodes, len(ep.lengths))):
+            n_i = int(ep.lengths[i])
+            tr = play_trajectory(text_env, ep.task_keys[i], ep.actions[i, :n_i], params)
+            if len(tr.steps) != n_i or bool(tr.success) != bool(ep.success[i]):
+                raise RuntimeError(f"babyai episode {i}: the text replay has {len(tr.steps)} "
+                                   f"steps, success {tr.success}; recorded {n_i}, "
+                                   f"{bool(ep.success[i])}")
+            trajs.append(tr)
+        extra = _smollm2_models("babyai", trajs, v_mc, oracle, ep.lengths, None, args)
     return _score("babyai", v_mc, oracle, ep.lengths, None, args, {
         "episodes": int(args.episodes), "success": float(ep.success.mean()),
         "mean_length": float(ep.lengths.mean()), "policy_eps": args.babyai_eps,
         "max_steps": args.babyai_max_steps, "oracle_q": args.babyai_q,
-        "continuations": int(ep.lengths.sum()) * args.n, "mc_seconds": mc_s})
+        "continuations": int(ep.lengths.sum()) * args.n, "mc_seconds": mc_s}, extra)
 
 
 def run_alfworld(args) -> dict:
@@ -82,7 +103,7 @@ def run_alfworld(args) -> dict:
     env = AlfWorldEnv(params)
     rng = random.Random(args.seed)
     stats = mc.ReplayStats()
-    rows, preds, lengths, keeps = [], [], [], []
+    rows, preds, lengths, keeps, trajs = [], [], [], [], []
     t0 = time.perf_counter()
     n_cont = 0
     for seed in range(args.episodes):
@@ -96,21 +117,71 @@ def run_alfworld(args) -> dict:
         preds.append(oracle_values(st.game, cmds, args.alfworld_budget))
         lengths.append(len(cmds))
         keeps.append(np.arange(len(cmds)) < kept)
+        if seed < args.smollm2_episodes:
+            trajs.append(_alfworld_trajectory(env, seed, params, cmds, obs, won))
     mc_s = time.perf_counter() - t0
     h = max(lengths) + 1
     pad = lambda xs: np.stack([np.pad(np.asarray(x, float), (0, h - len(x)),  # noqa: E731
                                       constant_values=np.nan) for x in xs])
     keep = np.stack([np.pad(k, (0, h - 1 - len(k))) for k in keeps])
+    extra = (_smollm2_models("alfworld", trajs, pad(rows), pad(preds), np.array(lengths), keep,
+                             args) if trajs else {})
     return _score("alfworld", pad(rows), pad(preds), np.array(lengths), keep, args, {
         "episodes": int(args.episodes),
         "success": float(np.mean([r[l] for r, l in zip(rows, lengths)])),
         "mean_length": float(np.mean(lengths)), "policy_eps": args.alfworld_eps,
         "budget": args.alfworld_budget, "replays": stats.replayed,
         "replays_diverged": stats.diverged, "dropped_transitions": stats.dropped_transitions,
-        "continuations": n_cont, "mc_seconds": mc_s})
+        "continuations": n_cont, "mc_seconds": mc_s}, extra)
 
 
-def _score(env_name, v_mc, oracle, lengths, keep, args, info) -> dict:
+def _alfworld_trajectory(env, seed, params, cmds, obs, won):
+    from jaxdm.trajectory import Step, Trajectory
+
+    _, st = env.reset(seed, params)
+    return Trajectory(goal=env.reset_info(st, params)["goal"],
+                      steps=tuple(Step(o, a) for o, a in zip(obs[:-1], cmds)),
+                      final_observation=obs[-1], reward=float(won), success=bool(won),
+                      budget=int(params.max_steps), env="alfworld")
+
+
+_SMOLLM2 = []
+
+
+def _smollm2_models(env_name, trajs, v_mc, oracle, lengths, keep, args) -> dict:
+    """Events of SmolLM2's values and of the Oracle's on the first len(trajs) episodes."""
+    if not _SMOLLM2:
+        from jaxdm.decision import LocalReadout
+        from jaxdm.models.smollm2 import smollm2
+
+        _SMOLLM2.append(LocalReadout(smollm2()))
+    dm = _SMOLLM2[0]
+    m = len(trajs)
+    pred = np.full(v_mc[:m].shape, np.nan)
+    t0 = time.perf_counter()
+    for i, tr in enumerate(trajs):
+        v = mc.readout_state_values(dm, tr)
+        pred[i, :len(v)] = v
+        print(f"  smollm2 {env_name} episode {i}: {len(tr.steps)} steps "
+              f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    seconds = time.perf_counter() - t0
+    k = None if keep is None else keep[:m]
+    out = {}
+    for name, p in ((f"oracle [first {m} ep.]", oracle[:m]), (f"smollm2 [first {m} ep.]", pred)):
+        ev = mc.label_events(np.nan_to_num(v_mc[:m]), np.nan_to_num(p), lengths[:m], k,
+                             n=args.n, exclude_final=True)
+        out[name] = (mc.summarize_events(ev), ev)
+    lens = np.asarray(lengths[:m])
+    sel = np.arange(pred.shape[1])[None] < lens[:, None]
+    corr = float(np.corrcoef(pred[sel], np.nan_to_num(v_mc[:m])[sel])[0, 1])
+    out[f"smollm2 [first {m} ep.]"][0].update({"seconds": seconds, "episodes": m,
+                                               "pearson_r_vs_mc": corr})
+    np.savez_compressed(Path(args.out) / f"smollm2_values_{env_name}.npz", values=pred,
+                        lengths=lens)
+    return out
+
+
+def _score(env_name, v_mc, oracle, lengths, keep, args, info, extra=None) -> dict:
     summaries, events = {}, {}
     for noise in NOISES:
         name = "oracle" if noise == 0 else f"oracle+noise{noise:g}"
@@ -125,6 +196,8 @@ def _score(env_name, v_mc, oracle, lengths, keep, args, info) -> dict:
         np.savez_compressed(Path(args.out) / f"values_{env_name}.npz", v_mc=v_mc,
                             oracle=oracle, lengths=lengths,
                             keep=keep if keep is not None else np.ones(0, bool))
+    for name, (summary, ev) in (extra or {}).items():
+        summaries[name], events[name] = summary, ev
     fig = Path(args.out) / f"mc_{env_name}.png"
     mc.plot_events(summaries, events, fig)
     return {"env": env_name, **info, "models": summaries, "figure": fig.name}
@@ -162,9 +235,13 @@ def main(argv=None) -> int:
     p.add_argument("--babyai-q", type=float, default=0.95)
     p.add_argument("--alfworld-eps", type=float, default=0.5)
     p.add_argument("--alfworld-budget", type=int, default=20)
+    p.add_argument("--smollm2-episodes", type=int, default=None,
+                   help="episodes valued by SmolLM2 per env (default 8, --quick 1; 0 = off)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     args.episodes = args.episodes or (6 if args.quick else 64)
+    if args.smollm2_episodes is None:
+        args.smollm2_episodes = 1 if args.quick else 8
     args.out = args.out or ("experiments/results/mc_validation" + ("_quick" if args.quick
                                                                    else ""))
     out = Path(args.out)
