@@ -45,9 +45,11 @@ differences where a gradient is near its eps). The design:
 - **Not supported with P > 1 (refused at start, naming the key):** a critic
   (``critic.kind``), extra loss terms (``algo.terms``), batch-normalised advantages
   (``algo.lvrl_normalize=rms`` with ``advantage=lvrl``, ``gae``), ``rollout_pipeline``,
-  a mesh that does not span every process's devices, the JAX-env rollout. Signal
-  statistics (``teacher/*``, ``values/*``) are process 0's share; every process runs the
-  held-out evaluation (the same episodes; process 0 records them).
+  a mesh that does not span every process's devices, the JAX-env rollout. Signal counts
+  and the teacher's failure fraction and score mean/std are over all processes
+  (``signal_stats``: every process takes the same stop decision); other signal statistics
+  are process 0's. Every process runs the held-out evaluation (the same episodes; process
+  0 records them).
 """
 from __future__ import annotations
 
@@ -191,6 +193,30 @@ class Distributed:
             out.append(types.SimpleNamespace(error="error" if r[0] else None,
                                              success=bool(r[1]), reward=float(r[2]),
                                              truncated=bool(r[3]), actions=acts))
+        return out
+
+    @staticmethod
+    def signal_stats(stats: dict[str, Any]) -> dict[str, Any]:
+        """The signals' statistics over every process: counts (``*/requests``, ``*/missing``,
+        ``*/errors``) summed, ``teacher/failure_frac`` and ``teacher/score_mean`` / ``_std``
+        recomputed from them (so every process takes the same failure decision); other keys
+        are this process's. A collective."""
+        every = gather_objects([stats])
+        out = dict(stats)
+        for k in stats:
+            if k.endswith(("/requests", "/missing", "/errors")):
+                out[k] = float(sum(s.get(k) or 0.0 for s in every))
+        if "teacher/requests" in out and "teacher/missing" in out:
+            req, miss = out["teacher/requests"], out["teacher/missing"]
+            out["teacher/failure_frac"] = miss / req if req else 0.0
+            parts = [(s["teacher/requests"] - s["teacher/missing"], s["teacher/score_mean"],
+                      s["teacher/score_std"]) for s in every
+                     if s.get("teacher/score_mean") is not None]
+            n = sum(c for c, _, _ in parts)
+            if n:
+                mean = sum(c * m for c, m, _ in parts) / n
+                var = sum(c * (sd * sd + m * m) for c, m, sd in parts) / n - mean * mean
+                out["teacher/score_mean"], out["teacher/score_std"] = mean, max(var, 0.0) ** 0.5
         return out
 
     @staticmethod

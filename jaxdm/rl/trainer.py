@@ -159,6 +159,8 @@ class Trainer:
             signals[name] = signal_spec(name).produce(eb, backend, cfg)
             metrics.update(signals[name].stats)
             metrics[f"time/{name}"] = time.perf_counter() - t0
+        if self.dist is not None:  # [MULTIHOST] counts over all processes: one stop decision
+            metrics = self.dist.signal_stats(metrics)
         self._check_failures(metrics, st.iteration + 1)
         adv = ESTIMATORS[cfg.algo.advantage].fn(eb, signals, cfg.algo, self.local_tasks)
         t0 = time.perf_counter()

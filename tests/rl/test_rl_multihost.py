@@ -30,7 +30,8 @@ TIMEOUT_S = 600
 PARAM_TOL = 1e-5
 # episode metrics that must match the one-process run exactly (same episodes)
 EXACT = ("train/success", "train/reward", "train/actions", "train/invalid_frac",
-         "train/truncated_frac", "env/errors", "ppo/updates", "eval/All")
+         "train/truncated_frac", "env/errors", "ppo/updates", "eval/All", "teacher/requests",
+         "teacher/missing")
 
 
 def _free_port() -> int:
@@ -128,7 +129,8 @@ def test_two_processes_killed_and_resumed_train_like_one(tmp_path):
             assert (k in g) == (k in r), k
             if k in r:
                 assert g[k] == r[k], (r["step"], k, g[k], r[k])
-        for k in ("adv/mean", "adv/std", "loss/total", "loss/kl", "optim/grad_norm"):
+        for k in ("adv/mean", "adv/std", "loss/total", "loss/kl", "optim/grad_norm",
+                  "teacher/requests", "teacher/score_mean", "teacher/score_std"):
             if k in r:
                 assert abs(g[k] - r[k]) <= 1e-6 * max(1.0, abs(r[k])), (r["step"], k, g[k], r[k])
     assert sum("loss/total" in r for r in recs) == 2 and recs[-1]["eval/All"] > 0
