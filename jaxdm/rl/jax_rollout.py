@@ -128,8 +128,8 @@ class LazyTrajectories(Sequence):
         i = range(len(self))[i]
         if i not in self._cache:
             n, a, names = int(self.lengths[i]), self.a, self.spec.action_names
-            steps = tuple(Step("", names[int(a["action"][i, t])], True,
-                               {"no_op": bool(a["no_op"][i, t])}) for t in range(n))
+            steps = tuple(Step("", names[x], True, {"no_op": y}) for x, y in zip(
+                a["action"][i, :n].tolist(), a["no_op"][i, :n].tolist()))
             meta = {"id": (int(self.seeds[i]), i)}
             if self.with_values:
                 meta["oracle_values"] = a["value"][i, :n + 1].tolist()

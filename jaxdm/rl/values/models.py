@@ -243,6 +243,8 @@ class OracleValueModel:
     a replay that diverges) is a failed result, not an exception.
     """
 
+    reads_context = False  # [LVRLX] the env's values ignore the group context (signal.py)
+
     def __init__(self, noise: float = 0.0, seed: int = 0):
         if not (isinstance(noise, (int, float)) and math.isfinite(noise) and noise >= 0):
             raise ValueError(f"noise must be a finite number >= 0, got {noise!r}")

@@ -66,20 +66,27 @@ def values_signal(trajectories: Sequence[Trajectory], group_ids: Sequence[int], 
     summary_cost = Cost()
     queries: list[ValueQuery] = []
     rows: list[int] = []
+    # [LVRLX] a model that ignores the group context (the Oracle: reads_context False) skips
+    # the summaries and the rendering (host time of the trainer's values signal).
+    reads_context = getattr(value_model, "reads_context", True)
     for g in sorted(set(gids.tolist())):
         members = [i for i in range(b) if gids[i] == g and kept_rows[i]]
         if not members:
             continue
-        summaries, cost = summarize_group([trajs[i] for i in members], summariser,
-                                          summary_generator, stats=stats) \
-            if summariser == "llm" else summarize_group([trajs[i] for i in members], summariser)
+        if not reads_context:  # [LVRLX]
+            summaries, cost = None, Cost()
+        else:
+            summaries, cost = summarize_group([trajs[i] for i in members], summariser,
+                                              summary_generator, stats=stats) \
+                if summariser == "llm" else summarize_group([trajs[i] for i in members],
+                                                            summariser)
         summary_cost = summary_cost + cost
         for pos, i in enumerate(members):
             if len(trajs[i].steps) < 2:
                 continue
             ctx = render_group_context(summaries, pos, include_target=include_target,
                                        max_steps_per_rollout=max_steps_per_rollout,
-                                       max_rollouts=max_rollouts)
+                                       max_rollouts=max_rollouts) if reads_context else ""
             queries.append(ValueQuery(trajs[i], ctx, ident=(int(g), pos,
                                                             trajs[i].metadata.get("id"))))
             rows.append(i)
