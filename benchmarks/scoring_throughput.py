@@ -382,6 +382,8 @@ def main_vllm(args) -> None:
     for cname in configs:
         env, llm_kwargs, mode, cache = VLLM_CONFIGS[cname]
         prec = llm_kwargs.get("dtype", "float32")
+        if args.vllm_eager:
+            llm_kwargs = {**llm_kwargs, "enforce_eager": True}
         worker = VllmWorker(python, str(smollm2_path()), env, llm_kwargs,
                             log_dir / f"{cname}.log")
         try:
@@ -430,8 +432,10 @@ def main_vllm(args) -> None:
             worker.close()
         results.append((f"vllm_{cname}_engine_start", 1 / worker.start_s,
                         1 / max(info[n, prec]["warm"] for n in work), "starts/s"))
-    for name, b, j, unit in results:
-        print(f"RESULT {name}: baseline {b:.3f} {unit}, jaxdm {j:.3f} {unit}, ratio {j / b:.2f}x")
+        for name, b, j, unit in results:
+            print(f"RESULT {name}: baseline {b:.3f} {unit}, jaxdm {j:.3f} {unit}, "
+                  f"ratio {j / b:.2f}x", flush=True)
+        results.clear()
 
 
 # One scoring job in a fresh process, as `jaxdm` runs it: import, load SmolLM2, LocalReadout
@@ -516,6 +520,9 @@ def main() -> None:
     parser.add_argument("--vllm-configs", default=",".join(VLLM_CONFIGS),
                         help=f"comma-separated, of {list(VLLM_CONFIGS)}")
     parser.add_argument("--vllm-logs", default=None, help="folder for the engines' logs")
+    parser.add_argument("--vllm-eager", action="store_true",
+                        help="enforce_eager=True (no torch.compile: starts in ~20 s instead "
+                             "of 60-90 s idle; the issue's table used compiled engines)")
     parser.add_argument("--cold-start", action="store_true",
                         help="time to first scores of a fresh process, first and second run")
     args = parser.parse_args()
