@@ -17,7 +17,8 @@ from jax.sharding import Mesh
 from jaxdm.models import sharding as _rules
 from jaxdm.models.sharding import batch_sharding, make_mesh, replicated
 
-__all__ = ["make_mesh", "param_spec", "shard_params", "batch_sharding", "replicated"]
+__all__ = ["make_mesh", "param_spec", "shard_params", "batch_sharding", "replicated",
+           "train_memory", "memory_line"]
 
 
 def param_spec(path, shape: tuple[int, ...], mesh: Mesh):
@@ -28,3 +29,27 @@ def param_spec(path, shape: tuple[int, ...], mesh: Mesh):
 def shard_params(tree: Any, mesh: Mesh) -> Any:
     """Place a parameter (or optimizer-state) pytree on ``mesh``."""
     return _rules.shard_params(tree, mesh, strict=False)
+
+
+def train_memory(params: Any, optimizer: Any, mesh: Mesh) -> dict[str, int]:
+    """Bytes per device of ``params`` (arrays or shapes), their gradients and ``optimizer``'s
+    state (an optax transformation; shapes only, nothing allocated) once placed on ``mesh``
+    by the rules; activations excluded. The numbers ``train_memory_per_device`` gives for a
+    model preset, here for the trainer's actual policy and optimizer."""
+    import jax
+
+    opt_state = jax.eval_shape(optimizer.init, params)
+    out = {"params": _rules.per_device_bytes(params, mesh, strict=False),
+           "optimizer": _rules.per_device_bytes(opt_state, mesh, strict=False)}
+    out["grads"] = out["params"]
+    out["total"] = out["params"] + out["grads"] + out["optimizer"]
+    return out
+
+
+def memory_line(params: Any, optimizer: Any, mesh: Mesh) -> str:
+    """One line for the start of a run: the mesh and ``train_memory`` per device."""
+    mib = {k: v / 2 ** 20 for k, v in train_memory(params, optimizer, mesh).items()}
+    data, model = mesh.shape["data"], mesh.shape["model"]
+    return (f"mesh data {data} x model {model} ({mesh.size} devices): per device policy params "
+            f"{mib['params']:.1f} MiB + grads {mib['grads']:.1f} MiB + optimizer "
+            f"{mib['optimizer']:.1f} MiB = {mib['total']:.1f} MiB (activations not included)")

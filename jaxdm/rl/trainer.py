@@ -82,6 +82,8 @@ class Trainer:
         spec = StepSpec(self.policy.static_key, self.critic_config, cfg.optim, cfg.critic.lr,
                         cfg.loss_config())
         self.train_step, self.logp_fn, self.txs = cached_train_step(self.policy, spec)
+        if log and distributed.is_main():  # [MULTIHOST] per-device memory before placing
+            print(sharding.memory_line(params, self.txs["policy"], self.mesh), flush=True)
         rep = sharding.replicated(self.mesh)
         params = {"policy": sharding.shard_params(params, self.mesh)}
         opts = {"policy": sharding.shard_params(self.txs["policy"].init(params["policy"]),

@@ -67,3 +67,32 @@ def test_multi_process_settings_checked(override, named):
     if jax.device_count() > 1:  # a mesh that leaves devices (processes) out is refused
         with pytest.raises(ValueError, match="mesh_data=-1"):
             distributed.check_config(cfg, distributed.sh.make_mesh(1, 1))
+
+
+def test_trainer_prints_per_device_memory_at_start(tmp_path, capsys):
+    import optax
+    from jax.sharding import AbstractMesh
+
+    from jaxdm.models.decoder import init_params
+    from jaxdm.models.sharding import train_memory_per_device
+    from jaxdm.rl import sharding
+    from jaxdm.rl.trainer import Trainer
+
+    cfg = _cfg(f"out_dir={tmp_path}")
+    tr = Trainer(cfg)  # log=True: process 0 prints the line
+    try:
+        lines = [s for s in capsys.readouterr().out.splitlines() if "per device" in s]
+        want = sharding.train_memory(tr.params, tr.txs["policy"], tr.mesh)
+    finally:
+        tr.close()
+    assert len(lines) == 1 and lines[0].startswith("mesh data 1 x model 1 (1 devices)"), lines
+    assert f"= {want['total'] / 2 ** 20:.1f} MiB" in lines[0], (lines, want)
+    # the trainer's estimate is the preset estimate (experiments/mesh_memory.py) for a decoder
+    # and AdamW, also on meshes larger than this machine's (FSDP x TP: shards split over both)
+    params = jax.eval_shape(lambda: init_params(tr.model_config, jax.random.key(0)))
+    for data, model in ((1, 1), (4, 2)):
+        mesh = AbstractMesh((data, model), ("data", "model"))
+        got = sharding.train_memory(params, optax.adamw(1e-3), mesh)
+        assert got == train_memory_per_device(tr.model_config, data, model), (data, model)
+    one = sharding.train_memory(params, optax.adamw(1e-3), AbstractMesh((1, 1), ("data", "model")))
+    assert got["params"] < one["params"] and got["optimizer"] < one["optimizer"]
