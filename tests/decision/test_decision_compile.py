@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 from dm_fixtures import small_trajectory, tiny_pretrained, with_params
@@ -85,3 +86,29 @@ def test_bf16_readout_agrees_with_fp32():
     b = np.array([r.score for r in LocalReadout(bf16).score(qs)])
     assert np.all(np.isfinite(b))
     assert np.max(np.abs(a - b)) <= BF16_TOL, (a, b)
+
+
+def test_bf16_weights_keep_an_fp32_residual_stream():
+    # The precision lever of issue 17: with bf16 weights the layer scan carries the residual
+    # stream in fp32 (a bf16 one put SmolLM2's P(Yes) 2e-2 away from fp32), while the hidden
+    # states returned keep the parameters' dtype.
+    from jaxdm.models import decoder
+    pre = tiny_pretrained()
+    params16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), pre.params)
+    tokens = jnp.zeros((1, 8), jnp.int32)
+    positions = jnp.arange(8)[None]
+    jaxpr = jax.make_jaxpr(lambda p: decoder.forward(p, pre.config, tokens, positions))(params16)
+    scans = []
+
+    def walk(jp):
+        for eqn in jp.eqns:
+            if eqn.primitive.name == "scan":
+                scans.append(eqn)
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                walk(sub)
+
+    walk(jaxpr.jaxpr)
+    assert scans, "no layer scan found"
+    carry = scans[0].outvars[:scans[0].params["num_carry"]]
+    assert [v.aval.dtype for v in carry] == [jnp.float32], carry
+    assert jaxpr.out_avals[0].dtype == jnp.bfloat16
