@@ -82,7 +82,7 @@ def sft(out: Path, args, progress: bool) -> tuple[dict, Path]:
     return summary, folder
 
 
-def bench(judges: list[str], out: Path, args, progress: bool) -> dict:
+def bench(judges: list, out: Path, args, progress: bool) -> dict:
     from jaxdm.bench.run import BenchConfig, run
     cfg = BenchConfig(judges=tuple(judges), out_dir=str(out), l1_tool=args.l1,
                       l1_param=args.l1, l2_tasks=args.test_tasks, l2_max_states=args.test_states,
@@ -227,8 +227,9 @@ def main(argv=None) -> dict:
     models = {"smollm2-base": "smollm2", "smollm2-sft": str(folder)}
     if "bench" not in skip:
         t = time.perf_counter()
+        # dict specs: a 'kind:path=a/b' string is taken for a folder by screen's parser
         judges = ["oracle:noise=0.2,name=oracle-noisy"] + [
-            f"local_likelihood:path={p},name={n}" for n, p in models.items()]
+            {"kind": "local_likelihood", "path": p, "name": n} for n, p in models.items()]
         result["bench"] = bench(judges, out / "bench", args, progress)
         timing["bench_s"] = round(time.perf_counter() - t, 1)
         _save(out, result)
