@@ -246,9 +246,11 @@ class BabyAITextEnv(Environment[BabyAITextState, BabyAIParams]):
         return text, new_state, float(reward), done, info
 
     def reset_info(self, state: BabyAITextState, params: BabyAIParams | None = None) -> dict:
-        """Episode facts for VectorEnv's trajectory records."""
+        """Episode facts for VectorEnv's trajectory records (the admissible actions too, so an
+        option-scoring policy can act from the first step)."""
         params = self.default_params if params is None else params
         return {"goal": mission_text(state.core.target), "task_type": TASK_TYPE,
+                "admissible_actions": list(ACTION_WORDS),
                 "budget": int(params.max_steps), "env": self.name,
                 "door_distance": int(state.core.door_distance),
                 "split": _SPLIT_NAMES[int(state.core.split)]}
