@@ -84,6 +84,8 @@ def test_text_env_steps_and_info():
     assert set(INFO_KEYS) <= set(info) and {"goal", "task_type"} <= set(info)
     assert info["valid"] and not info["no_op"] and not info["won"] and reward == 0.0
     assert info["admissible_actions"] == list(ACTION_WORDS)
+    # at reset too: an option-scoring policy needs them for its first action
+    assert ENV.reset_info(state)["admissible_actions"] == list(ACTION_WORDS)
     assert info["goal"] == obs.splitlines()[0][len("Mission: "):]
     assert info["task_type"] == "pickup" and info["split"] == "train"
     assert int(s1.core.agent_dir) == (int(state.core.agent_dir) + 3) % 4
