@@ -9,8 +9,10 @@
 3. ``jaxdm train-dm`` (readout mode: the Yes/No label logits the judge reads; LoRA on every
    projection, per-layer remat, orbax checkpoints every few steps, so a rerun resumes). The
    adapter folder it exports (``train/adapter``) is what ``jaxdm screen --judge`` loads.
-4. ``jaxdm screen`` on held-out trajectories: *unseen* floor plans (split "valid_unseen"), all
-   six task types (so the held-out type too), judges: SmolLM2 untrained, trained, Oracle.
+4. Evaluation on held-out trajectories: *unseen* floor plans (split "valid_unseen"), all six
+   task types (so the held-out type too), judges: SmolLM2 untrained, trained, Oracle; the
+   Progress question under Prefix and Hindsight, with ``jaxdm screen``'s scoring job and
+   metrics (``--stage screen``: the whole screen job, Value passes too, twice the time).
    Writes ``before_after.md`` / ``.json`` (milestone - no-op gap, Recall@R, miss rates).
 
 Every stage skips what is already done in ``--out``; a killed run resumes.
@@ -82,6 +84,59 @@ def screen(out: Path, adapter: Path, args) -> dict:
     return run(cfg, resume=resume)
 
 
+def evaluate(out: Path, adapter: Path, args) -> dict:
+    """Progress under Prefix and Hindsight only (the judge's trained question; the screen's
+    Value passes cost as much again on this CPU): the screen's scoring job
+    (``jaxdm.decision.jobs.score_trajectories``) and metrics (``jaxdm.screen.metrics``), the
+    judges built by the screen's ``build_judges``. Passes are cached in ``out/eval`` (resume);
+    passes an earlier ``jaxdm screen`` run wrote to ``out/screen/scores.jsonl`` are reused."""
+    import numpy as np
+
+    from jaxdm.decision.jobs import score_trajectories
+    from jaxdm.screen import metrics
+    from jaxdm.screen.run import build_judges
+    from jaxdm.trajectory import read_jsonl
+    trajs = read_jsonl(out / "test_trajectories.jsonl")
+    cache = out / "eval"
+    cache.mkdir(exist_ok=True)
+    screened: dict = {}
+    if (out / "screen" / "scores.jsonl").is_file():
+        for line in (out / "screen" / "scores.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            screened.setdefault((r["judge"], r["question"], r["context"]), {}).setdefault(
+                r["traj"], {})[r["t"]] = r["score"]
+    specs = {"smollm2-135m": "smollm2", "trained": str(adapter), "oracle": "oracle"}
+    summary: dict = {}
+    built: dict = {}
+    for name, spec in specs.items():
+        for q, c in ROWS:
+            f = cache / f"{name}_{q}_{c}.json"
+            if f.is_file():
+                per = [np.asarray(x, float) for x in json.loads(f.read_text())]
+            elif (name, q, c) in screened and len(screened[(name, q, c)]) == len(trajs):
+                got = screened[(name, q, c)]
+                per = [np.asarray([got[i].get(t, np.nan) for t in range(len(tr.steps))], float)
+                       for i, tr in enumerate(trajs)]
+            else:
+                if name not in built:
+                    [(_, built[name])] = build_judges([spec])
+                print(f"scoring {name} {q}/{c} ...", file=sys.stderr, flush=True)
+                res = score_trajectories(built[name], trajs, question=q, context=c)
+                per = res.per_trajectory()
+            f.write_text(json.dumps([[None if not np.isfinite(v) else float(v) for v in x]
+                                     for x in per]))
+            per = [np.asarray([np.nan if v is None else v for v in x], float) for x in per]
+            types = [tr.action_types for tr in trajs]
+            by_type: dict = {}
+            for i, tr in enumerate(trajs):
+                by_type.setdefault(tr.task_type or "unknown", []).append(i)
+            summary.setdefault(name, {})[f"{q}/{c}"] = {
+                "overall": metrics.summarize(per, types),
+                "by_task_type": {k: metrics.summarize([per[i] for i in v], [types[i] for i in v])
+                                 for k, v in sorted(by_type.items())}}
+    return {"summary": summary}
+
+
 def table(result: dict, trained: str, held_out: str) -> tuple[str, list[dict]]:
     from jaxdm.screen.run import task_group  # noqa: F401  (types are the screen's labels)
     short = {"pick_cool_then_place_in_recep": "cool", "pick_clean_then_place_in_recep": "clean",
@@ -134,7 +189,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--min-trunk", type=int, default=640)
     ap.add_argument("--save-every", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--stage", choices=("data", "train", "screen", "all"), default="all")
+    ap.add_argument("--stage", choices=("data", "train", "screen", "all"), default="all",
+                    help="all: data, train, then the Progress evaluation; screen: the whole "
+                         "jaxdm screen job (Value passes too) instead")
     ap.add_argument("--adapter-to", help="copy the trained adapter folder here at the end")
     ap.add_argument("--quick", action="store_true", help="tiny smoke run")
     ap.add_argument("--no-progress", action="store_true")
@@ -165,9 +222,14 @@ def main(argv=None) -> dict:
     if args.stage == "train":
         return summary
     t = time.perf_counter()
-    result = screen(out, adapter, args)
-    timing["screen_s"] = round(time.perf_counter() - t, 1)
-    md, rows = table(result, adapter.resolve().name, args.held_out_type)
+    if args.stage == "screen":
+        result = screen(out, adapter, args)
+        trained_name = adapter.resolve().name
+    else:
+        result = evaluate(out, adapter, args)
+        trained_name = "trained"
+    timing[f"{args.stage}_s"] = round(time.perf_counter() - t, 1)
+    md, rows = table(result, trained_name, args.held_out_type)
     report = {"data": data, "train": {k: summary[k] for k in (
         "steps_done", "steps_total", "questions", "states", "lora", "adapter_bytes")},
         "timing": timing, "rows": rows}
