@@ -184,8 +184,8 @@ def pack_items(encoder: Encoder, items: Sequence[SFTItem], *, q_bucket: int = 1,
     69-option DECISION GYM tool question on SmolLM2 asked for 93 GB). The rows layout is
     not enough either for that state on SmolLM2's 30 layers (62 GB requested: every row is
     padded to the longest suffix, here a parameter question's whole text, and the layer scan
-    keeps every layer's attention residuals); it needs the decoder's layer body
-    rematerialised (``jax.checkpoint``) in the backward pass, which the decoder lacks today."""
+    keeps every layer's attention residuals); ``ModelConfig.remat`` (train-dm's default)
+    rematerialises each layer in the backward pass so only one layer's residuals are alive."""
     if not items:
         raise ValueError("pack_items: no items")
     reqs: list[shared_prefix.Request] = []
