@@ -1,9 +1,9 @@
 """LVOPD on BabyAI (seed 001 §4.3, CPU-sized): LVRL alone vs LVRL + LVOPD vs pure OPD vs
 trajectory-gated OPD, distilling a weak student from a strong privileged teacher.
 
-Setup: the LVRL BabyAI experiment's env, student MLP (7 x 7 egocentric view), rollout, LVRL
-advantages (Oracle values, q ** plan length) and PPO loss (``experiments/lvrl_babyai.py``,
-imported). The teacher is ``jaxdm.rl.babyai_teacher``: a *privileged* MLP that sees the BFS
+Setup: the first LVRL BabyAI loop's env, student MLP (7 x 7 egocentric view, no compass),
+rollout, LVRL advantages (Oracle values, q ** plan length) and PPO loss
+(``experiments/babyai_loop.py``, imported through ``lvrl_babyai.py``'s re-exports). The teacher is ``jaxdm.rl.babyai_teacher``: a *privileged* MLP that sees the BFS
 distance field's cost-to-go of each move at the agent's pose (the standard teacher-student
 setup; distillation only needs its log-probs over the same 6 actions at the student's
 states), trained by SFT (cross-entropy) on the solver's actions at the states noisy solvers
