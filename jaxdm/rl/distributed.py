@@ -8,9 +8,16 @@ process, so a one-process run takes exactly the code path it took before) and th
 P processes is the one-process run with the same global batch: the same episodes (bit for
 bit), the same mini-batches; only the data-parallel gradient sum is split over devices
 (``tests/rl/test_rl_multihost.py``: 2 CPU processes on 127.0.0.1, killed in both processes
-after the first checkpoint and resumed, end 2.7e-6 from one process's parameters, as one
-process on 2 devices ends 1.7e-6 from 1 device: AdamW enlarges last-bit gradient
-differences where a gradient is near its eps). The design:
+after the first checkpoint and resumed, end 2.7e-6 from one process on 1 device, 4.4e-6
+from one process on 2 devices; one process on 1 vs 2 devices differ by 1.7e-6). No
+one-process run computes every stage as P processes do: they *act* on a 1-device copy of
+the parameters (as one process on 1 device; one process on 2 devices acts on FSDP-sharded
+parameters, a partitioned program with other last bits in the log-probs, and the option
+form's π_old is the sampling log-prob), and they *update* with the SPMD program over all
+devices (as one process on 2 devices; one device sums the gradient in another order).
+Episodes, advantages and evaluation are identical either way (losses: 2e-8 from 2 devices
+at the first iteration); AdamW enlarges the last-bit differences to ~1e-6 where a gradient is
+near its eps. The design:
 
 - **Tasks.** Process p plays the groups ``process_rows(tasks_per_iter)`` (a contiguous
   block of ``tasks_per_iter / P`` tasks, each ``group_size`` episodes) starting at task seed
