@@ -92,7 +92,10 @@ def main() -> None:
                      "missing": missing}
         elif op == "options":
             extra = {} if not cmd.get("cache") else {"skip_reading_prefix_cache": False}
-            params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, **extra)
+            # detokenize=False: with cached blocks read, vLLM 0.32 hands placeholder ids of the
+            # cached rows to its detokenizer, which raises OverflowError (seen 2026-12-02).
+            params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0,
+                                    detokenize=False, **extra)
             res, seconds, computed = run(cmd["prompts"], params)
             logprobs, missing = [], 0
             for p, s, r in zip(cmd["prompts"], cmd["starts"], res):
