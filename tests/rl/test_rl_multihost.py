@@ -26,7 +26,12 @@ WORKER = os.path.join(HERE, "multihost_rl_worker.py")
 TIMEOUT_S = 600
 # AdamW's first steps move a parameter by lr * g / (|g| + eps): where |g| is near eps, the
 # last-bit differences of summing a gradient over 2 devices instead of 1 show up at 1e-6.
-# Measured: one process on 1 vs 2 devices 1.7e-6; two processes vs one 2.7e-6 (one element).
+# Measured: one process on 1 vs 2 devices 1.7e-6; two processes vs one process on 1 device
+# 2.7e-6 (one element), vs one process on 2 devices 4.4e-6. Neither is the exact reference:
+# the two processes act on a 1-device copy of the parameters (one process on 2 devices acts
+# on FSDP-sharded ones: other last bits in π_old, the sampling log-prob) and update with the
+# 2-device SPMD program (one process on 1 device sums the gradient in another order). The
+# reference here is 1 device: the same (1-device) rollout program as the processes.
 PARAM_TOL = 1e-5
 # episode metrics that must match the one-process run exactly (same episodes)
 EXACT = ("train/success", "train/reward", "train/actions", "train/invalid_frac",
@@ -40,11 +45,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(out_dir, mode: str, num_processes: int) -> list[subprocess.Popen]:
+def _start(out_dir, mode: str, num_processes: int, devices: int = 1
+           ) -> list[subprocess.Popen]:
     # one persistent compilation cache for every worker: the resuming pair reuses the
     # programs the killed pair compiled
     env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=1",
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
                JAX_COMPILATION_CACHE_DIR=str(out_dir.parent / "xla_cache"),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     coordinator = f"127.0.0.1:{_free_port()}"
