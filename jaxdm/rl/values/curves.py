@@ -17,6 +17,7 @@ Episodes lost to an env error are skipped.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -45,9 +46,7 @@ def _with_replay_facts(traj: Trajectory, env_kwargs: Mapping[str, Any]) -> Traje
              if k in env_kwargs and k not in traj.metadata}
     if not extra:
         return traj
-    return Trajectory(traj.goal, traj.steps, traj.final_observation, traj.reward, traj.success,
-                      traj.budget, traj.task_type, traj.env, traj.final_observation_terminal,
-                      traj.truncated, traj.error, metadata={**traj.metadata, **extra})
+    return dataclasses.replace(traj, metadata={**traj.metadata, **extra})
 
 
 def evaluation_value_curves(episodes_per_seed: Sequence[Sequence[Any]], backend: Any, cfg,
