@@ -84,7 +84,8 @@ def sft(out: Path, args, progress: bool) -> tuple[dict, Path]:
 
 def bench(judges: list, out: Path, args, progress: bool) -> dict:
     from jaxdm.bench.run import BenchConfig, run
-    cfg = BenchConfig(judges=tuple(judges), out_dir=str(out), l1_tool=args.l1,
+    cfg = BenchConfig(levels=tuple(args.levels.split(",")), judges=tuple(judges),
+                      out_dir=str(out), l1_tool=args.l1,
                       l1_param=args.l1, l2_tasks=args.test_tasks, l2_max_states=args.test_states,
                       l3_envs=tuple(args.l3_envs.split(",")), l3_tasks=args.l3_tasks,
                       l3_max_steps=args.l3_max_steps, seed=0, progress=progress, batch=8)
@@ -189,6 +190,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--test-tasks", type=int, default=6)
     ap.add_argument("--test-states", type=int, default=6)
     ap.add_argument("--l1", type=int, default=20, help="L1 tool and parameter items each")
+    ap.add_argument("--levels", default="l1,l2,l3", help="bench levels")
     ap.add_argument("--l3-envs", default="base,shift,alfworld")
     ap.add_argument("--l3-tasks", type=int, default=2)
     ap.add_argument("--l3-max-steps", type=int, default=15)
