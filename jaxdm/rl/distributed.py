@@ -303,7 +303,8 @@ def gather_objects(items: list[Any]) -> list[Any]:
     training units: token id lists). A collective."""
     blob = np.frombuffer(pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
     sizes = allgather(np.int64(blob.size))
-    pad = np.zeros((int(sizes.max()),), np.uint8)
+    # a power-of-two length: the all-gather program is compiled once per bucket, not per size
+    pad = np.zeros((1 << max(int(sizes.max()) - 1, 1).bit_length(),), np.uint8)
     pad[:blob.size] = blob
     every = allgather(pad)
     out: list[Any] = []
