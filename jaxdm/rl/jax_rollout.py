@@ -40,7 +40,8 @@ from jaxdm import runlog
 from jaxdm.envs.core import step_key
 from jaxdm.rl.estimators import EpisodeBatch
 from jaxdm.rl.jax_envs import JaxEnvSpec, make_jax_env
-from jaxdm.trajectory import Step, Trajectory
+from jaxdm.envs.recorder import RecordedEpisode, RecordedStep, to_trajectory
+from jaxdm.trajectory import Trajectory
 
 __all__ = ["play", "step_key_data", "JaxCollector", "LazyTrajectories"]
 
@@ -128,15 +129,19 @@ class LazyTrajectories(Sequence):
         i = range(len(self))[i]
         if i not in self._cache:
             n, a, names = int(self.lengths[i]), self.a, self.spec.action_names
-            steps = tuple(Step("", names[x], True, {"no_op": y}) for x, y in zip(
-                a["action"][i, :n].tolist(), a["no_op"][i, :n].tolist()))
+            steps = [RecordedStep("", names[x], 0.0, True, {"no_op": y}) for x, y in zip(
+                a["action"][i, :n].tolist(), a["no_op"][i, :n].tolist())]
             meta = {"id": (int(self.seeds[i]), i)}
             if self.with_values:
                 meta["oracle_values"] = a["value"][i, :n + 1].tolist()
             r = float(self.reward[i])
-            self._cache[i] = Trajectory(
-                self.spec.goal_text(a["row"][i, 0]), steps, "", r, r > 0, self.mask.shape[1],
-                env=self.env_name, truncated=bool(a["truncated"][i].any()), metadata=meta)
+            # the one builder of played trajectories (envs.recorder.to_trajectory)
+            ep = RecordedEpisode(i, i, 0, int(self.seeds[i]),
+                                 goal=self.spec.goal_text(a["row"][i, 0]),
+                                 budget=self.mask.shape[1], env=self.env_name, steps=steps,
+                                 reward_sum=r, won=r > 0,
+                                 truncated=bool(a["truncated"][i].any()))
+            self._cache[i] = to_trajectory(ep, metadata=meta)
         return self._cache[i]
 
 

@@ -134,7 +134,12 @@ HF_FOLDER_FILES = ("config.json", "*.safetensors", "tokenizer.json")
 
 def _looks_like_folder(spec: str) -> bool:
     import os
-    return Path(spec).is_dir() or "/" in spec or os.sep in spec or spec.startswith(".")
+    if Path(spec).is_dir():
+        return True
+    kind, colon, _ = spec.partition(":")
+    if colon and "/" not in kind and os.sep not in kind and not kind.startswith("."):
+        return False  # 'kind:key=value,...' (values may hold URLs and paths)
+    return "/" in spec or os.sep in spec or spec.startswith(".")
 
 
 def folder_judge_spec(path: str) -> dict[str, Any]:

@@ -92,3 +92,12 @@ def test_packaged_trained_judge_alias():
     assert info["base"] == "smollm2" and "train_judge.py" in info["command"]
     assert (SMOLLM2_PROGRESS / "adapter.safetensors").stat().st_size < 5 * 2**20
     assert all(float(jnp.max(jnp.abs(a["b"]))) > 0 for a in ad.values())     # trained: B != 0
+
+
+def test_kind_specs_with_slashes_are_not_folders():
+    # a 'kind:key=value' spec whose values hold a URL or a path is a backend spec, not a folder
+    from jaxdm.screen.run import normalize_judge_spec
+    spec = normalize_judge_spec("remote:base_url=http://127.0.0.1:9/v1,model=m")
+    assert spec["kind"] == "remote" and spec["base_url"] == "http://127.0.0.1:9/v1"
+    spec = normalize_judge_spec("local_likelihood:path=some/folder")
+    assert spec["kind"] == "local_likelihood" and spec["path"] == "some/folder"
