@@ -7,15 +7,18 @@ import sys
 
 from jaxdm.config import to_dict
 
-DEMO_HELP = ("the main job on the embedded default: screen SmolLM2-135M (constrained readout), "
-             "the trained SmolLM2 judge and the Oracle on ALFWorld noisy-expert trajectories "
-             "(a 5-minute CPU preset)")
+DEMO_HELP = ("the main job on the embedded default: screen SmolLM2-135M (constrained readout) "
+             "and the Oracle on ALFWorld noisy-expert trajectories (a 5-minute CPU preset)")
 
 # `make demo` must finish within 5 minutes on 2 CPU cores: one trajectory per task type with a
 # 20-action budget, all four question x context combinations, and the +FB / 50 % expansions
 # (SmolLM2 scores about 1.5-4 actions/s per pass on 2 cores). `jaxdm screen` runs the full set.
 DEMO_CONFIG = dict(num_trajectories=6, budget=20, expansions=("FB", "50%"), out_dir="screen_out",
-                   judges=("smollm2", "smollm2-judge", "oracle"))
+                   judges=("smollm2", "oracle"))
+# The trained judge (alias 'smollm2-judge') doubles the SmolLM2 passes: with it the demo took
+# 5.5 min on 2 idle cores, over the budget, so it is screened by its own command (README).
+# Judge sets earlier demos were run with: a folder holding one of them is a demo folder.
+DEMO_JUDGE_SETS = ({"smollm2", "oracle"}, {"smollm2", "smollm2-judge", "oracle"})
 
 
 def _screen_parser(sub):
@@ -119,8 +122,8 @@ def _holds_demo(cfg) -> bool:
     got = saved.get("settings")
     if not isinstance(got, dict):
         return False
-    # A demo from before the trained judge joined it (a subset of today's judges) is one too.
-    return got == want or (set(map(str, got.get("judges") or [])) <= set(want["judges"])
+    # A demo run with another judge set the demo has used is one too.
+    return got == want or (set(map(str, got.get("judges") or [])) in DEMO_JUDGE_SETS
                            and {**got, "judges": want["judges"]} == want)
 
 
