@@ -49,7 +49,7 @@ from jaxdm.envs.babyai.solver import solve
 
 __all__ = ["oracle_value", "plan_length", "plan_length_jax", "oracle_value_jax",
            "distance_field", "plan_length_from_field", "value_from_length",
-           "trajectory_oracle_values", "CARRY_PENALTY"]
+           "trajectory_oracle_values", "move_costs", "CARRY_PENALTY"]
 
 _INF = jnp.int32(1 << 20)
 CARRY_PENALTY = 2  # plan_length_jax's allowance for dropping a carried non-target object
@@ -111,6 +111,24 @@ def distance_field(state: BabyAIState) -> jax.Array:
 
 
 @jax.jit
+def move_costs(state: BabyAIState, field: jax.Array):
+    """The solver's cost-to-go after each move from ``state`` on its ``distance_field``:
+    ``(costs, cell, closed_front)`` with ``costs`` int32 [3] for turn left, turn right and
+    forward (into a closed door: toggle + forward; ≥ 2**20 into anything else that blocks),
+    ``cell`` the front cell's (type, colour, state) and ``closed_front`` whether it is a
+    closed door. Pure; vmap it over a batch."""
+    vec = jnp.asarray(L.DIR_TO_VEC)
+    x, y, d = state.agent_pos[0], state.agent_pos[1], state.agent_dir
+    fx, fy = x + vec[d][0], y + vec[d][1]
+    cell = state.grid[fx, fy].astype(jnp.int32)
+    open_front = (cell[0] == L.EMPTY) | ((cell[0] == L.DOOR) & (cell[2] == L.DOOR_OPEN))
+    closed_front = (cell[0] == L.DOOR) & (cell[2] == L.DOOR_CLOSED)
+    ahead = field[fx, fy, d]
+    forward = jnp.where(open_front, 1 + ahead, jnp.where(closed_front, 2 + ahead, _INF))
+    costs = jnp.stack([field[x, y, (d + 3) % 4] + 1, field[x, y, (d + 1) % 4] + 1, forward])
+    return costs, cell, closed_front
+
+
 def plan_length_from_field(field: jax.Array, state: BabyAIState) -> jax.Array:
     """Plan length of ``state``'s pose in a ``distance_field`` (+ pickup, + CARRY_PENALTY
     when holding a non-target object)."""

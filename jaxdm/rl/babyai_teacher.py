@@ -40,8 +40,7 @@ import numpy as np
 import optax
 
 from jaxdm.envs.babyai import BabyAIParams
-from jaxdm.envs.babyai import layout as L
-from jaxdm.envs.babyai.value import distance_field
+from jaxdm.envs.babyai.value import distance_field, move_costs
 from jaxdm.rl import mc_validation as mc
 
 __all__ = ["NUM_ACTIONS", "NUM_FEATURES", "EPS_MIX", "TeacherReport", "teacher_features",
@@ -66,17 +65,8 @@ def teacher_features(state, field) -> jax.Array:
     """The privileged features [NUM_FEATURES] of one state (vmap over a batch).
 
     ``field``: ``distance_field`` [W, H, 4] of the episode's initial grid."""
-    vec = jnp.asarray(L.DIR_TO_VEC)
-    x, y, d = state.agent_pos[0], state.agent_pos[1], state.agent_dir
-    fx, fy = x + vec[d][0], y + vec[d][1]
-    cell = state.grid[fx, fy].astype(jnp.int32)
-    open_front = (cell[0] == L.EMPTY) | ((cell[0] == L.DOOR) & (cell[2] == L.DOOR_OPEN))
-    closed_front = (cell[0] == L.DOOR) & (cell[2] == L.DOOR_CLOSED)
-    here = field[x, y, d]
-    ahead = field[fx, fy, d]
-    fwd = jnp.where(open_front, 1 + ahead, jnp.where(closed_front, 2 + ahead, _INF))
-    left = field[x, y, (d + 3) % 4] + 1
-    right = field[x, y, (d + 1) % 4] + 1
+    (left, right, fwd), cell, _ = move_costs(state, field)
+    here = field[state.agent_pos[0], state.agent_pos[1], state.agent_dir]
     hands_free = state.carrying[0] == 0
     holds_target = ~hands_free & (state.carrying[0] == state.target[0]) & (
         state.carrying[1] == state.target[1])

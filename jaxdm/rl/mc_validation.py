@@ -234,7 +234,6 @@ def replay_actions(env, key, actions: Sequence[Any], recorded_obs: Sequence[Any]
 
 
 # ---- BabyAI: a noisy shortest-path policy, episodes, vmapped continuations -------------------
-_INF = 1 << 20
 
 
 def field_policy(key, state, field, eps):
@@ -242,17 +241,9 @@ def field_policy(key, state, field, eps):
     policy key: the action at env step c uses ``fold_in(key, c)``."""
     from jaxdm.envs.babyai import env as E
     from jaxdm.envs.babyai import layout as L
+    from jaxdm.envs.babyai.value import move_costs
 
-    vec = jnp.asarray(L.DIR_TO_VEC)
-    x, y, d = state.agent_pos[0], state.agent_pos[1], state.agent_dir
-    fx, fy = x + vec[d][0], y + vec[d][1]
-    cell = state.grid[fx, fy].astype(jnp.int32)
-    open_front = (cell[0] == L.EMPTY) | ((cell[0] == L.DOOR) & (cell[2] == L.DOOR_OPEN))
-    closed_front = (cell[0] == L.DOOR) & (cell[2] == L.DOOR_CLOSED)
-    ahead = field[fx, fy, d]
-    costs = jnp.stack([field[x, y, (d + 3) % 4] + 1, field[x, y, (d + 1) % 4] + 1,
-                       jnp.where(open_front, 1 + ahead, jnp.where(closed_front, 2 + ahead,
-                                                                  _INF))])
+    costs, cell, closed_front = move_costs(state, field)
     choice = jnp.argmin(costs)
     greedy = jnp.where(choice == 0, E.LEFT, jnp.where(choice == 1, E.RIGHT,
                                                       jnp.where(closed_front, E.TOGGLE,
@@ -260,7 +251,8 @@ def field_policy(key, state, field, eps):
     hands_free = state.carrying[0] == 0
     carrying_other = ~hands_free & ~((state.carrying[0] == state.target[0])
                                      & (state.carrying[1] == state.target[1]))
-    greedy = jnp.where((field[x, y, d] == 0) & hands_free, E.PICKUP, greedy)
+    at_target = field[state.agent_pos[0], state.agent_pos[1], state.agent_dir] == 0
+    greedy = jnp.where(at_target & hands_free, E.PICKUP, greedy)
     greedy = jnp.where(carrying_other & (cell[0] == L.EMPTY), E.DROP, greedy)
     k1, k2 = jax.random.split(jax.random.fold_in(key, state.step_count))
     explore = jax.random.uniform(k1) < eps
