@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import mmap
 import re
 from pathlib import Path
 from typing import Any
@@ -146,47 +147,125 @@ def _weight_files(folder: Path) -> tuple[list[Path], dict[str, str] | None]:
                             "*.safetensors file")
 
 
-def _read_tensors(files: list[Path], weight_map: dict[str, str] | None):
-    """Yields (name, numpy array, file) for every tensor of every file."""
-    from safetensors import safe_open
+# safetensors dtype names -> numpy dtypes (bfloat16 through ml_dtypes, which jax ships).
+_SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+                       "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
+                       "U8": "uint8", "BOOL": "bool"}
 
+
+def _np_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def safetensors_views(path: str | Path) -> dict[str, np.ndarray]:
+    """Every tensor of one safetensors file as a read-only numpy view of a memory map of the file
+    (no copy: pages are read when a view is first used). The header is checked: its size, each
+    tensor's dtype, and that each tensor's byte range matches its shape and lies in the file."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 2 or n > size - 8:
+            raise ValueError(f"{path}: not a safetensors file (header length {n}, file size "
+                             f"{size} bytes)")
+        try:
+            header = json.loads(f.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"{path}: safetensors header is not valid JSON: {err}") from err
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: safetensors header is not a JSON object")
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n) if size > 8 + n else \
+        np.zeros(0, np.uint8)
+    out: dict[str, np.ndarray] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype_name, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+        except (TypeError, KeyError, ValueError) as err:
+            raise ValueError(f"{path}: tensor {name!r}: header entry {info!r} lacks dtype, shape "
+                             f"or data_offsets") from err
+        if dtype_name not in _SAFETENSORS_DTYPES:
+            raise ValueError(f"{path}: tensor {name!r} has dtype {dtype_name!r}; supported: "
+                             f"{sorted(_SAFETENSORS_DTYPES)}")
+        dtype = _np_dtype(_SAFETENSORS_DTYPES[dtype_name])
+        shape = tuple(int(d) for d in shape)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if not 0 <= begin <= end <= data.size or end - begin != nbytes:
+            raise ValueError(f"{path}: tensor {name!r} (shape {shape}, {dtype_name}) has byte "
+                             f"range [{begin}, {end}) but needs {nbytes} bytes within the "
+                             f"{data.size}-byte data section")
+        out[name] = np.frombuffer(data, dtype, math.prod(shape), begin).reshape(shape)
+    return out
+
+
+def _read_tensors(files: list[Path], weight_map: dict[str, str] | None):
+    """Yields (name, numpy view, file) for every tensor of every file (memory-mapped, no copy)."""
     for path in files:
-        with safe_open(str(path), framework="np") as handle:
-            names = list(handle.keys())
-            bf16 = [n for n in names if handle.get_slice(n).get_dtype() == "BF16"]
-            for name in names:
-                if weight_map is not None and weight_map.get(name) != path.name:
-                    continue
-                if name in bf16:
-                    continue
-                yield name, handle.get_tensor(name), path
-        if bf16:
-            # numpy has no bfloat16; the flax reader returns ml_dtypes-backed arrays.
-            with safe_open(str(path), framework="flax") as handle:
-                for name in bf16:
-                    if weight_map is not None and weight_map.get(name) != path.name:
-                        continue
-                    yield name, np.asarray(handle.get_tensor(name)), path
-    if weight_map is not None:
-        present = set()
-        for path in files:
-            with safe_open(str(path), framework="np") as handle:
-                present.update(handle.keys())
-        for name, fname in weight_map.items():
-            if name not in present:
-                raise ValueError(f"tensor {name!r} is listed in model.safetensors.index.json "
-                                 f"under {fname} but is not in that file")
+        views = safetensors_views(path)
+        for name, array in views.items():
+            if weight_map is not None and weight_map.get(name) != path.name:
+                continue
+            yield name, array, path
+        if weight_map is not None:
+            for name, fname in weight_map.items():
+                if fname == path.name and name not in views:
+                    raise ValueError(f"tensor {name!r} is listed in model.safetensors.index.json "
+                                     f"under {fname} but is not in that file")
+
+
+def _copy_internal(dest: np.ndarray, array: np.ndarray, kind: str, split: int) -> None:
+    """Writes one HF tensor into its internal slot ``dest`` (transpose and dtype cast in one
+    strided copy)."""
+    if kind == "linear":
+        rows = math.prod(dest.shape[:split])
+        np.copyto(dest.reshape(rows, -1), array.T, casting="unsafe")
+    else:
+        np.copyto(dest.reshape(array.shape), array, casting="unsafe")
+
+
+class _HostArena:
+    """Host arrays for the loaded params, carved from one anonymous memory map: page-aligned
+    (so a CPU ``device_put`` aliases them instead of copying: XLA:CPU needs 64-byte alignment)
+    and without numpy's transparent-huge-page advice for large arrays (on this project's VMs a
+    hugepage-advised first touch cost ~4x the plain one)."""
+
+    ALIGN = 64
+
+    def __init__(self, shapes: list[tuple[int, ...]], dtype: np.dtype):
+        self._dtype = dtype
+        sizes = [-(-math.prod(s) * dtype.itemsize // self.ALIGN) * self.ALIGN for s in shapes]
+        self._buffer = mmap.mmap(-1, max(sum(sizes), 1))
+        self._offset = 0
+
+    def empty(self, shape: tuple[int, ...]) -> np.ndarray:
+        n = math.prod(shape)
+        out = np.frombuffer(self._buffer, self._dtype, n, self._offset).reshape(shape)
+        self._offset += -(-n * self._dtype.itemsize // self.ALIGN) * self.ALIGN
+        return out
 
 
 def load_params(folder: str | Path, config: ModelConfig, dtype: Any = jnp.float32) -> Params:
-    """Reads the safetensors weights of an HF folder into the internal params pytree."""
+    """Reads the safetensors weights of an HF folder into the internal params pytree.
+
+    The files are memory-mapped; each tensor is copied once, transposed and cast, into its
+    slot of the internal arrays (layers stacked, aligned host memory), and the tree goes to
+    the device in one ``device_put`` (no further copy on CPU)."""
     folder = Path(folder)
     files, weight_map = _weight_files(folder)
     expected = param_shapes(config)
     np_dtype = np.dtype(jnp.dtype(dtype))
+    arena = _HostArena([tuple(s) for k, s in expected.items() if k != "layers"]
+                       + [tuple(s) for s in expected["layers"].values()], np_dtype)
     layers_expected = expected["layers"]
     out: Params = {"layers": {}}
     filled: dict[str, np.ndarray] = {}
+    seen: dict[str, np.ndarray] = {}
     for name, array, path in _read_tensors(files, weight_map):
         match = None
         for regex, template, key, kind, split in _COMPILED:
@@ -222,29 +301,28 @@ def load_params(folder: str | Path, config: ModelConfig, dtype: Any = jnp.float3
         if tuple(array.shape) != want:
             raise ValueError(f"{path.name}: tensor {name!r} has shape {tuple(array.shape)}, "
                              f"expected {want} from config.json")
-        value = to_internal(array, internal, kind).astype(np_dtype)
         if key.startswith("layers/"):
-            leaf = key.split("/", 1)[1]
             if leaf not in filled:
-                filled[leaf] = np.zeros((config.num_layers,) + internal, np_dtype)
-                filled[leaf + "/seen"] = np.zeros(config.num_layers, bool)
-            filled[leaf][layer] = value
-            filled[leaf + "/seen"][layer] = True
+                filled[leaf] = arena.empty((config.num_layers,) + internal)
+                seen[leaf] = np.zeros(config.num_layers, bool)
+            _copy_internal(filled[leaf][layer], array, kind, split)
+            seen[leaf][layer] = True
         else:
-            out[key] = value
+            out[key] = arena.empty(internal)
+            _copy_internal(out[key], array, kind, split)
     templates = {key: template for template, key, _, _ in HF_PARAM_TABLE}
     for key in expected:
         if key != "layers" and key not in out:
             raise ValueError(f"{folder}: missing tensor {templates[key]!r} in the safetensors "
                              "weights")
     for leaf in layers_expected:
-        seen = filled.get(leaf + "/seen")
-        if seen is None or not seen.all():
-            layer = 0 if seen is None else int(np.argmin(seen))
+        done = seen.get(leaf)
+        if done is None or not done.all():
+            layer = 0 if done is None else int(np.argmin(done))
             name = templates["layers/" + leaf].format(i=layer)
             raise ValueError(f"{folder}: missing tensor {name!r} in the safetensors weights")
         out["layers"][leaf] = filled[leaf]
-    return jax.tree.map(lambda a: jnp.asarray(a, dtype), out)
+    return jax.device_put(out)
 
 
 def load_tokenizer(folder: str | Path):
