@@ -105,27 +105,62 @@ class TeacherReport:
     final_loss: float
 
 
-@jax.jit
-def _features_and_labels(states, fields):
-    labels = jax.vmap(mc.field_policy, in_axes=(None, 0, 0, None))(
-        jax.random.key(0), states, fields, jnp.float32(0.0))
-    return jax.vmap(teacher_features)(states, fields), labels
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _play(env, env_params, task_keys, policy_keys, eps, teacher, use_teacher, greedy):
+    """One program for the SFT data and the teacher's success: ``task_keys`` [B] episodes,
+    acted by the noisy solver (``mc.field_policy`` with ``eps`` [B]) or, with ``use_teacher``,
+    by the teacher (sampled, or argmax with ``greedy``); returns the teacher features
+    [B, T, F] and solver labels [B, T] at every acting state, the acting mask [B, T] and
+    success [B]. Env steps use key 0 (BabyAI steps are deterministic)."""
+    _, s0 = jax.vmap(env.reset_env, in_axes=(0, None))(task_keys, env_params)
+    fields = jax.vmap(distance_field)(s0)
+    zero = jax.random.key(0)
+
+    def body(carry, _):
+        st, done, succ = carry
+        feats = jax.vmap(teacher_features)(st, fields)
+        labels = jax.vmap(mc.field_policy, in_axes=(None, 0, 0, None))(zero, st, fields,
+                                                                       jnp.float32(0.0))
+        solver = jax.vmap(mc.field_policy)(policy_keys, st, fields, eps)
+        logits = _mlp(teacher, feats)
+        keys = jax.vmap(jax.random.fold_in)(policy_keys, st.step_count)
+        sampled = jax.vmap(jax.random.categorical)(keys, logits)
+        taught = jnp.where(greedy, jnp.argmax(logits, -1), sampled)
+        a = jnp.where(use_teacher, taught, solver).astype(jnp.int32)
+        _, st2, _, term, trunc, _ = jax.vmap(env.step_env, in_axes=(None, 0, 0, None))(
+            zero, st, a, env_params)
+        st_new = jax.tree.map(lambda o, n: jnp.where(
+            done.reshape((-1,) + (1,) * (o.ndim - 1)), o, n), st, st2)
+        return (st_new, done | term | trunc, succ | (~done & term)), (feats, labels, ~done)
+
+    b = task_keys.shape[0]
+    init = (s0, jnp.zeros((b,), bool), jnp.zeros((b,), bool))
+    (_, _, succ), (feats, labels, acting) = jax.lax.scan(body, init, None,
+                                                         length=env_params.max_steps)
+    sw = lambda x: jnp.swapaxes(x, 0, 1)  # noqa: E731
+    return sw(feats), sw(labels), sw(acting), succ
 
 
-def _visited_states(env, env_params, key, episodes: int, eps_mix):
-    """(features [N, F], solver labels [N]) at the states noisy solvers visit (one recording
-    program for every eps, one feature/label program for all states)."""
-    states, fields = [], []
-    for j, eps in enumerate(eps_mix):
-        ep = mc.babyai_record_episodes(env, env_params, jax.random.fold_in(key, j),
-                                       max(episodes // len(eps_mix), 1), eps)
-        h = ep.actions.shape[1] + 1
-        ii, tt = np.nonzero(np.arange(h)[None] < ep.lengths[:, None])
-        states.append(jax.tree.map(lambda x: x[ii, tt], ep.states))
-        fields.append(ep.fields[ii])
-    states = jax.tree.map(lambda *xs: jnp.concatenate(xs), *states)
-    x, y = _features_and_labels(states, jnp.concatenate(fields))
-    return np.asarray(x), np.asarray(y)
+def _episode_keys(key, episodes: int, eps_mix):
+    """(task keys [B], policy keys [B], eps [B]): ``episodes // len(eps_mix)`` episodes per
+    eps, each eps's keys split from ``fold_in(key, j)`` (as ``mc.babyai_record_episodes``)."""
+    n = max(episodes // len(eps_mix), 1)
+    tks, pks, eps = [], [], []
+    for j, e in enumerate(eps_mix):
+        kt, kp = jax.random.split(jax.random.fold_in(key, j))
+        tks.append(jax.random.split(kt, n))
+        pks.append(jax.random.split(kp, n))
+        eps += [e] * n
+    return jnp.concatenate(tks), jnp.concatenate(pks), jnp.asarray(eps, jnp.float32)
+
+
+def _visited_states(env, env_params, key, episodes: int, eps_mix, teacher):
+    """(features [N, F], solver labels [N]) at the states noisy solvers visit (one program)."""
+    tk, pk, eps = _episode_keys(key, episodes, eps_mix)
+    feats, labels, acting, _ = _play(env, env_params, tk, pk, eps, teacher, jnp.bool_(False),
+                                     jnp.bool_(False))
+    acting = np.asarray(acting)
+    return np.asarray(feats)[acting], np.asarray(labels)[acting]
 
 
 def sft_teacher(env, key, *, episodes: int = 256, steps: int = 1500, batch: int = 512,
@@ -137,7 +172,8 @@ def sft_teacher(env, key, *, episodes: int = 256, steps: int = 1500, batch: int 
         raise ValueError(f"episodes ({episodes}) and steps ({steps}) must be >= 1")
     env_params = BabyAIParams.for_split("train", max_steps=max_steps)
     k_data, k_init = jax.random.split(key)
-    x, y = _visited_states(env, env_params, k_data, episodes, tuple(eps_mix))
+    params = init_teacher(k_init, hidden)
+    x, y = _visited_states(env, env_params, k_data, episodes, tuple(eps_mix), params)
     if (y < 0).any() or (y >= NUM_ACTIONS).any():
         raise ValueError(f"solver labels outside the {NUM_ACTIONS} teacher actions: "
                          f"{np.unique(y)}")
@@ -146,7 +182,6 @@ def sft_teacher(env, key, *, episodes: int = 256, steps: int = 1500, batch: int 
     test, train = perm[: max(n // 10, 1)], perm[max(n // 10, 1):]
     x, y = jnp.asarray(x), jnp.asarray(y, jnp.int32)
     opt = optax.adam(lr)
-    params = init_teacher(k_init, hidden)
     state = opt.init(params)
 
     @jax.jit
@@ -167,33 +202,188 @@ def sft_teacher(env, key, *, episodes: int = 256, steps: int = 1500, batch: int 
     return params, TeacherReport(acc, n, steps, float(val))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3, 4))
-def _success(env, params, key, env_params, num, greedy):
-    k_task, k_act = jax.random.split(key)
-    _, s0 = jax.vmap(env.reset_env, in_axes=(0, None))(jax.random.split(k_task, num),
-                                                       env_params)
-    fields = jax.vmap(distance_field)(s0)
-
-    def body(carry, k):
-        st, alive, won = carry
-        logits = jax.vmap(teacher_logits, in_axes=(None, 0, 0))(params, st, fields)
-        a = jnp.where(greedy, jnp.argmax(logits, -1),
-                      jax.random.categorical(k, logits)).astype(jnp.int32)
-        _, st2, r, term, trunc, _ = jax.vmap(env.step_env, in_axes=(None, 0, 0, None))(
-            k, st, a, env_params)
-        st2 = jax.tree.map(lambda n, o: jnp.where(
-            alive.reshape((-1,) + (1,) * (n.ndim - 1)), n, o), st2, st)
-        won = won | (alive & (r > 0))
-        return (st2, alive & ~(term | trunc), won), None
-
-    init = (s0, jnp.ones((num,), bool), jnp.zeros((num,), bool))
-    (_, _, won), _ = jax.lax.scan(body, init, jax.random.split(k_act, env_params.max_steps))
-    return won.mean()
-
-
 def teacher_success(env, params, key, split: str = "train", *, episodes: int = 64,
                     max_steps: int = 128, greedy: bool = False) -> float:
     """Success rate of the teacher acting alone on ``episodes`` tasks of ``split`` (actions
     sampled from its softmax, or its argmax with ``greedy``)."""
     env_params = BabyAIParams.for_split(split, max_steps=max_steps)
-    return float(_success(env, params, key, env_params, int(episodes), jnp.bool_(greedy)))
+    tk, pk = jax.random.split(key)
+    num = int(episodes)
+    _, _, _, succ = _play(env, env_params, jax.random.split(tk, num), jax.random.split(pk, num),
+                          jnp.zeros((num,), jnp.float32), params, jnp.bool_(True),
+                          jnp.bool_(greedy))
+    return float(np.asarray(succ).mean())
+
+
+# ---- the teacher inside the trainer: LVOPD's ``teacher_topk`` for the symbolic policy ----
+@dataclasses.dataclass(frozen=True)
+class SFTSettings:
+    """What ``sft_teacher`` is called with; the cache key of a trained teacher (with the
+    feature layout and the room size)."""
+
+    episodes: int = 256
+    steps: int = 1500
+    batch: int = 512
+    lr: float = 3e-3
+    hidden: int = 64
+    max_steps: int = 128
+    eps_mix: tuple[float, ...] = EPS_MIX
+    seed: int = 0
+
+
+_FORMAT = 1  # bump when the features or the parameter layout change (invalidates caches)
+
+
+def save_teacher(params, path) -> None:
+    """Write teacher params as an .npz (``layer<i>/w``, ``layer<i>/b``), atomically."""
+    import os
+    from pathlib import Path
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {f"layer{i}/{k}": np.asarray(layer[k], np.float32)
+              for i, layer in enumerate(params) for k in ("w", "b")}
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        np.savez(f, format=np.int64(_FORMAT), **arrays)
+    os.replace(tmp, path)
+
+
+def load_teacher(path, *, key: str = "teacher.path") -> list[dict]:
+    """Teacher params from ``save_teacher``'s .npz; errors name ``key`` and the file."""
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{key}: no teacher checkpoint at {path} (an .npz from "
+                         "jaxdm.rl.babyai_teacher.save_teacher)")
+    try:
+        data = dict(np.load(path))
+    except Exception as e:  # noqa: BLE001 - any unreadable file names the key
+        raise ValueError(f"{key}: {path} is not a teacher .npz ({type(e).__name__}: {e})"
+                         ) from None
+    if int(data.pop("format", -1)) != _FORMAT:
+        raise ValueError(f"{key}: {path} has teacher format {data.get('format')}, this code "
+                         f"reads format {_FORMAT}")
+    n = len(data) // 2
+    params = []
+    for i in range(n):
+        try:
+            layer = {k: jnp.asarray(data[f"layer{i}/{k}"]) for k in ("w", "b")}
+        except KeyError as e:
+            raise ValueError(f"{key}: {path} lacks array {e.args[0]!r}") from None
+        params.append(layer)
+    prev = NUM_FEATURES
+    for i, layer in enumerate(params):
+        w, b = layer["w"], layer["b"]
+        if w.ndim != 2 or w.shape[0] != prev or b.shape != (w.shape[1],):
+            raise ValueError(f"{key}: {path} layer{i} has w {w.shape}, b {b.shape}; expected "
+                             f"w [{prev}, n], b [n]")
+        if not (np.isfinite(np.asarray(w)).all() and np.isfinite(np.asarray(b)).all()):
+            raise ValueError(f"{key}: {path} layer{i} holds non-finite values")
+        prev = w.shape[1]
+    if not params or prev != NUM_ACTIONS:
+        raise ValueError(f"{key}: {path} must end in {NUM_ACTIONS} action logits, got {prev}")
+    return params
+
+
+def cached_sft_teacher(room_size: int, settings: SFTSettings = SFTSettings(), *,
+                       cache_dir=None, log=print) -> tuple[list[dict], str]:
+    """The SFT teacher for ``room_size``, trained once and cached as an .npz keyed by
+    ``settings``, the room size and the feature format (``$JAXDM_CACHE/babyai_teacher/``, or
+    ``cache_dir``); returns ``(params, path)``."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    from jaxdm.envs.babyai import BabyAIEnv
+
+    spec = {"format": _FORMAT, "features": NUM_FEATURES, "room_size": int(room_size),
+            **dataclasses.asdict(settings)}
+    digest = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    if cache_dir is None:
+        from jaxdm.models.smollm2 import cache_root
+
+        cache_dir = cache_root() / "babyai_teacher"
+    path = Path(cache_dir) / f"teacher_{digest}.npz"
+    if path.is_file():
+        return load_teacher(path, key=f"teacher cache {path}"), str(path)
+    s = settings
+    params, rep = sft_teacher(BabyAIEnv(int(room_size)), jax.random.key(s.seed),
+                              episodes=s.episodes, steps=s.steps, batch=s.batch, lr=s.lr,
+                              hidden=s.hidden, max_steps=s.max_steps, eps_mix=s.eps_mix)
+    save_teacher(params, path)
+    Path(str(path)[:-4] + ".json").write_text(json.dumps(
+        {**spec, "report": dataclasses.asdict(rep)}, indent=1))
+    if log:
+        log(f"babyai teacher: trained by SFT ({rep}), cached at {path}")
+    return params, str(path)
+
+
+@jax.jit
+def episode_log_probs(params, states) -> jax.Array:
+    """The teacher's log-probs [B, T, 6] at the first T states of every episode (``states``:
+    a stacked BabyAIState with leaves [B, T + 1, ...], e.g. ``RecordedBatch.states`` of the
+    jax rollout), each episode's distance field from its first state. One program: fields
+    and teacher vmapped over episodes and steps."""
+    s0 = jax.tree.map(lambda x: x[:, 0], states)
+    fields = jax.vmap(distance_field)(s0)
+    acting = jax.tree.map(lambda x: x[:, :-1], states)
+    per_step = jax.vmap(teacher_logits, in_axes=(None, 0, None))
+    logits = jax.vmap(per_step, in_axes=(None, 0, 0))(params, acting, fields)
+    return jax.nn.log_softmax(logits, -1)
+
+
+class PrivilegedTopK:
+    """The ``teacher_topk`` backend of ``teacher.kind: babyai_privileged``: the teacher's
+    log-probs over all 6 actions (K_T = 6 = the whole action set) at every state the student
+    acted in, from the rollout's recorded env states (``EpisodeBatch.recorded``) in one jitted
+    vmapped pass (``episode_log_probs``)."""
+
+    def __init__(self, params, source: str = ""):
+        self.params, self.source = params, source
+        self.k = NUM_ACTIONS
+
+    def topk_signal(self, episodes):
+        import time
+
+        from jaxdm.rl.signals import Signal
+
+        rec = episodes.recorded
+        if rec is None or isinstance(rec.states, (list, tuple)):
+            raise ValueError("teacher.kind 'babyai_privileged' reads the stacked env states of "
+                             "the jax rollout (EpisodeBatch.recorded.states)")
+        t0 = time.perf_counter()
+        b, t = episodes.mask.shape
+        lp = np.asarray(episode_log_probs(self.params, rec.states))          # [B, T', 6]
+        if lp.shape[:2] != (b, t):
+            raise ValueError(f"recorded states give teacher log-probs {lp.shape[:2]}, the "
+                             f"batch mask is {(b, t)}")
+        rows, cols = np.asarray(episodes.unit_rows), np.asarray(episodes.unit_cols)
+        n = len(rows)
+        logprobs = lp[rows, cols].astype(np.float32)                          # [N, 6]
+        if not np.isfinite(logprobs).all():
+            raise ValueError("teacher_topk: the privileged teacher gave non-finite log-probs")
+        ids = np.broadcast_to(np.arange(NUM_ACTIONS, dtype=np.int32), (n, NUM_ACTIONS)).copy()
+        mask = np.zeros((b,), bool)
+        mask[rows] = True
+        stats = {"teacher_topk/requests": float(mask.sum()), "teacher_topk/failures": 0.0,
+                 "teacher_topk/tokens": float(n),
+                 "teacher_topk/seconds": time.perf_counter() - t0}
+        return Signal({"ids": ids, "logprobs": logprobs,
+                       "offsets": np.arange(n + 1, dtype=np.int64),
+                       "unit_ok": np.ones((n,), bool)}, mask, stats)
+
+
+def build_topk_teacher(cfg, trainer=None) -> PrivilegedTopK:
+    """``teacher.kind: babyai_privileged``: params from ``teacher.path`` (an .npz of
+    ``save_teacher``), else the cached SFT teacher (``cached_sft_teacher``, seed
+    ``teacher.seed``) for ``env.kwargs.room_size``."""
+    if cfg.env.name != "babyai_jax":
+        raise ValueError(f"teacher.kind: 'babyai_privileged' teaches env.name 'babyai_jax', "
+                         f"not {cfg.env.name!r}")
+    if cfg.teacher.path:
+        return PrivilegedTopK(load_teacher(cfg.teacher.path), str(cfg.teacher.path))
+    room = int(dict(cfg.env.kwargs).get("room_size", 8))
+    params, path = cached_sft_teacher(room, SFTSettings(seed=int(cfg.teacher.seed)))
+    return PrivilegedTopK(params, path)

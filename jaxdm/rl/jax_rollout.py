@@ -15,6 +15,11 @@ estimators read, built from the scan's arrays:
   ([N, R + 1], row-major over (episode, step)); ``unit_logp`` the sampling log-probs;
 - rewards: the env's (BabyAI: 1 on picking up the target); every action is valid (the action
   set is the env's), so there is no invalid-action penalty;
+- ``recorded``: the env side as one ``envs.recorder.RecordedBatch`` whose ``states`` are the
+  stacked env states [B, T + 1, ...] (the reset state, then the state after every step;
+  finished slots repeat their last state), so a signal that is a pure function of env states
+  (the privileged teacher of ``teacher_topk``, ``jaxdm.rl.babyai_teacher``) runs as one jitted
+  vmapped pass over them after the scan;
 - ``trajectories`` (= ``episodes``): ``Trajectory`` views built only when a signal reads them
   (action names, no-op annotations, the outcome; observations are not rendered as text) with
   ``metadata["oracle_values"]`` = V(s_0)..V(s_T) when the env's oracle is needed (the
@@ -40,7 +45,7 @@ from jaxdm import runlog
 from jaxdm.envs.core import step_key
 from jaxdm.rl.estimators import EpisodeBatch
 from jaxdm.rl.jax_envs import JaxEnvSpec, make_jax_env
-from jaxdm.envs.recorder import RecordedEpisode, RecordedStep, to_trajectory
+from jaxdm.envs.recorder import RecordedBatch, RecordedEpisode, RecordedStep, to_trajectory
 from jaxdm.trajectory import Trajectory
 
 __all__ = ["play", "step_key_data", "JaxCollector", "LazyTrajectories"]
@@ -53,7 +58,7 @@ def step_key_data(task_seeds: Sequence[int], num_steps: int) -> np.ndarray:
 
 
 def _play(params, key, task_seeds, step_keys, env_params, *, spec: JaxEnvSpec, policy,
-          group_size: int, with_values: bool, greedy: bool):
+          group_size: int, with_values: bool, greedy: bool, record_states: bool = False):
     env = spec.env
     seeds = jnp.repeat(task_seeds, group_size)
     b = seeds.shape[0]
@@ -85,6 +90,8 @@ def _play(params, key, task_seeds, step_keys, env_params, *, spec: JaxEnvSpec, p
         out = {"row": row, "action": act.astype(jnp.int32), "logp": logp, "alive": alive,
                "reward": jnp.where(alive, r, 0.0), "value": v,
                "no_op": extra["no_op"] & alive, "truncated": trunc & ~term & alive}
+        if record_states:
+            out["state"] = state2
         return (obs2, state2, alive & ~(term | trunc)), out
 
     num_steps = step_keys.shape[0]
@@ -92,6 +99,9 @@ def _play(params, key, task_seeds, step_keys, env_params, *, spec: JaxEnvSpec, p
     _, out = jax.lax.scan(body, init, (jax.random.split(key, num_steps), step_keys))
     out = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), out)       # [B, T, ...]
     out["value"] = jnp.concatenate([value(state)[:, None], out["value"]], 1)  # [B, T + 1]
+    if record_states:  # [B, T + 1, ...]: the reset state, then the state after every step
+        out["state"] = jax.tree.map(lambda s0, s: jnp.concatenate([s0[:, None], s], 1),
+                                    state, out["state"])
     return out
 
 
@@ -99,14 +109,15 @@ _PLAY_CACHE: dict[tuple, Any] = {}
 
 
 def play(spec: JaxEnvSpec, policy, *, group_size: int, with_values: bool,
-         greedy: bool):
+         greedy: bool, record_states: bool = False):
     """The jitted ``(params, key, task_seeds [G], step_keys [T, G, 2], env_params) -> arrays``
-    for these statics (compiled once per process per key; env params are traced)."""
-    key = (spec.static_key, policy.static_key, group_size, with_values, greedy)
+    for these statics (compiled once per process per key; env params are traced);
+    ``record_states`` adds ``state``: the env states [B, T + 1, ...]."""
+    key = (spec.static_key, policy.static_key, group_size, with_values, greedy, record_states)
     if key not in _PLAY_CACHE:
         _PLAY_CACHE[key] = jax.jit(functools.partial(
             _play, spec=spec, policy=policy, group_size=group_size, with_values=with_values,
-            greedy=greedy))
+            greedy=greedy, record_states=record_states))
     return _PLAY_CACHE[key]
 
 
@@ -157,8 +168,9 @@ class JaxCollector:
         for name, kw in self.spec.extra_eval.items():
             self.eval_params[name] = make_jax_env(e.name, dict(e.kwargs) | dict(kw),
                                                   cfg.max_actions).params
+        # Training rollouts record the env states (EpisodeBatch.recorded; see module doc).
         self._train = play(self.spec, policy, group_size=cfg.group_size,
-                           with_values=with_values, greedy=False)
+                           with_values=with_values, greedy=False, record_states=True)
 
     def _run(self, fn, params, key, seeds: np.ndarray, env_params) -> dict[str, np.ndarray]:
         out = fn(params, key, jnp.asarray(seeds, jnp.int32),
@@ -184,11 +196,19 @@ class JaxCollector:
         groups = np.repeat(np.arange(g, dtype=np.int32), k)
         trajs = LazyTrajectories(self.spec, cfg.env.name, a, mask, reward,
                                  np.repeat(seeds, k), self.with_values)
+        success = reward > 0
+        dones = np.zeros((b, t), bool)
+        dones[np.arange(b)[ended], n[ended] - 1] = True
+        recorded = RecordedBatch(
+            actions=np.where(mask, a["action"], 0), rewards=a["reward"].astype(np.float32),
+            dones=dones, valid=mask.copy(), mask=mask, lengths=n.astype(np.int32),
+            task_seeds=np.repeat(seeds, k).astype(np.int64), groups=groups, outcome=reward,
+            success=success, truncated=a["truncated"].any(1), errored=np.zeros(b, bool),
+            states=a["state"])
         eb = EpisodeBatch(trajs, trajs, mask, np.where(mask, reward[:, None], 0.0).astype(
             np.float32), step_r, reward, groups, np.zeros((b, t), bool), np.zeros(b, bool),
             units, rows.astype(np.int64), cols.astype(np.int64),
-            a["logp"][mask].astype(np.float32))
-        success = reward > 0
+            a["logp"][mask].astype(np.float32), recorded)
         all_fail = np.array([not success[groups == j].any() for j in range(g)])
         metrics = {
             "train/success": float(success.mean()), "train/reward": float(reward.mean()),

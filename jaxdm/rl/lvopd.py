@@ -47,7 +47,7 @@ import dataclasses
 import functools
 import math
 import time
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -64,7 +64,9 @@ __all__ = ["STUDENT_TOP_K", "TEACHER_TOP_K", "DEFAULT_DISTILL_COEF", "LVOPD_KEYS
            "lm_head_matrix", "lvopd_loss_from_hidden", "lvopd_loss_fused",
            "lvopd_objective", "unit_gate_weights", "lvopd_unit_arrays",
            "TeacherTopK", "LocalTeacher", "RemoteTeacher", "teacher_topk_signal",
-           "pack_trajectory", "unit_teacher_lists", "LVOPDBatcher"]
+           "pack_trajectory", "unit_teacher_lists", "LVOPDBatcher", "DistillForm",
+           "DISTILL_FORMS", "distill_form", "TeacherPolicy", "TEACHER_POLICIES",
+           "register_teacher_policy"]
 
 STUDENT_TOP_K = 16
 TEACHER_TOP_K = 32
@@ -89,12 +91,15 @@ def _response_hidden(params, config: ModelConfig, tokens, valid, positions):
 
 
 def _distill(h_resp, head, batch, *, impl: str):
+    """The gated top-k reverse KL of the units' response positions (one implementation for
+    every policy form; the student support is min(16, V): all 6 actions for the symbolic
+    policy, where with K_T = V = 6 the top-k KL is the exact reverse KL)."""
     w = jnp.asarray(batch["lvopd/weights"], jnp.float32)[:, None]          # [M, 1]: one action
     mask = jnp.asarray(batch["lvopd/mask"], bool)
     return lvopd_distill_loss(h_resp, batch["lvopd/teacher_ids"],
                               batch["lvopd/teacher_logprobs"], w,
                               jnp.zeros(mask.shape, jnp.int32), mask, lm_head=head,
-                              k=STUDENT_TOP_K, impl=impl)
+                              k=min(STUDENT_TOP_K, int(head.shape[1])), impl=impl)
 
 
 def lvopd_loss_from_hidden(logp, old_logp, adv, response_mask, h_resp, head, batch: dict, *,
@@ -199,26 +204,68 @@ def lvopd_objective(params, config: ModelConfig, tokens, valid, old_logp, adv, b
                             dual_clip=dual_clip, impl=impl)
 
 
+# ---- policy forms the term reads (a registry: policy.form -> DistillForm) ----------------
+@dataclasses.dataclass(frozen=True)
+class DistillForm:
+    """How the ``lvopd`` term reads one policy form as (hidden states, LM head).
+
+    ``student(policy, params, batch) -> (h_resp [M, R, d], head [d, V])``: the hidden states
+    at the units' response positions and the output matrix; ``span(unit) -> (prompt length,
+    response length)`` of a training unit; ``min_r``: smallest response bucket."""
+
+    student: Callable
+    span: Callable[[Any], tuple[int, int]]
+    min_r: int = 8
+
+
+def _gather(hidden, batch):
+    return jnp.take_along_axis(hidden, jnp.asarray(batch["lvopd/positions"])[..., None],
+                               axis=1)
+
+
+def _generative_student(policy, params, batch):
+    if "policy/hidden" in batch:  # the train step's one policy forward (jaxdm.rl.terms)
+        h_resp = _gather(batch["policy/hidden"], batch)
+    else:
+        tb = batch["policy"]
+        _, h_resp = _response_hidden(params, policy.config, tb.tokens, tb.valid,
+                                     batch["lvopd/positions"])
+    return h_resp, lm_head_matrix(params, policy.config)
+
+
+def _symbolic_student(policy, params, batch):
+    """The MLP as (last hidden layer + a constant 1, [W; b] / temperature): one "token" per
+    unit, the output layer as the LM head (``SymbolicMLPPolicy.linear_head``)."""
+    hidden = batch["policy/hidden"] if "policy/hidden" in batch else \
+        policy.hidden_states(params, batch["policy"])                       # [M, 1, H]
+    return _gather(policy.with_bias_input(hidden), batch), policy.linear_head(params)
+
+
+DISTILL_FORMS: dict[str, DistillForm] = {
+    "generative": DistillForm(_generative_student,
+                              lambda u: (len(u["prompt"]), len(u["response"]))),
+    "symbolic": DistillForm(_symbolic_student, lambda u: (1, 1), min_r=1),
+}
+
+
+def distill_form(form: str | None) -> DistillForm:
+    if form not in DISTILL_FORMS:
+        raise ValueError(f"algo.terms.lvopd: policy form {form!r} has no distillation path; "
+                         f"forms: {sorted(DISTILL_FORMS)} (policy.form 'generative' or "
+                         "policy.kind 'symbolic_mlp')")
+    return DISTILL_FORMS[form]
+
+
 def _lvopd_term(params, batch, aux):
     """Registered ``lvopd`` term: the gated distillation (the trainer's ``ppo`` term is the
     surrogate; the term's weight in ``algo.terms`` is the distillation coefficient)."""
-    policy = aux.policy
-    if getattr(policy, "form", None) != "generative":
-        raise ValueError("algo.terms.lvopd needs the generative policy (policy.form="
-                         f"'generative'); got form {getattr(policy, 'form', None)!r}")
+    form = distill_form(getattr(aux.policy, "form", None))
     missing = [k for k in LVOPD_KEYS if k not in batch]
     if missing:
         raise ValueError(f"algo.terms.lvopd: the mini-batch lacks {missing}; the trainer must "
                          "add lvopd_unit_arrays(...) for the 'teacher_topk' signal")
-    tb = batch["policy"]
-    if "policy/hidden" in batch:  # the train step's one policy forward (jaxdm.rl.terms)
-        h_resp = jnp.take_along_axis(batch["policy/hidden"],
-                                     jnp.asarray(batch["lvopd/positions"])[..., None], axis=1)
-    else:
-        _, h_resp = _response_hidden(params["policy"], policy.config, tb.tokens, tb.valid,
-                                     batch["lvopd/positions"])
-    return _distill(h_resp, lm_head_matrix(params["policy"], policy.config), batch,
-                    impl="auto")
+    h_resp, head = form.student(aux.policy, params["policy"], batch)
+    return _distill(h_resp, head, batch, impl="auto")
 
 
 register_loss_term("lvopd", _lvopd_term, needs=("teacher_topk",), reads_policy_hidden=True)
@@ -253,27 +300,30 @@ def _bucket(n: int, minimum: int = 8) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def lvopd_unit_arrays(units: Sequence[dict], weights: Sequence[float],
+def lvopd_unit_arrays(units: Sequence[Any], weights: Sequence[float],
                       teacher: Sequence[TeacherTopK | None], pad_to: int,
-                      k_t: int = TEACHER_TOP_K) -> dict[str, np.ndarray]:
-    """The ``LVOPD_KEYS`` arrays of one mini-batch of generative units (padding rows: zeros).
+                      k_t: int = TEACHER_TOP_K, *, form: str = "generative"
+                      ) -> dict[str, np.ndarray]:
+    """The ``LVOPD_KEYS`` arrays of one mini-batch of units of a policy ``form``
+    (``DISTILL_FORMS``: its unit spans; padding rows: zeros).
 
     ``teacher[i]`` None (failed teacher) gives unit i no distillation (mask False).
     """
+    spec = distill_form(form)
     if not len(units) == len(weights) == len(teacher):
         raise ValueError(f"{len(units)} units, {len(weights)} weights, {len(teacher)} teacher "
                          "lists: one each")
     if pad_to < len(units):
         raise ValueError(f"pad_to={pad_to} < number of units {len(units)}")
-    r = _bucket(max((len(u["response"]) for u in units), default=1))
+    spans = [spec.span(u) for u in units]
+    r = _bucket(max((n for _, n in spans), default=1), spec.min_r)
     pos = np.zeros((pad_to, r), np.int32)
     mask = np.zeros((pad_to, r), bool)
     response = np.zeros((pad_to, r), bool)
     ids = np.zeros((pad_to, r, k_t), np.int32)
     lps = np.full((pad_to, r, k_t), -math.log(k_t) - 1.0, np.float32)  # finite filler
     w = np.zeros((pad_to,), np.float32)
-    for i, (u, wi, tk) in enumerate(zip(units, weights, teacher)):
-        p, n = len(u["prompt"]), len(u["response"])
+    for i, ((p, n), wi, tk) in enumerate(zip(spans, weights, teacher)):
         if p < 1:
             raise ValueError(f"unit {i}: empty prompt")
         pos[i, :n] = p - 1 + np.arange(n)
@@ -299,11 +349,14 @@ class LVOPDBatcher:
     ``episodes``: the ``EpisodeBatch``; ``adv``: its [B, T] step advantages (the configured
     estimator's, LVRL by default); ``signal``: the iteration's ``teacher_topk`` signal;
     ``gate``: a ``jaxdm.rl.distill.GATES`` name (``lvopd``, ``pure``, ``trajectory``; the
-    latter reads success = outcome > 0).
+    latter reads success = outcome > 0); ``form``: the policy's form (``DISTILL_FORMS``).
     """
 
     def __init__(self, episodes, adv: np.ndarray, signal: Signal, *, gate: str = "lvopd",
-                 normalize: str = "std"):
+                 normalize: str = "std", form: str = "generative"):
+        distill_form(form)  # ValueError naming the unsupported form
+        self.form = form
+        self.k_t = int(signal.arrays["ids"].shape[1])
         success = np.asarray(episodes.outcome) > 0
         self.weights = unit_gate_weights(gate, adv, episodes.mask, episodes.unit_rows,
                                          episodes.unit_cols, success=success,
@@ -317,7 +370,8 @@ class LVOPDBatcher:
     def arrays(self, idx: Sequence[int], pad_to: int) -> dict[str, np.ndarray]:
         idx = [int(j) for j in idx]
         return lvopd_unit_arrays([self.units[j] for j in idx], self.weights[idx],
-                                 [self.teacher[j] for j in idx], pad_to)
+                                 [self.teacher[j] for j in idx], pad_to, self.k_t,
+                                 form=self.form)
 
 
 # ---- teachers ------------------------------------------------------------------------------
@@ -540,18 +594,37 @@ def unit_teacher_lists(signal: Signal) -> list[TeacherTopK | None]:
             if a["unit_ok"][j] else None for j in range(len(off) - 1)]
 
 
-def _check(cfg) -> None:
-    if cfg.teacher.kind not in ("remote", "local_readout", "local_likelihood"):
-        raise ValueError("teacher.kind: the 'teacher_topk' signal needs a teacher policy: "
-                         "'remote' (base_url, model) or a local checkpoint (teacher.path)")
+# ---- teacher policies (a registry: teacher.kind -> how the signal gets the teacher) -------
+@dataclasses.dataclass(frozen=True)
+class TeacherPolicy:
+    """A ``teacher.kind`` the ``teacher_topk`` signal can use: ``build(cfg, trainer) ->
+    backend`` once at start, ``produce(episodes, backend) -> Signal`` per iteration, and the
+    ``policy.kind`` values it can teach."""
+
+    build: Callable[[Any, Any], Any]
+    produce: Callable[[Any, Any], Signal]
+    policy_kinds: tuple[str, ...]
 
 
-def _build(cfg, trainer):
+TEACHER_POLICIES: dict[str, TeacherPolicy] = {}
+
+
+def register_teacher_policy(kind: str, build: Callable, produce: Callable,
+                            policy_kinds: tuple[str, ...]) -> None:
+    if kind in TEACHER_POLICIES:
+        raise ValueError(f"teacher policy {kind!r} is already registered")
+    TEACHER_POLICIES[kind] = TeacherPolicy(build, produce, tuple(policy_kinds))
+
+
+def _build_remote(cfg, trainer):
     t = cfg.teacher
-    if t.kind == "remote":
-        return RemoteTeacher(t.base_url, t.model, timeout=t.timeout, api_key_env=t.api_key_env)
+    return RemoteTeacher(t.base_url, t.model, timeout=t.timeout, api_key_env=t.api_key_env)
+
+
+def _build_local(cfg, trainer):
     from jaxdm.models.loading import load_params, read_config
 
+    t = cfg.teacher
     if not t.path:
         raise ValueError("teacher.path: a local teacher policy needs a checkpoint folder")
     config = read_config(t.path)
@@ -559,8 +632,41 @@ def _build(cfg, trainer):
                         vocab_size=trainer.model_config.vocab_size)
 
 
+def _build_privileged(cfg, trainer):
+    from jaxdm.rl.babyai_teacher import build_topk_teacher
+
+    return build_topk_teacher(cfg, trainer)
+
+
+register_teacher_policy("remote", _build_remote, teacher_topk_signal, ("text",))
+for _kind in ("local_readout", "local_likelihood"):
+    register_teacher_policy(_kind, _build_local, teacher_topk_signal, ("text",))
+# The privileged BabyAI teacher (jaxdm.rl.babyai_teacher): K_T = 6, every action's log-prob.
+register_teacher_policy("babyai_privileged", _build_privileged,
+                        lambda episodes, backend: backend.topk_signal(episodes),
+                        ("symbolic_mlp",))
+
+
+def _check(cfg) -> None:
+    tp = TEACHER_POLICIES.get(cfg.teacher.kind)
+    if tp is None:
+        raise ValueError(f"teacher.kind: the 'teacher_topk' signal needs a teacher policy "
+                         f"{sorted(TEACHER_POLICIES)} ('remote': base_url, model; a local "
+                         f"checkpoint: teacher.path), got {cfg.teacher.kind!r}")
+    if cfg.policy.kind not in tp.policy_kinds:
+        raise ValueError(f"teacher.kind: {cfg.teacher.kind!r} teaches policy.kind "
+                         f"{list(tp.policy_kinds)}, not {cfg.policy.kind!r}")
+    if cfg.policy.kind == "text" and cfg.policy.form not in DISTILL_FORMS:
+        raise ValueError(f"policy.form: the lvopd term distills token distributions of the "
+                         f"'generative' policy, not the {cfg.policy.form!r} form")
+
+
+def _build(cfg, trainer):
+    return TEACHER_POLICIES[cfg.teacher.kind].build(cfg, trainer)
+
+
 def _produce(episodes, backend, cfg) -> Signal:
-    return teacher_topk_signal(episodes, backend)
+    return TEACHER_POLICIES[cfg.teacher.kind].produce(episodes, backend)
 
 
 register_signal("teacher_topk", _produce, build=_build, check=_check)

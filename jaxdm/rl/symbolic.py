@@ -99,19 +99,51 @@ class SymbolicMLPPolicy:
     def init_params(self, key: jax.Array) -> list[dict]:
         return init_mlp(key, [self.feature_dim, *self.hidden, self.num_actions])
 
-    def logits(self, params, rows: jax.Array) -> jax.Array:
-        """Action logits [.., A] of int observation rows [.., R] (pure, jit/vmap-able)."""
+    def last_hidden(self, params, rows: jax.Array) -> jax.Array:
+        """The last hidden layer's activations [.., H] of int observation rows [.., R]."""
         if rows.shape[-1] != self.row_width:
             raise ValueError(f"observation rows have width {rows.shape[-1]}, the policy "
                              f"expects {self.row_width}")
-        return mlp(params, self.features(rows)) / self.temperature
+        x = self.features(rows)
+        for layer in params[:-1]:
+            x = jnp.tanh(x @ layer["w"] + layer["b"])
+        return x
+
+    def _head_logits(self, params, hidden: jax.Array) -> jax.Array:
+        return (hidden @ params[-1]["w"] + params[-1]["b"]) / self.temperature
+
+    def logits(self, params, rows: jax.Array) -> jax.Array:
+        """Action logits [.., A] of int observation rows [.., R] (pure, jit/vmap-able)."""
+        return self._head_logits(params, self.last_hidden(params, rows))
+
+    def linear_head(self, params) -> jax.Array:
+        """The output layer as one matrix [H + 1, A] (weights, then the bias row; divided by
+        the temperature): ``with_bias_input(hidden) @ linear_head(params)`` are the logits.
+        LVOPD's distillation reads the policy as (hidden states, "LM head") through it."""
+        last = params[-1]
+        return jnp.concatenate([last["w"], last["b"][None]], 0) / self.temperature
+
+    @staticmethod
+    def with_bias_input(hidden: jax.Array) -> jax.Array:
+        """``hidden`` [.., H] with a constant 1 appended [.., H + 1] (see ``linear_head``)."""
+        return jnp.concatenate([hidden, jnp.ones(hidden.shape[:-1] + (1,), hidden.dtype)], -1)
 
     def training_batch(self, units: Sequence[Any], pad_to: int) -> RowBatch:
         return rows_batch(units, pad_to, self.row_width)
 
+    def hidden_states(self, params, batch: RowBatch) -> jax.Array:
+        """[D, 1, H]: one "token" per row (the train step's one forward, shared by the terms
+        that read it, ``jaxdm.rl.terms``)."""
+        return self.last_hidden(params, jnp.asarray(batch.rows))[:, None, :]
+
     def logp_and_entropy(self, params, batch: RowBatch):
         """(logp [D, 1], entropy [D, 1], mask [D, 1]) of the chosen actions."""
-        logp_all = jax.nn.log_softmax(self.logits(params, jnp.asarray(batch.rows)), -1)
+        return self.logp_and_entropy_from_hidden(params, self.hidden_states(params, batch),
+                                                 batch)
+
+    def logp_and_entropy_from_hidden(self, params, hidden: jax.Array, batch: RowBatch):
+        """``logp_and_entropy`` from ``hidden_states``' output [D, 1, H]."""
+        logp_all = jax.nn.log_softmax(self._head_logits(params, hidden[:, 0]), -1)
         chosen = jnp.asarray(batch.chosen)
         picked = jnp.take_along_axis(logp_all, chosen[:, None], axis=-1)
         ent = -jnp.sum(jnp.exp(logp_all) * logp_all, -1, keepdims=True)

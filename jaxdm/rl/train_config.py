@@ -88,8 +88,13 @@ class TeacherSection:
         from jaxdm.decision import BACKEND_KINDS
 
         if self.kind != "none" and self.kind not in BACKEND_KINDS:
-            raise ValueError(f"teacher.kind must be 'none' or a backend kind "
-                             f"{list(BACKEND_KINDS)}, got {self.kind!r}")
+            # [LVOPD] or a teacher policy only the teacher_topk signal uses (jaxdm.rl.lvopd)
+            from jaxdm.rl.lvopd import TEACHER_POLICIES
+
+            if self.kind not in TEACHER_POLICIES:
+                raise ValueError(f"teacher.kind must be 'none', a backend kind "
+                                 f"{list(BACKEND_KINDS)} or a teacher policy "
+                                 f"{sorted(TEACHER_POLICIES)}, got {self.kind!r}")
         if self.max_failure_frac is not None and not 0.0 < self.max_failure_frac <= 1.0:
             raise ValueError(f"teacher.max_failure_frac must be in (0, 1] or null, got "
                              f"{self.max_failure_frac}")

@@ -203,8 +203,8 @@ class Trainer:
         if "lvopd" in cfg.algo.terms:  # the gate over the WHOLE batch, before mini-batching
             from jaxdm.rl.lvopd import LVOPDBatcher
 
-            lvopd = LVOPDBatcher(eb, adv.adv, signals["teacher_topk"],
-                                 gate=cfg.algo.lvopd_gate)
+            lvopd = LVOPDBatcher(eb, adv.adv, signals["teacher_topk"],  # [LVOPD] form
+                                 gate=cfg.algo.lvopd_gate, form=self.policy.form)
         unit_adv = adv.adv[eb.unit_rows, eb.unit_cols]
         m = cfg.algo.mini_batch
         n_mb = -(-n // m)
