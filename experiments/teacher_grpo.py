@@ -11,6 +11,11 @@ Compare advantage estimators on the same seeds (PNG curves + a summary table)::
 
     python experiments/teacher_grpo.py --config toy_ordering --compare grpo,teacher --seeds 0,1,2
 
+``teacher`` uses the config's teacher; ``teacher@JUDGE`` the same estimator with another judge,
+named as ``jaxdm screen --judge`` names one (``smollm2``, ``smollm2-judge``: the trained judge
+shipped in ``jaxdm/judges``, an HF or adapter folder, ``kind:key=value``), e.g.
+``--compare grpo,teacher,teacher@smollm2-judge`` (runs in ``teacher@smollm2-judge_seed0``, ...).
+
 ``--config`` takes a path or a preset name in ``experiments/configs/`` (``teacher_grpo_<name>
 .yaml``); any ``a.b=value`` argument overrides a config key (unknown keys are an error).
 
@@ -57,22 +62,50 @@ def run_one(cfg: TrainConfig, resume: bool, overwrite: bool = False) -> list[dic
         trainer.close()
 
 
+def teacher_for(judge: str, base):
+    """The ``TeacherSection`` ``base`` with the judge ``judge`` (a ``jaxdm screen --judge``
+    name: alias, HF or adapter folder, ``kind:key=value``); question, context and failure
+    settings stay. A spec key the teacher section has no field for is an error naming it."""
+    from jaxdm.screen.run import ScreenError, normalize_judge_spec
+
+    try:
+        spec = normalize_judge_spec(judge)
+    except ScreenError as e:
+        raise SystemExit(f"--compare: teacher@{judge}: {e}") from None
+    spec.pop("name", None)
+    fields = {f.name for f in dataclasses.fields(base)}
+    unknown = sorted(set(spec) - fields)
+    if unknown:
+        raise SystemExit(f"--compare: teacher@{judge}: key(s) {unknown} are not teacher "
+                         f"settings (teacher.*: {sorted(fields)})")
+    return dataclasses.replace(base, **spec)
+
+
 def compare(cfg: TrainConfig, estimators: list[str], seeds: list[int], resume: bool,
             overwrite: bool = False) -> dict:
     """Train every estimator on every seed; plot mean success curves; return a summary."""
     base = Path(cfg.out_dir)
     curves: dict[str, list[dict]] = {}
     summary: dict[str, dict] = {}
+    teachers = {}                       # every entry checked before the first run starts
     for est in estimators:
-        if est not in ESTIMATORS:
-            raise SystemExit(f"--compare: unknown estimator {est!r}; known {sorted(ESTIMATORS)}")
+        name, _, judge = est.partition("@")
+        if name not in ESTIMATORS:
+            raise SystemExit(f"--compare: unknown estimator {name!r}; known {sorted(ESTIMATORS)}")
+        if judge and name != "teacher":
+            raise SystemExit(f"--compare: {est!r}: only the 'teacher' estimator takes a judge")
+        if name != "teacher":
+            teachers[est] = dataclasses.replace(cfg.teacher, kind="none")
+        else:
+            teachers[est] = teacher_for(judge, cfg.teacher) if judge else cfg.teacher
+    for est in estimators:
+        name = est.partition("@")[0]
         runs = []
         for s in seeds:
-            teacher = cfg.teacher if est == "teacher" else dataclasses.replace(cfg.teacher,
-                                                                             kind="none")
+            teacher = teachers[est]
             c = dataclasses.replace(
                 cfg, seed=s, out_dir=str(base / f"{est}_seed{s}"), teacher=teacher,
-                algo=dataclasses.replace(cfg.algo, advantage=est),
+                algo=dataclasses.replace(cfg.algo, advantage=name),
                 model=dataclasses.replace(cfg.model, init_seed=s))
             print(f"== {est}, seed {s} -> {c.out_dir}", flush=True)
             runs.append(run_one(c, resume, overwrite))
@@ -87,6 +120,10 @@ def compare(cfg: TrainConfig, estimators: list[str], seeds: list[int], resume: b
         row = {"train_success_first5": float(succ[:, :5].mean()),
                "train_success_last5": float(succ[:, -5:].mean()),
                "iterations_to_0.5": _first_crossing(succ.mean(0), 0.5)}
+        stds = [r["teacher/score_std"] for t in train for r in t
+                if r.get("teacher/score_std") is not None]
+        if stds:  # how much the judge's scores vary (a flat judge adds ~nothing to A_out)
+            row["teacher_score_std"] = float(np.mean(stds))
         if evals:
             for k in sorted(evals[0]):
                 if k.startswith("eval/") and not k.endswith("_std"):

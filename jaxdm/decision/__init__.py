@@ -61,6 +61,10 @@ def _load_pretrained(path: str, dtype: Any):
     if path == "smollm2":
         from jaxdm.models.smollm2 import smollm2
         return smollm2(dtype)
+    from jaxdm.train.lora import is_adapter_folder
+    if is_adapter_folder(path):  # a LoRA adapter folder (e.g. jaxdm/judges/smollm2_progress)
+        from jaxdm.train.sft import load_adapted
+        return load_adapted(path, dtype.name)
     return models.load_pretrained(path, dtype)
 
 
@@ -69,7 +73,9 @@ def make_backend(spec: Mapping[str, Any], *, pretrained: Any = None) -> Decision
     {"kind": "oracle", "noise": 0.1}, {"kind": "remote", "base_url": ..., "model": ...,
     "api_key_env": "MY_KEY", "price_per_1k_in": 0.1}.
 
-    ``path`` is an HF folder or "smollm2" (the packaged default model); ``pretrained`` (an
+    ``path`` is an HF folder, an adapter folder (``jaxdm.train.lora``: its base model with the
+    LoRA adapters merged, e.g. the trained judge ``jaxdm/judges/smollm2_progress``) or
+    "smollm2" (the packaged default model); ``pretrained`` (an
     already loaded jaxdm.models.Pretrained) overrides ``path``. Unknown kinds or keys raise
     ValueError naming them.
     """

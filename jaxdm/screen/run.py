@@ -173,25 +173,11 @@ def build_judges(specs: Sequence[Any]):
             raise ScreenError(f"two judges are named {name!r}; give one a distinct name=")
         names.add(name)
         try:
-            backend = make_backend(spec, pretrained=_adapted(spec))
+            backend = make_backend(spec)   # an adapter folder path: base + merged LoRA
         except (ValueError, TypeError, KeyError, FileNotFoundError) as e:
             raise ScreenError(f"judge {name!r}: {e}") from e
         judges.append((name, backend))
     return judges
-
-
-def _adapted(spec: Mapping[str, Any]):
-    """The merged model of a local judge whose path is an adapter folder, else None (the
-    backend loads its own path)."""
-    path = spec.get("path")
-    if not (str(spec.get("kind")).startswith("local_") or spec.get("kind") == "prompted") \
-            or not isinstance(path, str) or path == "smollm2":
-        return None
-    from jaxdm.train.lora import is_adapter_folder
-    if not is_adapter_folder(path):
-        return None
-    from jaxdm.train.sft import load_adapted
-    return load_adapted(path, spec.get("dtype") or "float32")
 
 
 def load_trajectories(cfg: ScreenConfig) -> list[Trajectory]:

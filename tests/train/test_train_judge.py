@@ -41,3 +41,25 @@ def test_few_steps_move_the_gap(tmp_path):
         assert np.isfinite(float(loss))
     after = _gap(params, pre.config, batch, items)
     assert abs(before) < 0.05 and after > before + 0.2, (before, after)
+
+
+def test_judge_trains_on_the_tokens_it_is_scored_on(tmp_path):
+    """A training line's Yes/No item and the judge request the teacher / screen scores for
+    the same action are the same tokens, read at the same position with the same labels."""
+    from jaxdm.decision.local import LocalReadout
+    from jaxdm.roles import judge_requests
+
+    traj = alfworld_like_trajectory(seed=3, n_actions=12)
+    pre = tiny(seed=2)
+    enc, judge = packing.Encoder(pre, "readout"), LocalReadout(pre)
+    for context in ("hindsight", "prefix"):
+        lines, _ = judge_lines([traj], context=context)
+        items = [it for s in read_states(write_states(tmp_path / f"{context}.jsonl", lines))
+                 for it in s]
+        targets = [q["target"] for line in lines for q in line["questions"]]
+        asked = judge_requests(traj, context=context)
+        scored = judge.yesno_requests([asked[t] for t in targets])
+        assert len(items) == len(scored) == 4
+        for it, want in zip(items, scored):
+            [got], how = enc.requests(it)
+            assert how == "readout" and got == want
