@@ -6,9 +6,11 @@ decoder never sees HF names. Safetensors only: pickle weights (.bin/.pt) are ref
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import mmap
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -250,16 +252,49 @@ class _HostArena:
         return out
 
 
-def load_params(folder: str | Path, config: ModelConfig, dtype: Any = jnp.float32) -> Params:
+def load_params(folder: str | Path, config: ModelConfig, dtype: Any = jnp.float32, *,
+                write_cache: bool = False) -> Params:
     """Reads the safetensors weights of an HF folder into the internal params pytree.
 
-    The files are memory-mapped; each tensor is copied once, transposed and cast, into its
-    slot of the internal arrays (layers stacked, aligned host memory), and the tree goes to
-    the device in one ``device_put`` (no further copy on CPU)."""
+    From the converted-params cache when it holds this checkpoint (see ``params_cache_dir``;
+    ``write_cache=True`` or ``ensure_params_cache`` fills it). Otherwise the files are
+    memory-mapped; each tensor is copied once, transposed and cast, into its slot of the
+    internal arrays (layers stacked, aligned host memory). The tree goes to the device in one
+    ``device_put`` (no further copy on CPU)."""
     folder = Path(folder)
     files, weight_map = _weight_files(folder)
     expected = param_shapes(config)
     np_dtype = np.dtype(jnp.dtype(dtype))
+    entry = _params_cache_entry(files, config, expected, np_dtype)
+    if entry is not None:
+        cached = _read_cached(entry, expected, np_dtype)
+        if cached is not None:
+            return jax.device_put(cached)
+    out = _convert(folder, files, weight_map, config, expected, np_dtype)
+    if entry is not None and write_cache:
+        _write_cached(entry, out)
+    return jax.device_put(out)
+
+
+def ensure_params_cache(folder: str | Path, dtype: Any = jnp.float32) -> Path | None:
+    """Fills the converted-params cache for an HF folder (a setup step: writing ~0.5 GB of
+    fresh files took 1-10 s on this project's loaded VMs, more than a conversion, so ordinary
+    loads only read the cache). Returns the entry, or None when the cache is disabled or the
+    checkpoint is too small to be cached."""
+    folder = Path(folder)
+    config = read_config(folder, dtype)
+    files, _ = _weight_files(folder)
+    np_dtype = np.dtype(jnp.dtype(dtype))
+    expected = param_shapes(config)
+    entry = _params_cache_entry(files, config, expected, np_dtype)
+    if entry is not None and _read_cached(entry, expected, np_dtype) is None:
+        load_params(folder, config, dtype, write_cache=True)
+    return entry
+
+
+def _convert(folder: Path, files: list[Path], weight_map: dict[str, str] | None,
+             config: ModelConfig, expected: dict, np_dtype: np.dtype) -> Params:
+    """The safetensors tensors in the internal layout (host numpy arrays)."""
     arena = _HostArena([tuple(s) for k, s in expected.items() if k != "layers"]
                        + [tuple(s) for s in expected["layers"].values()], np_dtype)
     layers_expected = expected["layers"]
@@ -322,19 +357,139 @@ def load_params(folder: str | Path, config: ModelConfig, dtype: Any = jnp.float3
             name = templates["layers/" + leaf].format(i=layer)
             raise ValueError(f"{folder}: missing tensor {name!r} in the safetensors weights")
         out["layers"][leaf] = filled[leaf]
-    return jax.device_put(out)
+    return out
+
+
+# The converted-params cache: the internal arrays of a large checkpoint (transposed, stacked,
+# cast) as .npy files, memory-mapped copy-on-write on the next load (page-aligned, so the CPU
+# device_put aliases them: no conversion and no copy). Keyed by the source files' paths, sizes
+# and modification times, the config and the dtype.
+PARAMS_CACHE_ENV = "JAXDM_PARAMS_CACHE"
+PARAMS_CACHE_MIN_BYTES = 64 << 20  # small checkpoints convert in well under a second
+PARAMS_CACHE_KEEP = 4  # entries kept (least recently used removed)
+_PARAMS_CACHE_VERSION = 1
+
+
+def params_cache_dir() -> Path | None:
+    """Where converted params are cached: ``$JAXDM_PARAMS_CACHE`` (``0``/``off``/``false``/
+    ``no``: disabled), else ``<jaxdm cache>/params`` (see ``jaxdm.models.smollm2.cache_root``)."""
+    from jaxdm.models.compile_cache import OFF_VALUES
+
+    value = os.environ.get(PARAMS_CACHE_ENV, "").strip()
+    if value.lower() in OFF_VALUES:
+        return None
+    if value:
+        return Path(value).expanduser()
+    from jaxdm.models.smollm2 import cache_root
+
+    return cache_root() / "params"
+
+
+def _params_cache_entry(files: list[Path], config: ModelConfig, expected: dict,
+                        np_dtype: np.dtype) -> Path | None:
+    root = params_cache_dir()
+    if root is None:
+        return None
+    stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    if sum(st[1] for st in stats) < PARAMS_CACHE_MIN_BYTES:
+        return None
+    # What the conversion depends on: the files, the internal shapes (which tensors exist),
+    # tied embeddings and the dtype (not the config's compute settings).
+    key = json.dumps([_PARAMS_CACHE_VERSION, stats, sorted(_leaves(expected)),
+                      config.tie_embeddings, np_dtype.name])
+    return root / hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def _leaves(params: Params):
+    for key, value in params.items():
+        if key == "layers":
+            for leaf, arr in value.items():
+                yield f"layers/{leaf}", arr
+        else:
+            yield key, value
+
+
+def _read_cached(entry: Path, expected: dict, np_dtype: np.dtype) -> Params | None:
+    """The cached arrays (memory-mapped copy-on-write), or None when the entry is missing or
+    does not match ``expected`` (then the checkpoint is converted again)."""
+    manifest = entry / "manifest.json"
+    if not manifest.exists():
+        return None
+    try:
+        names = json.loads(manifest.read_text())["leaves"]
+        out: Params = {"layers": {}}
+        for i, name in enumerate(names):
+            arr = np.load(entry / f"{i}.npy", mmap_mode="c")
+            if np_dtype.name == "bfloat16" and arr.dtype == np.uint16:
+                arr = arr.view(np_dtype)
+            group, _, leaf = name.rpartition("/")
+            want = expected[group][leaf] if group else expected[leaf]
+            if arr.dtype != np_dtype or tuple(arr.shape) != tuple(want):
+                return None
+            (out["layers"] if group else out)[leaf] = arr
+        if {k for k, _ in _leaves(out)} != {k for k, _ in _leaves(expected)}:
+            return None
+        os.utime(manifest)  # recency for the eviction
+        return out
+    except (OSError, ValueError, KeyError, json.JSONDecodeError):
+        return None
+
+
+def _write_cached(entry: Path, params: Params) -> None:
+    """Writes the entry under a temporary name and renames it (safe across processes); a
+    failure to write only costs the next load a conversion. Keeps the newest entries."""
+    import shutil
+    import tempfile
+    import warnings
+
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry.parent))
+        try:
+            names = []
+            for i, (name, arr) in enumerate(_leaves(params)):
+                if arr.dtype.name == "bfloat16":
+                    arr = arr.view(np.uint16)  # .npy has no bfloat16; the manifest's dtype does
+                np.save(tmp / f"{i}.npy", arr)
+                names.append(name)
+            (tmp / "manifest.json").write_text(json.dumps({"leaves": names}))
+            os.chmod(tmp, 0o755)
+            try:
+                os.rename(tmp, entry)
+            except OSError:
+                if not (entry / "manifest.json").exists():
+                    raise
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        entries = sorted((p for p in entry.parent.iterdir() if (p / "manifest.json").exists()),
+                         key=lambda p: (p / "manifest.json").stat().st_mtime, reverse=True)
+        for old in entries[PARAMS_CACHE_KEEP:]:
+            shutil.rmtree(old, ignore_errors=True)
+    except OSError as err:
+        warnings.warn(f"could not write the converted-params cache {entry} ({err}); set "
+                      f"{PARAMS_CACHE_ENV} to another folder or to 0 to disable it",
+                      stacklevel=3)
 
 
 def load_tokenizer(folder: str | Path):
-    """transformers fast tokenizer from tokenizer.json (+ tokenizer_config.json, chat template)."""
-    from transformers import PreTrainedTokenizerFast
+    """The tokenizer of tokenizer.json (+ tokenizer_config.json, chat template).
+
+    ``jaxdm.models.tokenizer.FastTokenizer`` (the `tokenizers` library, no transformers
+    import; transformers' ids and text) when the folder's tokenizer_config.json only uses
+    settings it reproduces, else transformers' ``PreTrainedTokenizerFast``."""
+    from jaxdm.models.tokenizer import FastTokenizer
 
     folder = Path(folder)
     if not (folder / "tokenizer.json").exists():
         raise FileNotFoundError(f"{folder}: missing tokenizer.json (pass tokenizer=False to "
                                 "load weights without a tokenizer)")
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(folder))
     template = read_chat_template(folder)
+    if FastTokenizer.supports(folder):
+        return FastTokenizer(folder, chat_template=template)
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(folder))
     if template is not None and not getattr(tokenizer, "chat_template", None):
         tokenizer.chat_template = template
     return tokenizer

@@ -20,7 +20,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from jaxdm.models.gguf_convert import CONVERTER_VERSION, convert_gguf
-from jaxdm.models.loading import Pretrained, load_pretrained
+from jaxdm.models.loading import Pretrained, ensure_params_cache, load_pretrained
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _FOLDER_NAME = f"smollm2-135m-instruct-q4_1-v{CONVERTER_VERSION}"
@@ -93,12 +93,16 @@ def smollm2(dtype: Any = jnp.float32) -> Pretrained:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ensure", action="store_true",
-                        help="convert the packaged GGUF if needed and print the folder")
+                        help="convert the packaged GGUF if needed (and cache the fp32 params in "
+                             "the internal layout, see jaxdm.models.loading.params_cache_dir) "
+                             "and print the folder")
     args = parser.parse_args(argv)
     if not args.ensure:
         parser.print_help()
         return 2
-    print(smollm2_path())
+    folder = smollm2_path()
+    ensure_params_cache(folder, jnp.float32)
+    print(folder)
     return 0
 
 

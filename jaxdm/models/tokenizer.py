@@ -1,0 +1,232 @@
+"""A checkpoint's tokenizer.json through the `tokenizers` library, without importing transformers.
+
+Importing transformers and building its ``PreTrainedTokenizerFast`` took ~4 s of every
+``jaxdm`` start (issue 17); ``tokenizers.Tokenizer.from_file`` takes ~0.5 s. ``FastTokenizer``
+implements the part of the ``PreTrainedTokenizerFast`` interface jaxdm calls (``__call__``,
+``encode``, ``decode``, ``apply_chat_template(..., tokenize=False)`` on plain text messages,
+the special-token attributes, ``vocab_size``) with the same ids and text; anything else
+(``tools=``, ``tokenize=True``, ``save_pretrained``, ...) goes to the transformers tokenizer,
+loaded on first such use. ``FastTokenizer.supports(folder)`` says whether a folder's
+``tokenizer_config.json`` only uses settings this class reproduces; ``load_tokenizer`` in
+``jaxdm.models.loading`` uses transformers for the others.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+# Special-token attributes of transformers tokenizers (values: a string or {"content": ...}).
+SPECIAL_ATTRIBUTES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                      "cls_token", "mask_token")
+# tokenizer_config.json keys whose effect FastTokenizer reproduces (with these values).
+_NEUTRAL = {"add_bos_token": (False, None), "add_eos_token": (False, None),
+            "clean_up_tokenization_spaces": (False, None)}
+_IGNORED = {"tokenizer_class", "model_max_length", "chat_template", "padding_side",
+            "truncation_side", "model_input_names", "extra_special_tokens"} | set(SPECIAL_ATTRIBUTES)
+_TOKENIZER_CLASSES = (None, "PreTrainedTokenizerFast")
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _read_config(folder: Path) -> dict:
+    path = folder / "tokenizer_config.json"
+    if not path.exists():
+        return {}
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: invalid JSON: {err}") from err
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return config
+
+
+class FastTokenizer:
+    """tokenizer.json via `tokenizers`, with transformers' ``PreTrainedTokenizerFast`` results."""
+
+    def __init__(self, folder: str | Path, chat_template: str | None = None):
+        from tokenizers import AddedToken, Tokenizer
+
+        self.folder = Path(folder)
+        path = self.folder / "tokenizer.json"
+        if not path.exists():
+            raise FileNotFoundError(f"{self.folder}: missing tokenizer.json")
+        config = _read_config(self.folder)
+        reason = self.unsupported(config)
+        if reason:
+            raise ValueError(f"{self.folder}/tokenizer_config.json: {reason}; load it with "
+                             "jaxdm.models.loading.load_tokenizer (transformers)")
+        self._tok = Tokenizer.from_file(str(path))
+        self._special: dict[str, str] = {}
+        for attr in SPECIAL_ATTRIBUTES:
+            text = _token_text(config.get(attr))
+            if text is not None:
+                self._special[attr] = text
+        # transformers registers the configured special tokens with the backend tokenizer (so
+        # they split out of text and decode(skip_special_tokens=True) drops them).
+        known = {t.content for t in self._tok.get_added_tokens_decoder().values() if t.special}
+        new = [AddedToken(t, special=True, normalized=False)
+               for t in dict.fromkeys(self._special.values()) if t not in known]
+        if new:
+            self._tok.add_special_tokens(new)
+        self.chat_template = chat_template
+        self._full_tokenizer = None
+
+    @staticmethod
+    def unsupported(config: dict) -> str | None:
+        """Why a tokenizer_config.json needs transformers (None: FastTokenizer reproduces it)."""
+        if config.get("tokenizer_class") not in _TOKENIZER_CLASSES:
+            return f"tokenizer_class {config.get('tokenizer_class')!r}"
+        for key, value in config.items():
+            if key in _NEUTRAL:
+                if value not in _NEUTRAL[key]:
+                    return f"{key}={value!r}"
+            elif key not in _IGNORED:
+                return f"setting {key!r}"
+        extra = config.get("extra_special_tokens")
+        if extra not in (None, {}, []):
+            return "extra_special_tokens"
+        return None
+
+    @classmethod
+    def supports(cls, folder: str | Path) -> bool:
+        folder = Path(folder)
+        return (folder / "tokenizer.json").exists() and cls.unsupported(
+            _read_config(folder)) is None
+
+    # -- special tokens ------------------------------------------------------------------
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        return dict(self._special)
+
+    def _special_id(self, attr: str) -> int | None:
+        text = self._special.get(attr)
+        return None if text is None else self._tok.token_to_id(text)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name in SPECIAL_ATTRIBUTES:
+            return self._special.get(name)
+        if name.endswith("_token_id") and name[:-3] in SPECIAL_ATTRIBUTES:
+            return self._special_id(name[:-3])
+        return getattr(self.full(), name)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=False)
+
+    def __len__(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def convert_tokens_to_ids(self, tokens):
+        if isinstance(tokens, str):
+            return self._tok.token_to_id(tokens)
+        return [self._tok.token_to_id(t) for t in tokens]
+
+    def convert_ids_to_tokens(self, ids):
+        if isinstance(ids, int):
+            return self._tok.id_to_token(ids)
+        return [self._tok.id_to_token(int(i)) for i in ids]
+
+    # -- text <-> ids --------------------------------------------------------------------
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if not isinstance(text, str):
+            raise TypeError(f"FastTokenizer.encode takes a str, got {type(text).__name__}")
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def __call__(self, text, add_special_tokens: bool = True, **kwargs) -> dict:
+        if kwargs:
+            return self.full()(text, add_special_tokens=add_special_tokens, **kwargs)
+        if isinstance(text, str):
+            return {"input_ids": self.encode(text, add_special_tokens)}
+        if isinstance(text, (list, tuple)) and all(isinstance(t, str) for t in text):
+            encs = self._tok.encode_batch(list(text), add_special_tokens=add_special_tokens)
+            return {"input_ids": [e.ids for e in encs]}
+        raise TypeError(f"FastTokenizer takes a str or a list of str, got {type(text).__name__}")
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
+        if isinstance(ids, int):
+            ids = [ids]
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def batch_decode(self, rows, skip_special_tokens: bool = False) -> list[str]:
+        return [self.decode(r, skip_special_tokens) for r in rows]
+
+    # -- chat template -------------------------------------------------------------------
+    def apply_chat_template(self, conversation, tools=None, documents=None,
+                            chat_template=None, add_generation_prompt: bool = False,
+                            tokenize: bool = True, **kwargs):
+        """transformers' rendering for plain ``{"role": str, "content": str}`` messages with
+        ``tokenize=False`` and no tools or documents; everything else goes to transformers."""
+        plain = (not tokenize and tools is None and documents is None and not kwargs
+                 and isinstance(conversation, (list, tuple))
+                 and all(isinstance(m, dict) and set(m) <= {"role", "content"}
+                         and all(type(v) is str for v in m.values()) for m in conversation))
+        template = chat_template or self.chat_template
+        compiled = _compiled(template) if plain and template is not None else None
+        if compiled is None:
+            return self.full().apply_chat_template(
+                conversation, tools=tools, documents=documents, chat_template=chat_template,
+                add_generation_prompt=add_generation_prompt, tokenize=tokenize, **kwargs)
+        messages = [dict(m) for m in conversation]
+        return compiled.render(messages=messages, tools=None, documents=None,
+                               add_generation_prompt=add_generation_prompt, **self._special)
+
+    # -- the transformers tokenizer, for everything else ---------------------------------
+    def full(self):
+        """The transformers ``PreTrainedTokenizerFast`` of the same folder (loaded once)."""
+        if self._full_tokenizer is None:
+            from transformers import PreTrainedTokenizerFast
+
+            tok = PreTrainedTokenizerFast.from_pretrained(str(self.folder))
+            if self.chat_template is not None and not getattr(tok, "chat_template", None):
+                tok.chat_template = self.chat_template
+            self._full_tokenizer = tok
+        return self._full_tokenizer
+
+    def save_pretrained(self, *args, **kwargs):
+        return self.full().save_pretrained(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"FastTokenizer({str(self.folder)!r}, vocab_size={self.vocab_size})"
+
+
+_TEMPLATES: dict[str, Any] = {}
+
+
+def _compiled(template: str):
+    """The template compiled in a sandbox set up as transformers sets up its own (trim_blocks,
+    lstrip_blocks, loop controls, ``tojson`` without HTML escaping, ``raise_exception``,
+    ``strftime_now``); None for a template this setup cannot parse (transformers' own
+    extensions, such as ``{% generation %}``): transformers renders those."""
+    if template not in _TEMPLATES:
+        import jinja2
+        import jinja2.ext
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message):
+            raise jinja2.exceptions.TemplateError(message)
+
+        def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent,
+                              separators=separators, sort_keys=sort_keys)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=[jinja2.ext.loopcontrols])
+        env.filters["tojson"] = tojson
+        env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        try:
+            _TEMPLATES[template] = env.from_string(template)
+        except jinja2.TemplateSyntaxError:
+            _TEMPLATES[template] = None
+    return _TEMPLATES[template]
