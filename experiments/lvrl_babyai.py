@@ -29,9 +29,6 @@ seed), ``success_curves.png`` (train / ID / OOD success, mean ± s.e. over seeds
 
     python experiments/lvrl_babyai.py --quick          # smoke (~1-2 min)
     python experiments/lvrl_babyai.py                  # the README run
-
-The original standalone loop (one jitted program per method, vmapped over seeds) lives in
-``experiments/babyai_loop.py``; its names are re-exported here for ``lvopd_babyai.py``.
 """
 from __future__ import annotations
 
@@ -45,12 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from babyai_loop import (FEAT, NUM_ACT, Config, advantages, features, gae,  # noqa: E402,F401
-                         init_mlp, init_state, loss_fn, make_eval, make_iteration, mlp,
-                         rollout)
-
-from jaxdm import config as cfgmod  # noqa: E402
+from jaxdm import config as cfgmod
 
 METHODS = {
     "grpo": ["algo.advantage=grpo"],
