@@ -71,7 +71,7 @@ import numpy as np
 from jaxdm.models import sharding as sh
 from jaxdm.rl.policy import SampleWindow, bucket
 
-__all__ = ["Distributed", "UnitRows", "RecordOnly", "allgather", "barrier", "gather_rows",
+__all__ = ["Distributed", "LocalCopy", "UnitRows", "RecordOnly", "allgather", "barrier", "gather_rows",
            "gather_objects", "is_main"]
 
 
@@ -145,7 +145,7 @@ class Distributed:
         self.first_task, self.local_tasks = groups.start, len(groups)
         # the one-process rollout pads every turn to bucket(all slots) decisions
         self.window_rows = bucket(cfg.tasks_per_iter * cfg.group_size)
-        self._local: tuple[Any, Any] | None = None  # (global tree, its local copy)
+        self._copy = LocalCopy(mesh)
 
     @classmethod
     def create(cls, cfg, mesh) -> "Distributed | None":
@@ -156,19 +156,13 @@ class Distributed:
     def local_params(self, tree: Any) -> Any:
         """A replicated copy of the global ``tree`` on this process's first device, for
         process-local acting (a collective; the last copy is reused for the same tree)."""
-        if self._local is not None and self._local[0] is tree:
-            return self._local[1]
-        whole = jax.jit(lambda t: t, out_shardings=sh.replicated(self.mesh))(tree)
-        local = jax.tree.map(lambda x: x.addressable_data(0), whole)
-        self._local = (tree, local)
-        return local
+        return self._copy(tree)
 
     def rollout_args(self, policy, params, seed: int, key) -> tuple[Any, Any, int, Any]:
         """(policy, params, task seed, key) of this process's share of the rollout."""
         params = self.local_params(params)
         seed = seed + self.first_task
-        data = jax.random.key_data(key).addressable_data(0)  # the same key, on this process
-        key = jax.random.wrap_key_data(data, impl=jax.random.key_impl(key))
+        key = LocalCopy.key(key)  # the same key, on this process
         if getattr(policy, "form", None) == "option":
             return _WindowedPolicy(policy, self), params, seed, key
         return policy, params, seed, jax.random.fold_in(key, jax.process_index())
@@ -234,6 +228,31 @@ class Distributed:
     # ---- update -----------------------------------------------------------------------
     def unit_rows(self, n_local: int) -> "UnitRows":
         return UnitRows(n_local, self.mesh)
+
+
+class LocalCopy:
+    """``copy(tree)``: a replicated copy of the (mesh-placed) ``tree`` on this process's
+    first device, the parameters every process of a multi-process run acts with; with one
+    process (``act_on_local_copy``) the acting of such a run, for its reference. Needs every
+    process (a collective); the last copy is reused for the same tree."""
+
+    def __init__(self, mesh):
+        self.mesh = mesh
+        self._last: tuple[Any, Any] | None = None  # (placed tree, its local copy)
+
+    def __call__(self, tree: Any) -> Any:
+        if self._last is not None and self._last[0] is tree:
+            return self._last[1]
+        whole = jax.jit(lambda t: t, out_shardings=sh.replicated(self.mesh))(tree)
+        local = jax.tree.map(lambda x: x.addressable_data(0), whole)
+        self._last = (tree, local)
+        return local
+
+    @staticmethod
+    def key(key: Any) -> Any:
+        """The typed PRNG ``key`` (replicated on the mesh) on this process's first device."""
+        data = jax.random.key_data(key).addressable_data(0)
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(key))
 
 
 class _WindowedPolicy:

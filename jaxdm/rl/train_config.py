@@ -186,6 +186,11 @@ class TrainConfig:
     # Two-half rollout pipeline: generate for one half while the other half's envs step
     # (jaxdm.rl.rollout.rollout(pipeline=True)); pays off when env steps are not cheap.
     rollout_pipeline: bool = False
+    # [MULTIHOST] one process on N devices acts (rollouts, evaluation) on a replicated copy of
+    # the policy on its first device, as every process of a multi-process run does, and updates
+    # with the N-device program: the one-process reference of an N-process run (to the last
+    # bit; jaxdm.rl.distributed). Multi-process runs always act on such a copy.
+    act_on_local_copy: bool = False
     # A restored checkpoint holding NaN/inf tensors: "fail" (refuse) or "warn" (continue).
     on_nonfinite_checkpoint: Literal["fail", "warn"] = "fail"
     model: ModelSection = ModelSection()

@@ -75,6 +75,9 @@ class Trainer:
                              f"data axis ({self.mesh.devices.shape[0]} devices)")
         # [MULTIHOST] None for one process; else this process's tasks/rows (rl/distributed)
         self.dist = distributed.Distributed.create(cfg, self.mesh)
+        # [MULTIHOST] one process acting as each process of a multi-process run does
+        self.local_copy = distributed.LocalCopy(self.mesh) \
+            if cfg.act_on_local_copy and self.dist is None else None
         self.train_factory, self.eval_factory = build.env_factories(cfg)
         self.policy, params, self.model_config, self.tokenizer = build.build_policy(
             cfg, self.train_factory, self.eval_factory)
@@ -91,6 +94,8 @@ class Trainer:
         if critic is not None:
             params["critic"] = jax.device_put(critic, rep)
             opts["critic"] = jax.device_put(self.txs["critic"].init(params["critic"]), rep)
+        # [MULTIHOST] the step's outputs keep these shardings: one compile, not two
+        self.train_step = sharding.keep_shardings(self.train_step, params, opts)
         # The frozen reference policy is the initial policy (rebuilt identically on resume).
         self.ref_params = params["policy"]
         self.state = TrainState(params, opts, place_key(jax.random.key(cfg.seed), rep),
@@ -152,8 +157,10 @@ class Trainer:
         t_start = time.perf_counter()
         st.key, k_roll = jax.random.split(st.key)
         # The rollout kind of the policy (jaxdm.rl.collect): host text envs or a JAX scan.
-        eb, roll = self.collector.collect(st.params["policy"], k_roll,
-                                          cfg.train_task_offset + st.cursor)
+        acting, k_act = st.params["policy"], k_roll
+        if self.local_copy is not None:  # [MULTIHOST] act_on_local_copy
+            acting, k_act = self.local_copy(acting), distributed.LocalCopy.key(k_roll)
+        eb, roll = self.collector.collect(acting, k_act, cfg.train_task_offset + st.cursor)
         st.cursor += cfg.tasks_per_iter
         signals, metrics = {}, {}
         for name, backend in self.signal_backends.items():
@@ -281,6 +288,8 @@ class Trainer:
         if num_tasks < 1:
             raise ValueError("evaluate needs num_tasks >= 1 (cfg.eval_tasks)")
         params = self.params if self.dist is None else self.dist.local_params(self.params)
+        if self.local_copy is not None:  # [MULTIHOST] act_on_local_copy
+            params = self.local_copy(params)
         return self.collector.evaluate(params, num_tasks, iteration=self.iteration,
                                        values=self.signal_backends.get("values"))
 

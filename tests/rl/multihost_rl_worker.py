@@ -3,8 +3,9 @@
     python multihost_rl_worker.py COORDINATOR NUM_PROCESSES PROCESS_ID OUT_DIR MODE
 
 Runs the ``cpu_smoke`` preset (``ITERATIONS`` iterations; the mesh spans every process's
-devices) in ``OUT_DIR/run``. With NUM_PROCESSES=1 it is a plain one-process run (no
-``jax.distributed``). MODE:
+devices) in ``OUT_DIR/run``, acting on a 1-device copy of the policy (``act_on_local_copy``).
+With NUM_PROCESSES=1 it is a plain one-process run (no ``jax.distributed``; on N devices
+it is then the reference of N processes: the same acting, the same N-device update). MODE:
 
 - ``full``: train to the end;
 - ``kill``: train one iteration (its checkpoint is written), touch ``OUT_DIR/stopped<ID>``
@@ -39,7 +40,7 @@ def main(coordinator: str, num_processes: int, process_id: int, out_dir: str,
         assert jax.process_count() == num_processes
     cfg = cfgmod.load_config(TrainConfig, PRESET, [
         "progress=false", f"iterations={ITERATIONS}", "eval_tasks=4", "mesh_data=-1",
-        f"out_dir={out_dir}/run"])
+        "act_on_local_copy=true", f"out_dir={out_dir}/run"])
     tr = Trainer(cfg, log=False)
     if mode == "kill":
         tr.run(stop_after=1)  # its periodic checkpoint (checkpoint_every=1) is step 1
