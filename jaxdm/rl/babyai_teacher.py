@@ -26,8 +26,16 @@ where a weak student goes), on the "train" layouts. Actions: the student's 6 (le
 forward, pickup, drop, toggle; MiniGrid's "done" left out).
 
 Pure functions (``teacher_features``, ``teacher_logits``) vmap over states; ``sft_teacher``
-(host loop of jitted Adam steps) and ``teacher_success`` (one jitted scan over a batch of
-episodes) train and measure it.
+(host loop of jitted Adam steps) and ``teacher_success`` train and measure it (the SFT data and
+the teacher's success come from one compiled scan over a batch of episodes, ``_play``).
+
+In the trainer (``teacher.kind: babyai_privileged``, the ``teacher_topk`` signal of LVOPD,
+``jaxdm.rl.lvopd``): ``PrivilegedTopK`` gives the teacher's log-probs over all 6 actions
+(K_T = 6) at every state the student acted in, ``episode_log_probs`` over the jax rollout's
+recorded env states (one jitted pass, vmapped over episodes and steps). Its params come from
+``teacher.path`` (an .npz of ``save_teacher``) or from ``cached_sft_teacher``: trained once
+with ``SFTSettings`` and cached under ``$JAXDM_CACHE/babyai_teacher/`` keyed by the settings,
+the room size and the feature format.
 """
 from __future__ import annotations
 
@@ -44,7 +52,9 @@ from jaxdm.envs.babyai.value import distance_field, move_costs
 from jaxdm.rl import mc_validation as mc
 
 __all__ = ["NUM_ACTIONS", "NUM_FEATURES", "EPS_MIX", "TeacherReport", "teacher_features",
-           "teacher_logits", "init_teacher", "sft_teacher", "teacher_success"]
+           "teacher_logits", "init_teacher", "sft_teacher", "teacher_success", "SFTSettings",
+           "save_teacher", "load_teacher", "cached_sft_teacher", "episode_log_probs",
+           "PrivilegedTopK", "build_topk_teacher"]
 
 NUM_ACTIONS = 6                 # left, right, forward, pickup, drop, toggle
 _DELTA_MIN, _DELTA_MAX = -1, 2  # clipped cost-to-go changes; one more bucket: blocked

@@ -34,12 +34,26 @@ trainer's ``ppo`` term.
   ``lvopd_objective``);
 - ``lvopd/teacher_ids`` [M, R, K_T] int32, ``lvopd/teacher_logprobs`` [M, R, K_T] float32.
 
+**Policy forms** (``DISTILL_FORMS``, keyed by ``policy.form``): the term reads a policy as
+(hidden states at the units' response positions, LM head). ``generative``: the decoder's final
+hidden states and its LM head (top-16 student support, K_T = 32). ``symbolic``
+(``SymbolicMLPPolicy``, the JAX BabyAI policy): one "token" per action, the MLP's last hidden
+layer with a constant 1 appended and the output layer [W; b] / temperature as the head
+(``linear_head``), so the same fused top-k KL runs with k = min(16, V) = 6 = V: with the
+teacher's full 6-action list (K_T = 6) it is the exact reverse KL.
+
 **Teacher signal** ``teacher_topk``: for every generated token of the student's rollouts the
 teacher's top-K_T ids and log-probs, from a local jaxdm model (``LocalTeacher``: one packed
 pass per trajectory; each action's prompt + response is one segment, the teacher prompt is
 the policy prompt) or a remote OpenAI-compatible server (``RemoteTeacher``: ``/v1/completions``
 with ``echo``, ``logprobs=K_T`` and token-id prompts; a failed request is counted and its
 trajectory gets no distillation). Teacher and student must share the tokenizer (vocabulary).
+Where the teacher comes from is a registry (``TEACHER_POLICIES``, keyed by ``teacher.kind``):
+``remote``, ``local_readout`` / ``local_likelihood`` (a checkpoint folder, ``teacher.path``)
+for text policies, and ``babyai_privileged`` for the symbolic policy on ``babyai_jax``
+(``jaxdm.rl.babyai_teacher.PrivilegedTopK``: the privileged SFT teacher's log-probs over all 6
+actions at every state the student acted in, one jitted vmapped pass over the rollout's
+recorded env states; params from ``teacher.path`` or trained once and cached).
 """
 from __future__ import annotations
 
@@ -250,9 +264,10 @@ DISTILL_FORMS: dict[str, DistillForm] = {
 
 def distill_form(form: str | None) -> DistillForm:
     if form not in DISTILL_FORMS:
-        raise ValueError(f"algo.terms.lvopd: policy form {form!r} has no distillation path; "
-                         f"forms: {sorted(DISTILL_FORMS)} (policy.form 'generative' or "
-                         "policy.kind 'symbolic_mlp')")
+        raise ValueError(f"algo.terms.lvopd: policy form {form!r} has no distillation path: "
+                         "it needs the generative policy (policy.form 'generative') or the "
+                         f"symbolic one (policy.kind 'symbolic_mlp'); forms "
+                         f"{sorted(DISTILL_FORMS)}")
     return DISTILL_FORMS[form]
 
 

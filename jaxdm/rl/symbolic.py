@@ -11,7 +11,10 @@ units stay small and training recomputes exactly what acting computed.
   action = one "token" for the PPO loss (L = 1), like the option-scoring text policy. It has
   the text policies' training interface (``training_batch``, ``logp_and_entropy``,
   ``static_key``), so the trainer's update (mini-batches, loss terms, TrainState, orbax
-  checkpoints) is the same code for both.
+  checkpoints) is the same code for both. Like the decoder policy it exposes its last hidden
+  layer (``hidden_states``, one "token" per row) and logits from it, so a term that reads the
+  hidden states (``lvopd``) shares the step's one forward; ``linear_head`` is the output layer
+  as one [H + 1, A] matrix (the "LM head" of LVOPD's distillation).
 - ``MLPCritic``: PPO's critic for this policy, registered as ``critic.kind: mlp``
   (``jaxdm.rl.critic.CRITIC_KINDS``): a separate MLP of the same shape on the same features
   (separate, not a head, so GRPO, LVRL and PPO train the identical policy network).
