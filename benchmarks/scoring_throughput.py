@@ -433,6 +433,7 @@ COLD_CHILD = r"""
 import json, sys, time
 t0 = float(sys.argv[1])
 marks = {"python_up": time.time() - t0}
+import jax
 from jax import monitoring
 dur, events = {}, {}
 monitoring.register_event_duration_secs_listener(
@@ -442,16 +443,25 @@ monitoring.register_event_listener(
 from jaxdm import roles
 from jaxdm.decision.local import LocalReadout
 from jaxdm.decision.synthetic import alfworld_like_trajectory
-from jaxdm.models import smollm2
+from jaxdm.models.loading import Pretrained, load_params, load_tokenizer, read_chat_template, read_config
+from jaxdm.models.smollm2 import smollm2_path
 marks["imports"] = time.time() - t0
-pre = smollm2()
-marks["model_loaded"] = time.time() - t0
+folder = smollm2_path()
+config = read_config(folder)
+tokenizer = load_tokenizer(folder)
+marks["tokenizer"] = time.time() - t0
+params = load_params(folder, config)
+jax.block_until_ready(params)
+marks["params"] = time.time() - t0
+pre = Pretrained(params=params, config=config, tokenizer=tokenizer,
+                 chat_template=read_chat_template(folder), path=folder)
 model = LocalReadout(pre, max_groups_per_call=1)
 qs = roles.judge_requests(alfworld_like_trajectory(100, int(sys.argv[2])), "progress", "hindsight")
 scores = [r.score for r in model.score(qs)]
 marks["first_scores"] = time.time() - t0
 short = {k.rsplit("/", 1)[-1]: round(v, 2) for k, v in dur.items()}
-print("COLD " + json.dumps({"marks": marks, "durations": short, "scores": scores,
+heavy = [m for m in ("torch", "transformers", "alfworld") if m in sys.modules]
+print("COLD " + json.dumps({"marks": marks, "durations": short, "scores": scores, "heavy": heavy,
       "hits": events.get("/jax/compilation_cache/cache_hits", 0),
       "misses": events.get("/jax/compilation_cache/cache_misses", 0)}))
 """
@@ -477,7 +487,8 @@ def main_cold_start(args) -> None:
             runs.append(res)
             print(f"[cold start, {label} run, {n_act}-action trajectory] milestones (s since "
                   f"spawn) {({k: round(x, 2) for k, x in res['marks'].items()})}; JAX durations "
-                  f"(s) {res['durations']}; cache hits {res['hits']}, misses {res['misses']}",
+                  f"(s) {res['durations']}; cache hits {res['hits']}, misses {res['misses']}; "
+                  f"heavy modules imported: {res.get('heavy')}",
                   flush=True)
     diff = max(abs(a - b) for a, b in zip(runs[0]["scores"], runs[1]["scores"]))
     print(f"max |first - second| score {diff:.1e}")

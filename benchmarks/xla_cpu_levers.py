@@ -29,6 +29,9 @@ LEVERS = {
     "onednn_custom_call": {"XLA_FLAGS": "--xla_cpu_experimental_onednn_custom_call=true"},
     "xnn_dot": {"XLA_FLAGS": "--xla_cpu_experimental_xnn_fusion_type=dot"},
     "ynn_dot": {"XLA_FLAGS": "--xla_cpu_experimental_ynn_fusion_type=dot"},
+    "onednn_dot": {"XLA_FLAGS": "--xla_cpu_experimental_onednn_fusion_type=dot"},
+    "xnn_graph": {"XLA_FLAGS": "--xla_cpu_experimental_xnn_graph_fusion_mode="
+                               "XNN_GRAPH_FUSION_MODE_GREEDY"},
     "no_xnnpack": {"XLA_FLAGS": "--xla_cpu_use_xnnpack=false"},
     "fast_math": {"XLA_FLAGS": "--xla_cpu_enable_fast_math=true"},
     "one_thread": {"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false",
