@@ -82,3 +82,21 @@ def test_settings_it_cannot_reproduce_use_transformers(tmp_path):
     assert tok("w5 w6", add_special_tokens=False)["input_ids"] == [5, 6]
     with pytest.raises(ValueError, match="add_bos_token=True"):
         FastTokenizer(tmp_path)
+
+
+def test_scoring_start_imports_neither_torch_nor_transformers():
+    # Cold start (issue 17): the CLI, the screen and a loaded SmolLM2 tokenizer + local judge
+    # must not pull in torch or transformers (4-6 s of imports on 2 cores).
+    import subprocess
+    import sys
+
+    code = ("import sys; import jaxdm.cli, jaxdm.screen.run, jaxdm.decision.local; "
+            "from jaxdm.models.loading import load_tokenizer; "
+            "from jaxdm.models.smollm2 import smollm2_path; "
+            "t = load_tokenizer(smollm2_path()); t.apply_chat_template("
+            "[{'role': 'user', 'content': 'x'}], tokenize=False, add_generation_prompt=True); "
+            "print(sorted(m for m in ('torch', 'transformers', 'alfworld') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
