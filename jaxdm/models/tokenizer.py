@@ -125,6 +125,11 @@ class FastTokenizer:
     def __len__(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    def get_vocab_size(self, with_added_tokens: bool = True) -> int:
+        """``tokenizers.Tokenizer``'s name for it (adapters probe for it; answering here keeps
+        the probe from loading transformers)."""
+        return self._tok.get_vocab_size(with_added_tokens=with_added_tokens)
+
     def convert_tokens_to_ids(self, tokens):
         if isinstance(tokens, str):
             return self._tok.token_to_id(tokens)
@@ -192,6 +197,11 @@ class FastTokenizer:
                 tok.chat_template = self.chat_template
             self._full_tokenizer = tok
         return self._full_tokenizer
+
+    @property
+    def transformers_loaded(self) -> bool:
+        """Whether a call so far needed the transformers tokenizer."""
+        return self._full_tokenizer is not None
 
     def save_pretrained(self, *args, **kwargs):
         return self.full().save_pretrained(*args, **kwargs)

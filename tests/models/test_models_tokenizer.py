@@ -56,7 +56,13 @@ def test_same_ids_text_and_special_tokens(pair):
     for attr in ("eos_token_id", "bos_token_id", "pad_token_id", "unk_token_id",
                  "eos_token", "vocab_size"):
         assert getattr(fast, attr) == getattr(ref, attr), attr
-    assert len(fast) == len(ref)
+    assert len(fast) == len(ref) == fast.get_vocab_size()
+    from jaxdm.rl.text import HFTokenizer
+
+    a, b = HFTokenizer(fast), HFTokenizer(ref)
+    assert (a.vocab_size, a.eos_id, a.pad_id) == (b.vocab_size, b.eos_id, b.pad_id)
+    assert a.encode(TEXTS[4]) == b.encode(TEXTS[4])
+    assert not fast.transformers_loaded  # nothing above needed transformers
 
 
 def test_same_chat_template_text(pair):
