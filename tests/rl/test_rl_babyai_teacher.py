@@ -27,9 +27,9 @@ def test_features_of_a_reset_state(env):
 
 
 def test_sft_teacher_reaches_high_success_on_training_layouts(env):
-    # small: 24 episodes of 64 steps, 200 Adam steps; the success check replays the same
+    # small: 24 episodes of 64 steps, 100 Adam steps; the success check replays the same
     # compiled program as the data collection (same batch size and budget)
-    params, rep = bt.sft_teacher(env, jax.random.key(0), episodes=24, steps=200, max_steps=64)
+    params, rep = bt.sft_teacher(env, jax.random.key(0), episodes=24, steps=100, max_steps=64)
     assert rep.label_accuracy >= 0.95, rep
     train = bt.teacher_success(env, params, jax.random.key(1), "train", episodes=24,
                                max_steps=64)
