@@ -27,6 +27,7 @@ __all__ = [
     "grpo_outcome_advantages",
     "teacher_advantages",
     "lvrl_advantages",
+    "rms_scale",
     "gigpo_advantages",
     "discounted_step_returns",
     "gae_advantages",
@@ -227,11 +228,17 @@ def lvrl_advantages(values, rewards, group_ids, mask, *, num_groups: int,
     v = jnp.where(slot == lengths[:, None], rewards[:, None], v)  # terminal anchor wins at T_i=0
     adv = jnp.where(mask, v[:, 1:] - v[:, :-1], 0.0)
     if normalize == "rms":
-        counted = mask & value_rows[:, None]
-        n = jnp.maximum(counted.sum(), 1)
-        rms = jnp.sqrt(jnp.sum(jnp.where(counted, adv * adv, 0.0)) / n)
-        adv = adv / (rms + eps)
+        adv = adv / rms_scale(adv, mask & value_rows[:, None], eps)
     return adv
+
+
+def rms_scale(adv, counted, eps: float):
+    """LVRL's ``"rms"`` scale: the root mean square of ``adv`` [B, T] over the ``counted``
+    entries (bool [B, T]; 1 entry if none), plus ``eps``. A multi-process run computes it on
+    every process's rows (``jaxdm.rl.distributed``)."""
+    adv, counted = jnp.asarray(adv), jnp.asarray(counted)
+    n = jnp.maximum(counted.sum(), 1)
+    return jnp.sqrt(jnp.sum(jnp.where(counted, adv * adv, 0.0)) / n) + eps
 
 
 # ---------------------------------------------------------------------------------------

@@ -60,19 +60,22 @@ near its eps. The design:
 """
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import time
 import types
 from typing import Any, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxdm.models import sharding as sh
+from jaxdm.rl import advantages as advmod
 from jaxdm.rl.policy import SampleWindow, bucket
 
-__all__ = ["Distributed", "LocalCopy", "UnitRows", "RecordOnly", "allgather", "barrier", "gather_rows",
-           "gather_objects", "is_main"]
+__all__ = ["Distributed", "LocalCopy", "UnitRows", "RecordOnly", "allgather", "barrier",
+           "gather_rows", "gather_objects", "is_main", "lvrl_rms"]
 
 
 def is_main() -> bool:
@@ -121,8 +124,6 @@ def check_config(cfg, mesh) -> None:
         bad.append(f"algo.terms={dict(algo.terms)!r}")
     if algo.advantage == "gae":
         bad.append("algo.advantage='gae'")
-    if algo.advantage == "lvrl" and algo.lvrl_normalize != "none":
-        bad.append(f"algo.lvrl_normalize={algo.lvrl_normalize!r} (a batch statistic)")
     if cfg.rollout_pipeline:
         bad.append("rollout_pipeline=true")
     if bad:
@@ -178,6 +179,19 @@ class Distributed:
             live, _ = self.turn(0, 0)
             if not live.any():
                 return
+
+    # ---- advantages --------------------------------------------------------------------
+    @staticmethod
+    def advantages(fn, eb, signals, algo, num_groups: int):
+        """The estimator ``fn`` on this process's groups (a group's advantages need no other
+        process) with the batch statistics over every process's rows: LVRL's ``rms`` scale
+        (``lvrl_rms``). A collective when there is such a statistic."""
+        if not (algo.advantage == "lvrl" and algo.lvrl_normalize == "rms"):
+            return fn(eb, signals, algo, num_groups)
+        out = fn(eb, signals, dataclasses.replace(algo, lvrl_normalize="none"), num_groups)
+        # the lvrl estimator's value rows: a real value and no env error
+        rows = np.asarray(signals["values"].mask, bool) & ~np.asarray(eb.errored, bool)
+        return dataclasses.replace(out, adv=lvrl_rms(out.adv, rows, eb.mask, algo.eps))
 
     # ---- episode metrics ---------------------------------------------------------------
     def episodes_view(self, episodes: Sequence[Any]) -> list[Any]:
@@ -305,6 +319,19 @@ class UnitRows:
                                        self.mesh))
             recorded.append(sh.global_batch(lp[block], self.mesh))
         return mbs, recorded
+
+
+def lvrl_rms(adv: np.ndarray, rows: np.ndarray, mask: np.ndarray, eps: float) -> np.ndarray:
+    """This process's LVRL step advantages ``adv`` [B_p, T] (unnormalised; rows not in
+    ``rows`` hold their GRPO fallback) with the ``rows`` divided by the ``rms`` scale of every
+    process's value rows (``jaxdm.rl.advantages.rms_scale`` on the rows gathered in the
+    one-process order: the one-process scale to the last bit). A collective."""
+    adv = np.asarray(adv, np.float32)
+    counted = np.asarray(mask, bool) & np.asarray(rows, bool)[:, None]
+    every_adv, every_counted = gather_rows(adv), gather_rows(counted.astype(np.uint8))
+    scale = advmod.rms_scale(every_adv, every_counted.astype(bool), eps)
+    return np.where(np.asarray(rows, bool)[:, None], np.asarray(jnp.asarray(adv) / scale),
+                    adv).astype(np.float32)
 
 
 def gather_rows(rows: np.ndarray) -> np.ndarray:

@@ -171,7 +171,11 @@ class Trainer:
         if self.dist is not None:  # [MULTIHOST] counts over all processes: one stop decision
             metrics = self.dist.signal_stats(metrics)
         self._check_failures(metrics, st.iteration + 1)
-        adv = ESTIMATORS[cfg.algo.advantage].fn(eb, signals, cfg.algo, self.local_tasks)
+        estimator = ESTIMATORS[cfg.algo.advantage].fn
+        if self.dist is None:
+            adv = estimator(eb, signals, cfg.algo, self.local_tasks)
+        else:  # [MULTIHOST] batch statistics (LVRL's rms scale) over every process's rows
+            adv = self.dist.advantages(estimator, eb, signals, cfg.algo, self.local_tasks)
         t0 = time.perf_counter()
         upd = self._update(st, eb, adv, signals)
         update_s = time.perf_counter() - t0

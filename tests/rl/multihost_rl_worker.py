@@ -8,8 +8,9 @@ With NUM_PROCESSES=1 it is a plain one-process run (no ``jax.distributed``; on N
 it is then the reference of N processes: the same acting, the same N-device update). MODE:
 
 - ``full``: train to the end;
-- ``kill``: train one iteration (its checkpoint is written), touch ``OUT_DIR/stopped<ID>``
-  and wait to be SIGKILLed by the test;
+- ``kill``: check LVRL's ``rms`` scale over every process's rows (``check_lvrl_rms``), train
+  one iteration (its checkpoint is written), touch ``OUT_DIR/stopped<ID>`` and wait to be
+  SIGKILLed by the test;
 - ``resume``: resume the killed run from its checkpoint and train to the end.
 
 Process 0 writes the final policy parameters (``OUT_DIR/params.npz``) and the metric
@@ -26,10 +27,43 @@ ITERATIONS = 2
 PRESET = Path(__file__).resolve().parents[2] / "experiments/configs/teacher_grpo_cpu_smoke.yaml"
 
 
+def check_lvrl_rms(process_id: int, num_processes: int) -> None:
+    """Each process holds its block of groups of one LVRL batch; its step
+    advantages with the ``rms`` scale of every process's rows (``distributed.lvrl_rms``)
+    equal, bit for bit, the one-process advantages of its rows."""
+    import numpy as np
+
+    from jaxdm.rl import distributed
+    from jaxdm.rl.values.estimator import lvrl_step_advantages
+
+    rng = np.random.default_rng(0)
+    groups, size, t = 2 * num_processes, 3, 5
+    b = groups * size
+    values = rng.uniform(0, 1, (b, t + 1)).astype(np.float32)
+    rewards = rng.integers(0, 2, b).astype(np.float32)
+    returns = np.repeat(rewards[:, None], t, 1) - 0.1
+    lengths = rng.integers(1, t + 1, b)
+    mask = np.arange(t)[None, :] < lengths[:, None]
+    rows = np.ones(b, bool)
+    rows[[1, b - 2]] = False  # value queries that failed: the GRPO fallback
+    group_ids = np.repeat(np.arange(groups), size)
+    want = np.asarray(lvrl_step_advantages(values, rows, rewards, returns, group_ids, mask,
+                                           num_groups=groups, normalize="rms"))
+    mine = slice(process_id * b // num_processes, (process_id + 1) * b // num_processes)
+    local = groups // num_processes
+    raw = lvrl_step_advantages(values[mine], rows[mine], rewards[mine], returns[mine],
+                               group_ids[mine] - process_id * local, mask[mine],
+                               num_groups=local, normalize="none")
+    got = distributed.lvrl_rms(raw, rows[mine], mask[mine], 1e-6)
+    assert np.array_equal(got, want[mine]), np.abs(got - want[mine]).max()
+    assert not np.array_equal(got, np.asarray(raw))  # the scale is not 1
+
+
 def main(coordinator: str, num_processes: int, process_id: int, out_dir: str,
          mode: str) -> None:
     import jax
     import numpy as np
+
 
     from jaxdm import config as cfgmod
     from jaxdm.models import sharding as sh
@@ -38,6 +72,8 @@ def main(coordinator: str, num_processes: int, process_id: int, out_dir: str,
     if num_processes > 1:
         assert sh.initialize_distributed(coordinator, num_processes, process_id)
         assert jax.process_count() == num_processes
+        if mode == "kill":
+            check_lvrl_rms(process_id, num_processes)
     cfg = cfgmod.load_config(TrainConfig, PRESET, [
         "progress=false", f"iterations={ITERATIONS}", "eval_tasks=4", "mesh_data=-1",
         "act_on_local_copy=true", f"out_dir={out_dir}/run"])
