@@ -36,9 +36,15 @@ sys.path.insert(0, str(ROOT))
 
 
 def write_train_states(path: Path, tasks: int, error_rate: float, max_states: int | None,
-                       seed: int, kinds: tuple[str, ...] | None = None) -> dict:
+                       seed: int, kinds: tuple[str, ...] | None = None,
+                       per_question: bool = False) -> dict:
     """Noisy-agent states of train-split base tasks; ``kinds``: keep only these question
-    kinds (tool / param / stop; states left without a question are dropped)."""
+    kinds (tool / param / stop; states left without a question are dropped).
+    ``per_question``: one line (one SFT step's context) per question of a state, so a step
+    runs one trunk: in the rows layout every group of a step is padded to the step's longest
+    trunk, and a state's questions do not share their prompts (the question text follows
+    the context), so a whole state per step ran its stop question's ~900-token prompt
+    padded to the tool question's ~2,300 (5 trunks of 2,304 tokens for a 4-question state)."""
     from jaxdm.envs.decision_gym import (DecisionGym, GymParams, NoisyAgent, run_episode,
                                          split_seed)
     env = DecisionGym()
@@ -57,9 +63,12 @@ def write_train_states(path: Path, tasks: int, error_rate: float, max_states: in
     if max_states is not None:
         import random
         rows = random.Random(seed).sample(rows, min(max_states, len(rows)))
+    if per_question:
+        rows = [r | {"questions": [q]} for r in rows for q in r["questions"]]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return {"train_tasks": tasks, "train_states": len(rows), "kinds": list(kinds or []),
+            "per_question": per_question,
             "train_after_error_share": sum(r["after_error"] for r in rows) / max(len(rows), 1),
             "train_questions": sum(len(r["questions"]) for r in rows)}
 
@@ -82,9 +91,9 @@ def sft(out: Path, args, progress: bool) -> tuple[dict, Path]:
     return summary, folder
 
 
-def bench(judges: list, out: Path, args, progress: bool) -> dict:
+def bench(judges: list, out: Path, args, progress: bool, levels: tuple[str, ...]) -> dict:
     from jaxdm.bench.run import BenchConfig, run
-    cfg = BenchConfig(levels=tuple(args.levels.split(",")), judges=tuple(judges),
+    cfg = BenchConfig(levels=levels, judges=tuple(judges),
                       out_dir=str(out), l1_tool=args.l1,
                       l1_param=args.l1, l2_tasks=args.test_tasks, l2_max_states=args.test_states,
                       l3_envs=tuple(args.l3_envs.split(",")), l3_tasks=args.l3_tasks,
@@ -184,6 +193,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--train-kinds", default="tool,param,stop",
                     help="question kinds to train on (the 69-option tool question is the "
                          "memory-heavy one)")
+    ap.add_argument("--whole-states", action="store_true",
+                    help="one SFT context per state (default: one per question, see "
+                         "write_train_states)")
     ap.add_argument("--error-rate", type=float, default=0.25)
     ap.add_argument("--max-steps", type=int, default=40)
     ap.add_argument("--epochs", type=int, default=2)
@@ -217,7 +229,8 @@ def main(argv=None) -> dict:
     timing = result.setdefault("timing", {})
     result["data"] = write_train_states(out / "train_states.jsonl", args.train_tasks,
                                         args.error_rate, args.train_states, 0,
-                                        tuple(args.train_kinds.split(",")))
+                                        tuple(args.train_kinds.split(",")),
+                                        per_question=not args.whole_states)
     _save(out, result)
     folder = out / "model"
     if "sft" not in skip:
@@ -226,18 +239,37 @@ def main(argv=None) -> dict:
         timing["sft_s"] = round(time.perf_counter() - t, 1)
         result["train"] = {k: v for k, v in summary.items() if k != "skipped_indistinct"}
         _save(out, result)
+    if "sft" in skip and (result.get("train") or {}).get("model"):
+        folder = Path(result["train"]["model"])   # the earlier run finished and exported
     models = {"smollm2-base": "smollm2", "smollm2-sft": str(folder)}
     if "bench" not in skip:
         t = time.perf_counter()
         # dict specs: a 'kind:path=a/b' string is taken for a folder by screen's parser
         judges = ["oracle:noise=0.2,name=oracle-noisy"] + [
             {"kind": "local_likelihood", "path": p, "name": n} for n, p in models.items()]
-        result["bench"] = bench(judges, out / "bench", args, progress)
-        timing["bench_s"] = round(time.perf_counter() - t, 1)
-        _save(out, result)
+        # One bench run per level (bench/<level>/), merged per backend and saved after each,
+        # so a late kill keeps the finished levels and a rerun skips them.
+        from jaxdm.bench import metrics
+        merged = result.setdefault("bench", {"backends": {}, "data": {}, "levels_done": []})
+        for level in args.levels.split(","):
+            if level in merged.get("levels_done", []):
+                continue
+            t = time.perf_counter()
+            r = bench(judges, out / "bench" / level, args, progress, (level,))
+            for name, b in r["backends"].items():
+                merged["backends"].setdefault(name, {}).update(
+                    {k: v for k, v in b.items() if k != "cost"})
+                merged["backends"][name].setdefault("cost", {})[level] = b["cost"]
+            merged["data"].update(r["data"])
+            merged["levels_done"].append(level)
+            merged["kendall"] = metrics.level_agreement(merged["backends"])
+            timing[f"bench_{level}_s"] = round(time.perf_counter() - t, 1)
+            _save(out, result)
     if "cascade" not in skip:
         result.setdefault("cascade", {})
         for name, path in models.items():
+            if name in result["cascade"]:
+                continue
             t = time.perf_counter()
             result["cascade"][name] = cascade(path, name, out / f"harness_{name}", args,
                                               progress)

@@ -96,12 +96,13 @@ class _LocalBase:
             raise ValueError(f"{where} is {n_tokens} tokens, longer than the model's context "
                              f"({limit})")
 
-    def _run(self, requests: list[shared_prefix.Request], full_vocab: bool) -> list[np.ndarray]:
+    def _run(self, requests: list[shared_prefix.Request], full_vocab: bool,
+             max_group: int = 64) -> list[np.ndarray]:
         return shared_prefix.score_requests(
             self.params, self.config, requests, full_vocab=full_vocab,
             max_groups_per_call=self.max_groups_per_call,
             min_shared_frac=self.min_shared_frac, pad_id=self.pad_id, progress=self.progress,
-            stats=self.stats, layout=self.layout)
+            stats=self.stats, layout=self.layout, max_group=max_group)
 
     def _yesno_requests(self, questions: Sequence[YesNo]) -> list[shared_prefix.Request]:
         reqs = []
@@ -217,7 +218,10 @@ class LocalLikelihood(_LocalBase):
                 reqs.append(r)
                 owner.append(i)
         t0 = time.perf_counter()
-        out = self._run(reqs, full_vocab=True)
+        # All options of one question share one trunk (the prompt runs once): a 69-option
+        # DECISION GYM tool question split at the default 64 ran its ~2,000-token prompt twice.
+        out = self._run(reqs, full_vocab=True,
+                        max_group=max(64, max(len(q.options) for q in questions)))
         per = (time.perf_counter() - t0) / len(questions)
         results = []
         k = 0

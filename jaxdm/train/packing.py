@@ -197,7 +197,10 @@ def pack_items(encoder: Encoder, items: Sequence[SFTItem], *, q_bucket: int = 1,
             owners.append((qi, j if how == "likelihood" else -1, how))
     if layout not in shared_prefix.LAYOUTS:
         raise ValueError(f"layout must be one of {shared_prefix.LAYOUTS}, got {layout!r}")
-    groups = shared_prefix.plan_groups(reqs, min_shared_frac=min_shared_frac, layout=layout)
+    # max_group: every option of a question in one group (its prompt runs once; see
+    # LocalLikelihood.choose), also for DECISION GYM's 69-option tool question.
+    groups = shared_prefix.plan_groups(reqs, min_shared_frac=min_shared_frac, layout=layout,
+                                       max_group=max(64, max(it.n_options for it in items)))
     if layout == "packed":
         packed, window = shared_prefix.pack_suffixes(reqs, groups, pad_id=encoder.pad_id,
                                                      min_trunk=min_trunk)

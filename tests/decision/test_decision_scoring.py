@@ -318,3 +318,17 @@ def test_planner_splits_members_with_long_suffixes():
     for g in groups:
         tails = [len(reqs[r].tokens) - v for r, v in zip(g.members, g.visible)]
         assert max(tails) <= 16   # last prompt token + option tokens + end-of-turn
+
+
+def test_likelihood_runs_a_many_option_question_as_one_group():
+    # DECISION GYM's tool question has 69 options: all of them share one trunk (the prompt
+    # runs once), not the planner's default 64 + 5 (the prompt twice). Scores of any grouping
+    # equal one-by-one scoring (tests above); here: the grouping.
+    pre = tiny_pretrained()
+    q = MultipleChoice(context="The customer wants a refund for order O-1.",
+                       question="Which tool next?", options=tuple(f"tool_{i}" for i in range(69)))
+    ll = LocalLikelihood(pre)
+    assert len(sp.program_keys(ll.option_requests(q), full_vocab=True)) == 2  # default: split
+    [res] = ll.choose([q])
+    assert ll.stats["groups"] == 1 and ll.stats["calls"] == 1
+    assert res.ok and len(res.probs) == 69 and abs(sum(res.probs) - 1) < 1e-9

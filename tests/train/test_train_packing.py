@@ -1,4 +1,6 @@
 """Packed SFT: one forward per context; loss and gradients equal the one-by-one reference."""
+import functools
+
 import jax
 import numpy as np
 import pytest
@@ -8,6 +10,21 @@ from jaxdm.train import packing
 from tests.train.train_fixtures import items, one_by_one_loss, tiny, yesno_items
 
 
+def _items():
+    # Two contexts (two groups): option-likelihood questions and Yes/No readout questions
+    # (label logits) in one batch, so both ways of reading options are checked.
+    return items(tag="a") + yesno_items("Another context: the customer asks for O-55555.")[:2]
+
+
+@functools.lru_cache(maxsize=None)
+def _reference():
+    """(loss, grads) of the one-by-one reference: the same for both layouts, computed once."""
+    pre = tiny()
+    encoder = packing.Encoder(pre, mode="likelihood")
+    return jax.jit(jax.value_and_grad(one_by_one_loss(pre.config, encoder, _items())))(
+        pre.params)
+
+
 def _grads(pre, encoder, its, layout):
     batch, window, full_vocab, stats = packing.pack_items(encoder, its, layout=layout)
     batch = jax.tree.map(jax.numpy.asarray, batch)
@@ -15,11 +32,8 @@ def _grads(pre, encoder, its, layout):
     def packed(p):
         return packing.batch_loss(p, pre.config, batch, window=window, full_vocab=full_vocab)[0]
 
-    def ref(p):
-        return one_by_one_loss(p, pre.config, encoder, its)
-
     lp, gp = jax.value_and_grad(packed)(pre.params)
-    lr, gr = jax.value_and_grad(ref)(pre.params)
+    lr, gr = _reference()
     return lp, gp, lr, gr, stats
 
 
@@ -27,9 +41,7 @@ def _grads(pre, encoder, its, layout):
 def test_packed_gradients_equal_per_question_gradients(layout):
     pre = tiny()
     encoder = packing.Encoder(pre, mode="likelihood")
-    # Two contexts (two groups): option-likelihood questions and Yes/No readout questions
-    # (label logits) in one batch, so both ways of reading options are checked.
-    its = items(tag="a") + yesno_items("Another context: the customer asks for O-55555.")
+    its = _items()
     lp, gp, lr, gr, stats = _grads(pre, encoder, its, layout)
     assert abs(float(lp) - float(lr)) < 1e-5
     diffs = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), gp, gr))
@@ -49,7 +61,10 @@ def test_indistinct_options_are_reported():
     pre = tiny()
     # A real tokenizer whose normaliser lowercases (as uncased vocabularies do): "Cancel order"
     # and "cancel order" become the same ids.
-    tok = copy.deepcopy(pre.tokenizer)
+    # (The transformers tokenizer: jaxdm's FastTokenizer encodes with its own tokenizers
+    # object, which its backend_tokenizer attribute does not reach.)
+    full = getattr(pre.tokenizer, "full", None)
+    tok = copy.deepcopy(full() if callable(full) else pre.tokenizer)
     tok.backend_tokenizer.normalizer = normalizers.Lowercase()
     enc = packing.Encoder(dataclasses.replace(pre, tokenizer=tok), mode="likelihood")
     q = MultipleChoice(context="c", question="q?", options=("Cancel order", "cancel order",

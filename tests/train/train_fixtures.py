@@ -50,34 +50,47 @@ def yesno_items(context: str = CONTEXT) -> list[SFTItem]:
                     (i % 2,), source=f"yn:{i}") for i in range(4)]
 
 
-def one_by_one_loss(params, config, encoder, its):
-    """Reference: every request as its own row (no shared prefix, no packing) through one
-    causal ``decoder.forward`` [R, S], full-vocabulary log-probs, then the same loss."""
+def one_by_one_loss(config, encoder, its):
+    """``loss(params)`` of the reference: every request as its own row (no shared prefix, no packing) through one
+    causal ``decoder.forward`` [R, S], full-vocabulary log-probs at the scored slots, then the
+    same loss. The slots are read with index arrays (one gather, one scatter-add), so the
+    reference is one small program to jit and differentiate, not a Python loop of ops. Host
+    work (tokenising, index arrays, the mixed targets) happens here, outside ``loss``."""
     from jaxdm.train.packing import pack_items
-    plan, reqs = [], []
-    for it in its:
+    reqs: list = []
+    rows, pos, tok, qidx, oidx, weight = [], [], [], [], [], []
+    for qi, it in enumerate(its):
         rs, how = encoder.requests(it)
-        plan.append((how, list(range(len(reqs), len(reqs) + len(rs)))))
+        base = len(reqs)
         reqs.extend(rs)
+        if how == "readout":
+            r = rs[0]
+            for o, c in enumerate(r.candidates[0]):
+                rows.append(base); pos.append(r.answer_positions[0]); tok.append(c)
+                qidx.append(qi); oidx.append(o); weight.append(1.0)
+        else:
+            for o, r in enumerate(rs):
+                k = len(r.answer_positions)
+                for p, c in zip(r.answer_positions, r.candidates):
+                    rows.append(base + o); pos.append(p); tok.append(c[0])
+                    qidx.append(qi); oidx.append(o); weight.append(1.0 / k)
     s = max(len(r.tokens) for r in reqs)
     toks = np.zeros((len(reqs), s), np.int32)
     for i, r in enumerate(reqs):
         toks[i, :len(r.tokens)] = r.tokens        # right padding: causal rows are unchanged
-    hidden = decoder.forward(params, config, jnp.asarray(toks),
-                             jnp.broadcast_to(jnp.arange(s), toks.shape))
-    full = decoder.lm_logits(params, config, hidden)                            # [R, S, V]
-    lp = full - jax.nn.logsumexp(full, axis=-1, keepdims=True)
-    o = max(it.n_options for it in its)
-    scores = []
-    for how, rids in plan:
-        if how == "readout":
-            r = reqs[rids[0]]
-            row = lp[rids[0], r.answer_positions[0], jnp.asarray(r.candidates[0])]
-        else:
-            row = jnp.stack([jnp.stack([lp[i, p, c[0]] for p, c in
-                                        zip(reqs[i].answer_positions, reqs[i].candidates)]).mean()
-                             for i in rids])
-        scores.append(jnp.pad(row, (0, o - row.shape[0])))
     batch, *_ = pack_items(encoder, its)
-    return sft_loss(jnp.stack(scores), jnp.asarray(batch.targets),
-                    jnp.asarray(batch.option_mask))
+    targets, option_mask = np.asarray(batch.targets), np.asarray(batch.option_mask)
+    rows, pos, tok, qidx, oidx = (np.array(x) for x in (rows, pos, tok, qidx, oidx))
+    weight = np.asarray(weight, np.float32)
+    o = max(it.n_options for it in its)
+
+    def loss(params):
+        hidden = decoder.forward(params, config, jnp.asarray(toks),
+                                 jnp.broadcast_to(jnp.arange(s), toks.shape))  # [R, S, D]
+        full = decoder.lm_logits(params, config, hidden[rows, pos])            # [M, V]
+        lp = (jnp.take_along_axis(full, jnp.asarray(tok)[:, None], axis=-1)[:, 0]
+              - jax.nn.logsumexp(full, axis=-1))                              # [M]
+        scores = jnp.zeros((len(its), o)).at[qidx, oidx].add(weight * lp)
+        return sft_loss(scores, jnp.asarray(targets), jnp.asarray(option_mask))
+
+    return loss
