@@ -6,18 +6,15 @@ Start every process with the same config; ``jaxdm.models.sharding.initialize_dis
 them. The trainer then creates a ``Distributed`` (``Distributed.create``: None for one
 process, so a one-process run takes exactly the code path it took before) and the run with
 P processes is the one-process run with the same global batch: the same episodes (bit for
-bit), the same mini-batches; only the data-parallel gradient sum is split over devices
-(``tests/rl/test_rl_multihost.py``: 2 CPU processes on 127.0.0.1, killed in both processes
-after the first checkpoint and resumed, end 2.7e-6 from one process on 1 device, 4.4e-6
-from one process on 2 devices; one process on 1 vs 2 devices differ by 1.7e-6). No
-one-process run computes every stage as P processes do: they *act* on a 1-device copy of
-the parameters (as one process on 1 device; one process on 2 devices acts on FSDP-sharded
-parameters, a partitioned program with other last bits in the log-probs, and the option
-form's π_old is the sampling log-prob), and they *update* with the SPMD program over all
-devices (as one process on 2 devices; one device sums the gradient in another order).
-Episodes, advantages and evaluation are identical either way (losses: 2e-8 from 2 devices
-at the first iteration); AdamW enlarges the last-bit differences to ~1e-6 where a gradient is
-near its eps. The design:
+bit), the same mini-batches; only the data-parallel gradient sum is split over devices. The
+exact one-process reference is one process on the same N devices with ``act_on_local_copy``
+(it acts on a 1-device copy of the parameters as every process does, ``LocalCopy``, and
+updates with the same N-device SPMD program): ``tests/rl/test_rl_multihost.py`` (2 CPU
+processes on 127.0.0.1, killed in both processes after the first checkpoint and resumed)
+ends with its parameters to the last bit (max |Δ| = 0). Plain one-process runs differ in the
+last bits of one stage: on 1 device the gradient sum (2.7e-6 after AdamW, which enlarges
+last-bit differences where a gradient is near its eps), on N devices the acting on
+FSDP-sharded parameters (π_old is the sampling log-prob; 4.4e-6). The design:
 
 - **Tasks.** Process p plays the groups ``process_rows(tasks_per_iter)`` (a contiguous
   block of ``tasks_per_iter / P`` tasks, each ``group_size`` episodes) starting at task seed
@@ -49,10 +46,13 @@ near its eps. The design:
   (``is_main``); every process writes and restores its orbax checkpoint shards; all read
   the same ``out_dir`` (a shared file system on several hosts). Episode metrics
   (``train/*``, ``adv/*``, ``env/errors``) are over all processes' episodes.
+- **Batch statistics** over every process's rows: LVRL's ``rms`` scale (``lvrl_rms``:
+  the rows all-gathered in the one-process order, so the scale is the one-process scale).
 - **Not supported with P > 1 (refused at start, naming the key):** a critic
-  (``critic.kind``), extra loss terms (``algo.terms``), batch-normalised advantages
-  (``algo.lvrl_normalize=rms`` with ``advantage=lvrl``, ``gae``), ``rollout_pipeline``,
-  a mesh that does not span every process's devices, the JAX-env rollout. Signal counts
+  (``critic.kind``, hence ``gae``: its values and update columns are not gathered yet),
+  extra loss terms (``algo.terms``: the LVOPD gate and top-K lists are per batch),
+  ``rollout_pipeline``, a mesh that does not span every process's devices, the JAX-env
+  rollout (one jitted scan over the whole batch: ``jaxdm.rl.collect``). Signal counts
   and the teacher's failure fraction and score mean/std are over all processes
   (``signal_stats``: every process takes the same stop decision); other signal statistics
   are process 0's. Every process runs the held-out evaluation (the same episodes; process

@@ -96,3 +96,53 @@ def test_trainer_prints_per_device_memory_at_start(tmp_path, capsys):
         assert got == train_memory_per_device(tr.model_config, data, model), (data, model)
     one = sharding.train_memory(params, optax.adamw(1e-3), AbstractMesh((1, 1), ("data", "model")))
     assert got["params"] < one["params"] and got["optimizer"] < one["optimizer"]
+
+
+def test_train_step_keeps_the_state_shardings():
+    """``sharding.keep_shardings``: the new state keeps the placed shardings, so the next
+    call compiles nothing (left to XLA, the outputs come back otherwise sharded)."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from jaxdm.rl import sharding
+
+    mesh = sharding.make_mesh(2, 1, devices=jax.devices()[:2])
+    placed = NamedSharding(mesh, P(None, "data"))
+    params = {"embed": jax.device_put(np.arange(32, dtype=np.float32).reshape(4, 8), placed)}
+    opts = {"count": jax.device_put(np.zeros((), np.int32), sharding.replicated(mesh))}
+
+    def step(p, o, batch):
+        p = jax.tree.map(lambda x: x * batch.sum(), p)
+        # the layout XLA is free to pick for an output (here forced, for the test)
+        p = jax.lax.with_sharding_constraint(p, NamedSharding(mesh, P("data", None)))
+        return p, {"count": o["count"] + 1}, {"n": batch.sum()}
+
+    raw = jax.jit(step)
+    drifted, _, _ = raw(params, opts, np.ones(2, np.float32))
+    assert not drifted["embed"].sharding.is_equivalent_to(placed, 2)
+    kept = sharding.keep_shardings(raw, params, opts)
+    assert sharding.keep_shardings(raw, params, opts) is kept  # one wrapper per layout
+    p, o = params, opts
+    for _ in range(2):
+        p, o, met = kept(p, o, np.ones(2, np.float32))
+    assert p["embed"].sharding == placed and o["count"].sharding == opts["count"].sharding
+    assert kept._cache_size() == 1 and int(o["count"]) == 2 and float(met["n"]) == 2.0
+    np.testing.assert_array_equal(np.asarray(p["embed"]), 4 * np.asarray(params["embed"]))
+
+
+def test_local_copy_is_the_tree_on_one_device():
+    """``act_on_local_copy`` acts with ``LocalCopy``: the placed tree replicated onto this
+    process's first device (reused for the same tree), the key there too."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    mesh = distributed.sh.make_mesh(2, 1, devices=jax.devices()[:2])
+    tree = {"w": jax.device_put(np.arange(16, dtype=np.float32).reshape(2, 8),
+                                NamedSharding(mesh, P(None, "data")))}
+    copy = distributed.LocalCopy(mesh)
+    local = copy(tree)
+    assert local["w"].devices() == {jax.devices()[0]}
+    np.testing.assert_array_equal(np.asarray(local["w"]), np.asarray(tree["w"]))
+    assert copy(tree) is local
+    key = jax.device_put(jax.random.key(3), distributed.sh.replicated(mesh))
+    moved = distributed.LocalCopy.key(key)
+    assert moved.devices() == {jax.devices()[0]}
+    assert np.array_equal(jax.random.key_data(moved), jax.random.key_data(jax.random.key(3)))
