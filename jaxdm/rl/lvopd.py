@@ -619,16 +619,19 @@ class TeacherPolicy:
     build: Callable[[Any, Any], Any]
     produce: Callable[[Any, Any], Signal]
     policy_kinds: tuple[str, ...]
+    reads_states: bool = False   # reads EpisodeBatch.recorded.states (the jax rollout records)
 
 
 TEACHER_POLICIES: dict[str, TeacherPolicy] = {}
 
 
 def register_teacher_policy(kind: str, build: Callable, produce: Callable,
-                            policy_kinds: tuple[str, ...]) -> None:
+                            policy_kinds: tuple[str, ...], *, reads_states: bool = False
+                            ) -> None:
     if kind in TEACHER_POLICIES:
         raise ValueError(f"teacher policy {kind!r} is already registered")
-    TEACHER_POLICIES[kind] = TeacherPolicy(build, produce, tuple(policy_kinds))
+    TEACHER_POLICIES[kind] = TeacherPolicy(build, produce, tuple(policy_kinds),
+                                           bool(reads_states))
 
 
 def _build_remote(cfg, trainer):
@@ -659,7 +662,7 @@ for _kind in ("local_readout", "local_likelihood"):
 # The privileged BabyAI teacher (jaxdm.rl.babyai_teacher): K_T = 6, every action's log-prob.
 register_teacher_policy("babyai_privileged", _build_privileged,
                         lambda episodes, backend: backend.topk_signal(episodes),
-                        ("symbolic_mlp",))
+                        ("symbolic_mlp",), reads_states=True)
 
 
 def _check(cfg) -> None:
