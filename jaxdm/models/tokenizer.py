@@ -141,7 +141,9 @@ class FastTokenizer:
         return [self._tok.id_to_token(int(i)) for i in ids]
 
     # -- text <-> ids --------------------------------------------------------------------
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True, **kwargs) -> list[int]:
+        if kwargs:  # truncation, pairs, tensors, ...: transformers' own
+            return self.full().encode(text, add_special_tokens=add_special_tokens, **kwargs)
         if not isinstance(text, str):
             raise TypeError(f"FastTokenizer.encode takes a str, got {type(text).__name__}")
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
@@ -156,7 +158,9 @@ class FastTokenizer:
             return {"input_ids": [e.ids for e in encs]}
         raise TypeError(f"FastTokenizer takes a str or a list of str, got {type(text).__name__}")
 
-    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+    def decode(self, ids, skip_special_tokens: bool = False, **kwargs) -> str:
+        if kwargs:
+            return self.full().decode(ids, skip_special_tokens=skip_special_tokens, **kwargs)
         if hasattr(ids, "tolist"):
             ids = ids.tolist()
         if isinstance(ids, int):
