@@ -52,14 +52,16 @@ def test_converted_params_cache(tmp_path, monkeypatch):
     import jax.numpy as jnp
 
     from jaxdm.models import loading
-    from jaxdm.models.decoder import init_params
+    from jaxdm.models.decoder import param_shapes
     from jaxdm.models.presets import TINY_LLAMA
     from tests.models.helpers_models import write_tiny_tokenizer
 
     src, folder, cache = tmp_path / "src", tmp_path / "ckpt", tmp_path / "cache"
     src.mkdir()
     write_tiny_tokenizer(src)
-    params = init_params(TINY_LLAMA, jax.random.key(0))
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(lambda shape: rng.standard_normal(shape).astype(np.float32),
+                          param_shapes(TINY_LLAMA), is_leaf=lambda x: isinstance(x, tuple))
     loading.save_pretrained(folder, params, TINY_LLAMA, source=src)
     monkeypatch.setenv(loading.PARAMS_CACHE_ENV, str(cache))
     monkeypatch.setattr(loading, "PARAMS_CACHE_MIN_BYTES", 0)
