@@ -46,11 +46,17 @@ FSDP-sharded parameters (π_old is the sampling log-prob; 4.4e-6). The design:
   (``is_main``); every process writes and restores its orbax checkpoint shards; all read
   the same ``out_dir`` (a shared file system on several hosts). Episode metrics
   (``train/*``, ``adv/*``, ``env/errors``) are over all processes' episodes.
-- **Batch statistics** over every process's rows: LVRL's ``rms`` scale (``lvrl_rms``:
-  the rows all-gathered in the one-process order, so the scale is the one-process scale).
-- **Not supported with P > 1 (refused at start, naming the key):** a critic
-  (``critic.kind``, hence ``gae``: its values and update columns are not gathered yet),
-  extra loss terms (``algo.terms``: the LVOPD gate and top-K lists are per batch),
+- **Batch statistics** over every process's rows: LVRL's ``rms`` scale (``lvrl_rms``) and
+  GAE's mean/std (``gae_normalize``), the rows all-gathered in the one-process order, so
+  the statistics are the one-process ones.
+- **Critic.** Each process computes its units' values on a local copy of the critic
+  (``local_critic``; one process with ``act_on_local_copy`` does the same); the global
+  mini-batches carry the critic batch, ``returns``, ``old_values`` and ``row_mask``
+  (``UnitRows.mini_batches``). Checked by hand (``multihost_rl_worker.py`` with
+  ``critic.kind=decoder algo.advantage=gae teacher.kind=none``, 2 processes vs one process
+  on 2 devices): parameters and losses equal to the last bit; not in CI (time budget).
+- **Not supported with P > 1 (refused at start, naming the key):** extra loss terms
+  (``algo.terms``: the LVOPD gate and top-K lists are per batch),
   ``rollout_pipeline``, a mesh that does not span every process's devices, the JAX-env
   rollout (one jitted scan over the whole batch: ``jaxdm.rl.collect``). Signal counts
   and the teacher's failure fraction and score mean/std are over all processes
@@ -61,6 +67,7 @@ FSDP-sharded parameters (π_old is the sampling log-prob; 4.4e-6). The design:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pickle
 import time
 import types
@@ -75,7 +82,7 @@ from jaxdm.rl import advantages as advmod
 from jaxdm.rl.policy import SampleWindow, bucket
 
 __all__ = ["Distributed", "LocalCopy", "UnitRows", "RecordOnly", "allgather", "barrier",
-           "gather_rows", "gather_objects", "is_main", "lvrl_rms"]
+           "gather_rows", "gather_objects", "is_main", "lvrl_rms", "gae_normalize"]
 
 
 def is_main() -> bool:
@@ -118,12 +125,8 @@ def check_config(cfg, mesh) -> None:
     """Refuse settings a multi-process run does not support (see module docstring)."""
     algo = cfg.algo
     bad = []
-    if cfg.critic.kind != "none":
-        bad.append(f"critic.kind={cfg.critic.kind!r}")
     if algo.terms:
         bad.append(f"algo.terms={dict(algo.terms)!r}")
-    if algo.advantage == "gae":
-        bad.append("algo.advantage='gae'")
     if cfg.rollout_pipeline:
         bad.append("rollout_pipeline=true")
     if bad:
@@ -146,7 +149,7 @@ class Distributed:
         self.first_task, self.local_tasks = groups.start, len(groups)
         # the one-process rollout pads every turn to bucket(all slots) decisions
         self.window_rows = bucket(cfg.tasks_per_iter * cfg.group_size)
-        self._copy = LocalCopy(mesh)
+        self._copy, self._critic_copy = LocalCopy(mesh), LocalCopy(mesh)
 
     @classmethod
     def create(cls, cfg, mesh) -> "Distributed | None":
@@ -158,6 +161,10 @@ class Distributed:
         """A replicated copy of the global ``tree`` on this process's first device, for
         process-local acting (a collective; the last copy is reused for the same tree)."""
         return self._copy(tree)
+
+    def local_critic(self, tree: Any) -> Any:
+        """``local_params`` of the critic's parameters (their own cached copy)."""
+        return self._critic_copy(tree)
 
     def rollout_args(self, policy, params, seed: int, key) -> tuple[Any, Any, int, Any]:
         """(policy, params, task seed, key) of this process's share of the rollout."""
@@ -186,6 +193,9 @@ class Distributed:
         """The estimator ``fn`` on this process's groups (a group's advantages need no other
         process) with the batch statistics over every process's rows: LVRL's ``rms`` scale
         (``lvrl_rms``). A collective when there is such a statistic."""
+        if algo.advantage == "gae" and algo.gae_normalize:
+            out = fn(eb, signals, dataclasses.replace(algo, gae_normalize=False), num_groups)
+            return dataclasses.replace(out, adv=gae_normalize(out.adv, eb.mask, algo.eps))
         if not (algo.advantage == "lvrl" and algo.lvrl_normalize == "rms"):
             return fn(eb, signals, algo, num_groups)
         out = fn(eb, signals, dataclasses.replace(algo, lvrl_normalize="none"), num_groups)
@@ -244,6 +254,12 @@ class Distributed:
         return UnitRows(n_local, self.mesh)
 
 
+@functools.lru_cache(maxsize=None)
+def _replicate(sharding) -> Any:
+    # one jitted identity per sharding (a new lambda per call would compile every iteration)
+    return jax.jit(lambda tree: tree, out_shardings=sharding)
+
+
 class LocalCopy:
     """``copy(tree)``: a replicated copy of the (mesh-placed) ``tree`` on this process's
     first device, the parameters every process of a multi-process run acts with; with one
@@ -257,7 +273,7 @@ class LocalCopy:
     def __call__(self, tree: Any) -> Any:
         if self._last is not None and self._last[0] is tree:
             return self._last[1]
-        whole = jax.jit(lambda t: t, out_shardings=sh.replicated(self.mesh))(tree)
+        whole = _replicate(sh.replicated(self.mesh))(tree)
         local = jax.tree.map(lambda x: x.addressable_data(0), whole)
         self._last = (tree, local)
         return local
@@ -299,12 +315,16 @@ class UnitRows:
         self.n = int(self.counts.sum())
 
     def mini_batches(self, policy, units: Sequence[Any], unit_adv: np.ndarray,
-                     unit_logp: np.ndarray, order: np.ndarray, m: int
+                     unit_logp: np.ndarray, order: np.ndarray, m: int, *,
+                     critic: Any = None, columns: dict[str, np.ndarray] | None = None
                      ) -> tuple[list[dict[str, Any]], list[Any]]:
         """(batches, recorded log-probs) of the global mini-batches ``order[b*m:(b+1)*m]``,
-        each a global array assembled from every process's block of rows."""
+        each a global array assembled from every process's block of rows. With a
+        ``critic``: its batch, ``row_mask`` and the per-unit ``columns`` (``returns``,
+        ``old_values``) too, as the one-process trainer builds them."""
         every = gather_objects(list(units))
         adv, logp = gather_rows(unit_adv), gather_rows(unit_logp)
+        cols = {k: gather_rows(np.asarray(v, np.float32)) for k, v in (columns or {}).items()}
         p, count = jax.process_index(), jax.process_count()
         block = slice(p * m // count, (p + 1) * m // count)
         mbs, recorded = [], []
@@ -314,11 +334,30 @@ class UnitRows:
             a[:len(idx)] = adv[idx]
             lp = np.zeros((m, 1), np.float32)
             lp[:len(idx), 0] = logp[idx]
-            batch = {"policy": policy.training_batch([every[j] for j in idx], m), "adv": a}
+            mb_units = [every[j] for j in idx]
+            batch = {"policy": policy.training_batch(mb_units, m), "adv": a}
+            if critic is not None:
+                for k, col in cols.items():
+                    x = np.zeros((m,), np.float32)
+                    x[:len(idx)] = col[idx]
+                    batch[k] = x
+                batch["row_mask"] = np.arange(m) < len(idx)
+                batch["critic"] = critic.batch(mb_units, m)
             mbs.append(sh.global_batch(jax.tree.map(lambda x: np.asarray(x)[block], batch),
                                        self.mesh))
             recorded.append(sh.global_batch(lp[block], self.mesh))
         return mbs, recorded
+
+
+def gae_normalize(adv: np.ndarray, mask: np.ndarray, eps: float) -> np.ndarray:
+    """This process's GAE advantages ``adv`` [B_p, T] normalised with the mean and std of
+    every process's executed actions (gathered in the one-process order, so the estimator's
+    one-process statistics; ``jaxdm.rl.estimators.gae``). A collective."""
+    adv, mask = np.asarray(adv, np.float32), np.asarray(mask, bool)
+    a = gather_rows(adv)[gather_rows(mask.astype(np.uint8)).astype(bool)]
+    if not a.size:
+        return adv
+    return np.where(mask, (adv - a.mean()) / (a.std() + eps), 0.0).astype(np.float32)
 
 
 def lvrl_rms(adv: np.ndarray, rows: np.ndarray, mask: np.ndarray, eps: float) -> np.ndarray:

@@ -139,10 +139,18 @@ class Trainer:
     def critic_state_values(self, units) -> np.ndarray:
         """V(s) [N] of the states of ``units`` under the current critic (mini-batch chunks)."""
         m, out = self.cfg.algo.mini_batch, []
+        params, local = self.state.params["critic"], None
+        if self.dist is not None:  # [MULTIHOST] this process's units on its copy
+            local = self.dist.local_critic(params)
+        elif self.local_copy is not None:  # [MULTIHOST] act_on_local_copy: the same
+            local = distributed.LocalCopy(self.mesh)(params)
         for s in range(0, len(units), m):
             chunk = units[s:s + m]
-            batch = self._put_batch(self.critic_config.batch(chunk, m))
-            v = self.critic_config.values(self.state.params["critic"], batch)
+            batch = self.critic_config.batch(chunk, m)
+            if local is None:
+                v = self.critic_config.values(params, self._put_batch(batch))
+            else:
+                v = self.critic_config.values(local, batch)
             out.append(np.asarray(v)[:len(chunk)])
         return np.concatenate(out) if out else np.zeros((0,), np.float32)
 
@@ -222,8 +230,11 @@ class Trainer:
         order = st.host_rng.permutation(n)
         mbs, recorded = [], []
         if rows is not None:  # [MULTIHOST] this process's rows of every global mini-batch
-            mbs, recorded = rows.mini_batches(self.policy, units, unit_adv, eb.unit_logp,
-                                              order, m)
+            cols = None if "critic" not in st.params else {
+                k: adv.extras[k][eb.unit_rows, eb.unit_cols] for k in ("returns", "old_values")}
+            mbs, recorded = rows.mini_batches(
+                self.policy, units, unit_adv, eb.unit_logp, order, m, columns=cols,
+                critic=self.critic_config if cols is not None else None)
         for b in range(n_mb if rows is None else 0):
             idx = order[b * m:(b + 1) * m]
             mb_units = [units[j] for j in idx]

@@ -1,9 +1,9 @@
 """One process of a (multi-process) trainer run on CPU, driven by test_rl_multihost.py.
 
-    python multihost_rl_worker.py COORDINATOR NUM_PROCESSES PROCESS_ID OUT_DIR MODE
+    python multihost_rl_worker.py COORDINATOR NUM_PROCESSES PROCESS_ID OUT_DIR MODE [KEY=VALUE...]
 
 Runs the ``cpu_smoke`` preset (``ITERATIONS`` iterations; the mesh spans every process's
-devices) in ``OUT_DIR/run``, acting on a 1-device copy of the policy (``act_on_local_copy``).
+devices; more config overrides after MODE) in ``OUT_DIR/run``, acting on a 1-device copy of the policy (``act_on_local_copy``).
 With NUM_PROCESSES=1 it is a plain one-process run (no ``jax.distributed``; on N devices
 it is then the reference of N processes: the same acting, the same N-device update). MODE:
 
@@ -60,7 +60,7 @@ def check_lvrl_rms(process_id: int, num_processes: int) -> None:
 
 
 def main(coordinator: str, num_processes: int, process_id: int, out_dir: str,
-         mode: str) -> None:
+         mode: str, *overrides: str) -> None:
     import jax
     import numpy as np
 
@@ -76,7 +76,7 @@ def main(coordinator: str, num_processes: int, process_id: int, out_dir: str,
             check_lvrl_rms(process_id, num_processes)
     cfg = cfgmod.load_config(TrainConfig, PRESET, [
         "progress=false", f"iterations={ITERATIONS}", "eval_tasks=4", "mesh_data=-1",
-        "act_on_local_copy=true", f"out_dir={out_dir}/run"])
+        "act_on_local_copy=true", f"out_dir={out_dir}/run", *overrides])
     tr = Trainer(cfg, log=False)
     if mode == "kill":
         tr.run(stop_after=1)  # its periodic checkpoint (checkpoint_every=1) is step 1
@@ -96,4 +96,5 @@ def main(coordinator: str, num_processes: int, process_id: int, out_dir: str,
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5],
+         *sys.argv[6:])

@@ -55,6 +55,7 @@ def test_windowed_sampling_equals_the_whole_turn():
 @pytest.mark.parametrize("override,named", [
     ("rollout_pipeline=true", "rollout_pipeline"),
     ("algo.advantage=gigpo", None),
+    ("critic.kind=decoder", None),  # a critic: values per process, columns gathered
 ])
 def test_multi_process_settings_checked(override, named):
     cfg = _cfg(override, "teacher.kind=none" if "gigpo" in override else "progress=false")
@@ -63,7 +64,7 @@ def test_multi_process_settings_checked(override, named):
         with pytest.raises(ValueError, match=named):
             distributed.check_config(cfg, every)
         return
-    distributed.check_config(cfg, every)  # per-group estimators are fine
+    distributed.check_config(cfg, every)  # per-group estimators, a critic are fine
     if jax.device_count() > 1:  # a mesh that leaves devices (processes) out is refused
         with pytest.raises(ValueError, match="mesh_data=-1"):
             distributed.check_config(cfg, distributed.sh.make_mesh(1, 1))
