@@ -75,6 +75,30 @@ def test_program_keys_are_what_score_requests_compiles():
     assert seen == keys
 
 
+def test_scoring_compiles_only_its_programs():
+    # Cold start: the packed batch reaches the jitted scorer as numpy; jnp.asarray on it
+    # compiled one staging program per array shape (7 of a cold SmolLM2 job's 8 programs).
+    from jax import monitoring
+
+    model = LocalReadout(tiny_pretrained())
+    qs = roles.judge_requests(small_trajectory(), question="progress", context="hindsight")
+    reqs = model.yesno_requests(qs)
+    keys = sp.program_keys(reqs)
+    compiled = []
+
+    def listen(name, secs, **kw):
+        if name == "/jax/core/compile/backend_compile_duration":
+            compiled.append(secs)
+
+    jax.clear_caches()
+    monitoring.register_event_duration_secs_listener(listen)
+    try:
+        sp.score_requests(model.params, model.config, reqs)
+    finally:
+        monitoring.unregister_event_duration_listener(listen)
+    assert len(compiled) == len(set(keys)), (len(compiled), set(keys))
+
+
 def test_bf16_readout_agrees_with_fp32():
     fp32 = tiny_pretrained()
     cfg16 = dataclasses.replace(fp32.config, dtype="bfloat16")
