@@ -1,10 +1,10 @@
 """One process of a (multi-process) trainer run on CPU, driven by test_rl_multihost.py.
 
-    python multihost_rl_worker.py COORDINATOR NUM_PROCESSES PROCESS_ID OUT_DIR MODE [KEY=VALUE...]
+    python multihost_rl_worker.py COORDINATOR NUM_PROCESSES PROCESS_ID OUT_DIR MODE [KEY=V...]
 
 Runs the ``cpu_smoke`` preset (``ITERATIONS`` iterations; the mesh spans every process's
-devices; more config overrides after MODE) in ``OUT_DIR/run``, acting on a 1-device copy of the policy (``act_on_local_copy``).
-With NUM_PROCESSES=1 it is a plain one-process run (no ``jax.distributed``; on N devices
+devices; more config overrides after MODE) in ``OUT_DIR/run``, acting on a 1-device copy
+of the policy (``act_on_local_copy``). With NUM_PROCESSES=1 it is a plain one-process run (no ``jax.distributed``; on N devices
 it is then the reference of N processes: the same acting, the same N-device update). MODE:
 
 - ``full``: train to the end;

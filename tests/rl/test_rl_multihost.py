@@ -3,10 +3,11 @@
 ``multihost_rl_worker.py`` runs the ``cpu_smoke`` preset as one process (2 devices, acting
 on a 1-device copy of the policy: ``act_on_local_copy``) and as two processes of 1 device
 each (``jaxdm.rl.distributed``: each plays half the task groups with its rows of the
-one-process sampling noise, uploads its block of every global mini-batch). The test SIGKILLs both processes after the first iteration's checkpoint, and
-two fresh processes resume the run. It ends with the one-process parameters (within
-``PARAM_TOL``, see there), the same episodes, evaluation and (to 1e-6) losses. Every
-process is started and ended here, each wait bounded.
+one-process sampling noise, uploads its block of every global mini-batch). The test
+SIGKILLs both processes after the first iteration's checkpoint, and two fresh processes
+resume the run. It ends with the one-process parameters (within ``PARAM_TOL``, see there),
+the same episodes, evaluation and (to 1e-6) losses. Every process is started and ended
+here, each wait bounded.
 """
 from __future__ import annotations
 
