@@ -75,28 +75,45 @@ def test_program_keys_are_what_score_requests_compiles():
     assert seen == keys
 
 
-def test_scoring_compiles_only_its_programs():
+_COUNT_COMPILES = """
+import jax
+from jax import monitoring
+from dm_fixtures import small_trajectory, tiny_pretrained
+from jaxdm import roles
+from jaxdm.decision import shared_prefix as sp
+from jaxdm.decision.local import LocalReadout
+model = LocalReadout(tiny_pretrained())
+qs = roles.judge_requests(small_trajectory(), question="progress", context="hindsight")
+reqs = model.yesno_requests(qs)
+compiled = []
+def listen(name, secs, **kw):
+    if name == "/jax/core/compile/backend_compile_duration":
+        compiled.append(secs)
+monitoring.register_event_duration_secs_listener(listen)
+sp.score_requests(model.params, model.config, reqs)
+print("RESULT", len(compiled), len(set(sp.program_keys(reqs))))
+"""
+
+
+def test_scoring_compiles_only_its_programs(tmp_path):
     # Cold start: the packed batch reaches the jitted scorer as numpy; jnp.asarray on it
     # compiled one staging program per array shape (7 of a cold SmolLM2 job's 8 programs).
-    from jax import monitoring
-
-    model = LocalReadout(tiny_pretrained())
-    qs = roles.judge_requests(small_trajectory(), question="progress", context="hindsight")
-    reqs = model.yesno_requests(qs)
-    keys = sp.program_keys(reqs)
-    compiled = []
-
-    def listen(name, secs, **kw):
-        if name == "/jax/core/compile/backend_compile_duration":
-            compiled.append(secs)
-
-    jax.clear_caches()
-    monitoring.register_event_duration_secs_listener(listen)
-    try:
-        sp.score_requests(model.params, model.config, reqs)
-    finally:
-        monitoring.unregister_event_duration_listener(listen)
-    assert len(compiled) == len(set(keys)), (len(compiled), set(keys))
+    # A fresh process with an empty compilation cache (clearing this process's jit caches
+    # would make every later test recompile).
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    here = Path(__file__).resolve().parent
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAXDM_COMPILATION_CACHE=str(tmp_path / "cc"),
+               PYTHONPATH=os.pathsep.join([str(here), str(here.parents[1]),
+                                           os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", _COUNT_COMPILES], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = [x for x in out.stdout.splitlines() if x.startswith("RESULT")][-1]
+    compiled, distinct = map(int, line.split()[1:])
+    assert compiled == distinct, (compiled, distinct)
 
 
 def test_bf16_readout_agrees_with_fp32():
