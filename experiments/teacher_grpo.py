@@ -108,7 +108,9 @@ def compare(cfg: TrainConfig, estimators: list[str], seeds: list[int], resume: b
                 algo=dataclasses.replace(cfg.algo, advantage=name),
                 model=dataclasses.replace(cfg.model, init_seed=s))
             print(f"== {est}, seed {s} -> {c.out_dir}", flush=True)
-            runs.append(run_one(c, resume, overwrite))
+            run_one(c, resume, overwrite)
+            # the whole run's records (a resumed run returns only the iterations it added)
+            runs.append(runlog.read_metrics(Path(c.out_dir) / "metrics.jsonl"))
         train = [[r for r in recs if "train/success" in r] for recs in runs]
         n_it = min(len(t) for t in train)
         succ = np.array([[t[i]["train/success"] for i in range(n_it)] for t in train])

@@ -68,3 +68,33 @@ def test_compare_names_teachers_as_the_screen_names_judges():
         script.teacher_for("local_readout:path=x,max_groups_per_call=2", base)
     with pytest.raises(SystemExit, match="teacher@nosuch: unknown judge"):
         script.teacher_for("nosuch", base)
+
+
+def test_compare_summarises_whole_runs_when_resumed(tmp_path, monkeypatch):
+    """``--compare ... --resume`` over finished runs: the summary reads every run's whole
+    metrics file (a resumed run returns only the iterations it added: none)."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "experiments" / "teacher_grpo.py"
+    spec = importlib.util.spec_from_file_location("teacher_grpo_script2", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    def finished_run(cfg, resume, overwrite=False):     # a finished run, resumed: adds nothing
+        out = Path(cfg.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        succ = 0.25 * (cfg.seed + 1)
+        recs = [{"step": 1, "train/success": succ, "teacher/score_std": 0.01},
+                {"step": 1, "eval/All": 100 * succ}]
+        (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        return []
+
+    monkeypatch.setattr(script, "run_one", finished_run)
+    summary = script.compare(TrainConfig(out_dir=str(tmp_path), iterations=1),
+                             ["teacher@oracle"], [0, 1], resume=True)
+    row = summary["teacher@oracle"]
+    assert row["train_success_first5"] == 0.375 and row["eval/All"] == 37.5
+    assert row["teacher_score_std"] == 0.01
+    assert (tmp_path / "success_curves.png").is_file()
