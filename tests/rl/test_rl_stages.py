@@ -71,7 +71,7 @@ def test_registries_refuse_unknown_names_and_missing_signals(tmp_path):
     bad = [("algo.advantage=nope", "algo.advantage: unknown estimator 'nope'"),
            ("algo.advantage=gae", "critic.kind"),
            ("teacher.kind=none", "teacher.kind"),
-           ("teacher.kind=local", "teacher.kind must be 'none' or a backend kind"),
+           ("teacher.kind=local", "teacher.kind must be 'none', a backend kind"),
            ("algo.terms={nope: 1.0}", "algo.terms: unknown loss term 'nope'"),
            ("algo.terms={value: 1.0}", "algo.terms.value"),
            ("algo.lvrl_normalize=zscore", "algo.lvrl_normalize")]
