@@ -77,6 +77,8 @@ def teacher_report(cfg, episodes: int) -> dict:
 
 
 def run_one(method: str, seed: int, out: Path, overrides: list[str], coef: float, log) -> dict:
+    from lvrl_babyai import run_curves  # experiments/ (this script's folder)
+
     from jaxdm.rl.trainer import Trainer
 
     cfg = train_config(method, seed, out / "runs" / method / f"seed_{seed}", overrides, coef)
@@ -84,18 +86,10 @@ def run_one(method: str, seed: int, out: Path, overrides: list[str], coef: float
     tr = Trainer(cfg, log=False)
     recs = tr.run(overwrite=True)
     tr.close()
-    curve: dict[str, list] = {k: [] for k in ("iteration", "id_iter", "id", "ood", *CURVE_KEYS)}
     for r in recs:
         log({"method": method, "seed": seed, **{k: v for k, v in r.items()
                                                  if not isinstance(v, (list, dict))}})
-        if "eval/All" in r:
-            curve["id_iter"].append(r["iteration"])
-            curve["id"].append(r["eval/All"] / 100.0)
-            curve["ood"].append(r["eval/ood"] / 100.0)
-        if "train/success" in r:
-            curve["iteration"].append(r["iteration"])
-            for k, key in CURVE_KEYS.items():
-                curve[k].append(float(r.get(key, 0.0)))
+    curve = run_curves(recs, CURVE_KEYS, defaults=dict.fromkeys(CURVE_KEYS.values(), 0.0))
     curve["wall"] = time.perf_counter() - t0
     print(f"  {method} seed {seed}: train {np.mean(curve['train'][:5]):.3f} -> "
           f"{np.mean(curve['train'][-10:]):.3f}, ID {curve['id'][-1]:.3f}, OOD "

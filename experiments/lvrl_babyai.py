@@ -77,6 +77,23 @@ def measure_noise(overrides: list[str]) -> float:
     return float(d.mean())
 
 
+CURVE_KEYS = {"train": "train/success", "all_fail": "train/all_fail_groups",
+              "value_states": "value/states", "value_seconds": "value/total_seconds",
+              "iter_seconds": "time/iteration", "update_seconds": "time/update"}
+
+
+def run_curves(recs, series: dict[str, str], defaults: dict[str, float] | None = None) -> dict:
+    """A Trainer run's curves: ID / OOD success at each evaluation (``id_iter``, ``id``,
+    ``ood``, fractions) and ``series`` at each training iteration (``iteration``, ...)."""
+    from jaxdm.runlog import metric_series
+
+    ev = metric_series(recs, {"id": "eval/All", "ood": "eval/ood"}, present="eval/All")
+    curve = metric_series(recs, series, present="train/success", defaults=defaults)
+    curve.update(id_iter=ev["iteration"], id=[v / 100.0 for v in ev["id"]],
+                 ood=[v / 100.0 for v in ev["ood"]])
+    return curve
+
+
 def run_one(method: str, seed: int, out: Path, overrides: list[str], noise: float, log) -> dict:
     from jaxdm.rl.trainer import Trainer
 
@@ -86,23 +103,11 @@ def run_one(method: str, seed: int, out: Path, overrides: list[str], noise: floa
     recs = tr.run(overwrite=True)
     tr.close()
     wall = time.perf_counter() - t0
-    curve = {"iteration": [], "train": [], "all_fail": [], "id_iter": [], "id": [], "ood": [],
-             "value_states": [], "value_seconds": [], "iter_seconds": [], "update_seconds": []}
     for r in recs:
         log({"method": method, "seed": seed, **{k: v for k, v in r.items()
                                                  if not isinstance(v, (list, dict))}})
-        if "eval/All" in r:
-            curve["id_iter"].append(r["iteration"])
-            curve["id"].append(r["eval/All"] / 100.0)
-            curve["ood"].append(r["eval/ood"] / 100.0)
-        if "train/success" in r:
-            curve["iteration"].append(r["iteration"])
-            curve["train"].append(r["train/success"])
-            curve["all_fail"].append(r["train/all_fail_groups"])
-            curve["value_states"].append(r.get("value/states", 0))
-            curve["value_seconds"].append(r.get("value/total_seconds", 0.0))
-            curve["iter_seconds"].append(r["time/iteration"])
-            curve["update_seconds"].append(r["time/update"])
+    curve = run_curves(recs, CURVE_KEYS, defaults={"value/states": 0,
+                                                   "value/total_seconds": 0.0})
     curve["wall"] = wall
     tr_succ = curve["train"]
     print(f"  {method} seed {seed}: train {np.mean(tr_succ[:5]):.3f} -> "

@@ -6,6 +6,7 @@ Generic (used by RL training, screening and benchmarks alike):
   resume ``truncate_after`` drops lines past the restored step so curves have no duplicates.
 - ``Progress``: a tqdm bar with a compact metrics postfix (silent when ``enabled=False``).
 - ``plot_curves``: one PNG with one panel per metric and one line per run.
+- ``metric_series``: columns of a run's records (e.g. the evaluation rows) for curves.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 __all__ = ["MetricsWriter", "read_metrics", "truncate_after", "Progress", "plot_curves",
-           "jsonable", "format_table"]
+           "jsonable", "format_table", "metric_series"]
 
 
 def jsonable(value: Any) -> Any:
@@ -75,6 +76,29 @@ class MetricsWriter:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def metric_series(records: Sequence[Mapping[str, Any]], series: Mapping[str, str], *,
+                  present: str, defaults: Mapping[str, float] | None = None
+                  ) -> dict[str, list]:
+    """Columns of the records that hold the key ``present``: ``iteration`` (the records'
+    ``iteration``) and, per ``name: key`` of ``series``, the values of ``key``. A row missing a
+    key raises KeyError naming it and the iteration, unless ``defaults`` gives the key a value
+    (metrics only some runs log)."""
+    defaults = defaults or {}
+    out: dict[str, list] = {"iteration": [], **{name: [] for name in series}}
+    for r in records:
+        if present not in r:
+            continue
+        out["iteration"].append(r["iteration"])
+        for name, key in series.items():
+            if key in r:
+                out[name].append(r[key])
+            elif key in defaults:
+                out[name].append(defaults[key])
+            else:
+                raise KeyError(f"metric {key!r} missing at iteration {r.get('iteration')}")
+    return out
 
 
 def read_metrics(path: str | Path, *, drop_torn_tail: bool = False) -> list[dict[str, Any]]:

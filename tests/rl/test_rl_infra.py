@@ -113,6 +113,19 @@ def test_format_table():
     assert t.splitlines()[2].split() == ["clean", "50.0"]
 
 
+def test_metric_series_columns_defaults_and_missing_key():
+    recs = [{"iteration": 1, "train/success": 0.1, "time/x": 2.0},
+            {"iteration": 2, "train/success": 0.3, "eval/All": 50.0},
+            {"iteration": 3, "eval/All": 75.0}]
+    got = runlog.metric_series(recs, {"train": "train/success", "t": "time/x"},
+                               present="train/success", defaults={"time/x": 0.0})
+    assert got == {"iteration": [1, 2], "train": [0.1, 0.3], "t": [2.0, 0.0]}
+    assert runlog.metric_series(recs, {"id": "eval/All"}, present="eval/All") == \
+        {"iteration": [2, 3], "id": [50.0, 75.0]}
+    with pytest.raises(KeyError, match="'time/x' missing at iteration 2"):
+        runlog.metric_series(recs, {"t": "time/x"}, present="train/success")
+
+
 def test_checkpoint_roundtrip_exact(tmp_path):
     rng = np.random.default_rng(7)
     rng.random(3)

@@ -9,23 +9,16 @@ import numpy as np
 import pytest
 
 from jaxdm.decision.types import YesNo
-from jaxdm.models.loading import save_pretrained
 from jaxdm.screen.run import ScreenError, build_judges, normalize_judge_spec
 from jaxdm.train import lora, sft
-from tests.train.train_fixtures import tiny
+from tests.train.train_fixtures import adapter_folder as make_adapter_folder
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("judge_folders")
-    pre = tiny(seed=4)
-    hf = save_pretrained(root / "exported", pre.params, pre.config, tokenizer=pre.tokenizer,
-                         source=pre.path)
-    cfg = lora.LoraConfig(rank=2, alpha=4.0, targets=("q", "v", "down"))
-    ad = lora.init_adapters(pre.params, cfg, jax.random.key(0))
-    ad = jax.tree.map(lambda x: x + 0.05, ad)                   # a real (non-zero B) delta
-    folder = lora.save_adapter(root / "trained_judge", ad, cfg, base=str(hf),
-                               meta={"command": "test"})
+    pre, hf, folder, ad, cfg = make_adapter_folder(root, seed=4, key=0, base_name="exported",
+                                              name="trained_judge")
     return root, pre, hf, folder, ad, cfg
 
 

@@ -3,7 +3,6 @@ teacher.path=<adapter folder>`` builds the ``teacher_scores`` backend on the ada
 model with the LoRA adapters merged (``jaxdm.decision.make_backend`` reads adapter folders),
 the judge ``jaxdm screen --judge <folder>`` builds the same way
 (tests/screen/test_screen_judge_folder.py)."""
-import jax
 import numpy as np
 import pytest
 
@@ -11,22 +10,16 @@ from jaxdm.decision import make_backend
 from jaxdm.decision.jobs import score_trajectories
 from jaxdm.decision.local import LocalReadout
 from jaxdm.decision.synthetic import alfworld_like_trajectory
-from jaxdm.models.loading import save_pretrained
 from jaxdm.rl.signals import signal_spec
 from jaxdm.rl.train_config import TeacherSection, TrainConfig
 from jaxdm.train import lora
-from tests.train.train_fixtures import tiny
+from tests.train.train_fixtures import adapter_folder as make_adapter_folder
 
 
 @pytest.fixture(scope="module")
 def adapter_folder(tmp_path_factory):
     root = tmp_path_factory.mktemp("teacher_judge")
-    pre = tiny(seed=6)
-    hf = save_pretrained(root / "base", pre.params, pre.config, tokenizer=pre.tokenizer,
-                         source=pre.path)
-    cfg = lora.LoraConfig(rank=2, alpha=4.0, targets=("q", "v", "down"))
-    ad = jax.tree.map(lambda x: x + 0.05, lora.init_adapters(pre.params, cfg, jax.random.key(1)))
-    folder = lora.save_adapter(root / "judge", ad, cfg, base=str(hf), meta={"command": "t"})
+    pre, hf, folder, ad, cfg = make_adapter_folder(root, seed=6, key=1, command="t")
     return pre, hf, folder, lora.merge(pre.params, ad, cfg)
 
 

@@ -32,6 +32,24 @@ def tiny(seed: int = 0, layers: int = 2):
                       chat_template=None, path=path)
 
 
+def adapter_folder(root, *, seed: int, key: int, base_name: str = "base",
+                   name: str = "judge", command: str = "test"):
+    """A tiny base model exported as an HF folder and a LoRA adapter folder over it (rank 2 on
+    q, v, down; every adapter entry + 0.05, so B is non-zero and the delta real).
+    Returns (pretrained, hf folder, adapter folder, adapters, LoraConfig)."""
+    from jaxdm.models.loading import save_pretrained
+    from jaxdm.train import lora
+
+    pre = tiny(seed=seed)
+    hf = save_pretrained(root / base_name, pre.params, pre.config, tokenizer=pre.tokenizer,
+                         source=pre.path)
+    cfg = lora.LoraConfig(rank=2, alpha=4.0, targets=("q", "v", "down"))
+    ad = jax.tree.map(lambda x: x + 0.05, lora.init_adapters(pre.params, cfg,
+                                                             jax.random.key(key)))
+    folder = lora.save_adapter(root / name, ad, cfg, base=str(hf), meta={"command": command})
+    return pre, hf, folder, ad, cfg
+
+
 def items(context: str = CONTEXT, tag: str = "t") -> list[SFTItem]:
     tool = MultipleChoice(context=context, question="Which tool should the agent call next?",
                           options=("cancel_order: cancel an order", "get_weather: weather",
