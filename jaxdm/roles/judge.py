@@ -1,10 +1,13 @@
 """Judge / Teacher requests: a yes/no question about one executed action of a trajectory.
 
 Context: the judging instructions, the goal and the trajectory entries
-``{"observation", "action"}``. Prefix for target ``t`` shows entries ``0..t`` and ends with the
-target action; Hindsight shows every entry plus a final observation-only entry whose action is
-``null``. The question (Progress, or Value from ``jaxdm.roles.value``) names the zero-based
-target index and is the same text under every context.
+``{"index", "observation", "action"}`` (v3: every entry carries its zero-based index). Prefix for
+target ``t`` shows entries ``0..t`` and ends with the target action; Hindsight shows every entry
+plus a final observation-only entry whose action is ``null``. The question (Progress, or Value
+from ``jaxdm.roles.value``) names the zero-based target index followed by the quoted target
+action text (v3: ``Target action index: 3 ("go to shelf 1").``) and is the same text under every
+context. Up to v2 the entries carried no index and the question named the index only, so under
+Hindsight a model had to count lines to find the target (README, "A trained judge").
 
 Token-prefix property (what makes shared-prefix scoring cheap): the context text of Prefix(t)
 is a character prefix of the Hindsight context of the same trajectory (entries are one JSON
@@ -25,7 +28,7 @@ from typing import Any, Callable, Mapping
 
 from jaxdm.decision.types import YesNo
 from jaxdm.envs.webshop.env import TERMINAL_MASK as WEBSHOP_TERMINAL_OBSERVATION
-from jaxdm.roles.common import PROMPT_VERSION, check_trajectory, entry_line
+from jaxdm.roles.common import PROMPT_VERSION, check_trajectory, entry_line, quote_action
 from jaxdm.roles.value import value_question
 from jaxdm.trajectory import Trajectory
 
@@ -54,26 +57,27 @@ JUDGE_META_KEYS = (
 )
 
 TRAJECTORY_HEADER = (
-    "Trajectory (a JSON object per line, indexed from 0; each entry is an observation and the "
-    "action the agent took after seeing it; an entry with \"action\": null is an observation "
-    "with no action after it):"
+    "Trajectory (a JSON object per line; each entry is its zero-based index, an observation and "
+    "the action the agent took after seeing it; an entry with \"action\": null is an "
+    "observation with no action after it):"
 )
 JUDGE_INSTRUCTIONS = (
     "Judge one executed action (the target action) of the agent trajectory below. The "
-    "target index is zero-based and refers to the trajectory entries shown."
+    "question gives the target's entry index and quotes its action."
 )
 PROGRESS_QUESTION = "Did the target action help achieve the goal?"
 
 
-def progress_question(target: int, remaining_budget: int | None) -> str:
-    """The Progress question for action ``target`` (the budget is not part of it)."""
+def progress_question(target: int, action: str, remaining_budget: int | None) -> str:
+    """The Progress question for action ``target`` (its text quoted after the index; the
+    budget is not part of it)."""
     del remaining_budget
     return (f"[progress] {PROGRESS_QUESTION}"
-            f"\nTarget action index: {target}.")
+            f"\nTarget action index: {target} ({quote_action(action)}).")
 
 
-# Question name -> text builder (target, remaining_budget); the registry QUESTIONS reads.
-QUESTION_BUILDERS: Mapping[str, Callable[[int, int | None], str]] = {
+# Question name -> text builder (target, action, remaining_budget); the registry QUESTIONS reads.
+QUESTION_BUILDERS: Mapping[str, Callable[[int, str, int | None], str]] = {
     "progress": progress_question,
     "value": value_question,
 }
@@ -105,24 +109,27 @@ def judge_context(traj: Trajectory, last_action: int, *, with_final: bool) -> st
     if not 0 <= last_action < len(traj.steps):
         raise ValueError(f"last_action {last_action} out of range for {len(traj.steps)} steps")
     lines = [JUDGE_INSTRUCTIONS, f"Goal: {traj.goal}", TRAJECTORY_HEADER]
-    lines += [entry_line(s.observation, s.action) for s in traj.steps[:last_action + 1]]
+    lines += [entry_line(s.observation, s.action, i)
+              for i, s in enumerate(traj.steps[:last_action + 1])]
     if with_final:
-        lines.append(entry_line(_observation_after(traj, last_action), None))
+        lines.append(entry_line(_observation_after(traj, last_action), None, last_action + 1))
     return "\n".join(lines)
 
 
-def judge_question(question: str, target: int, *, remaining_budget: int | None) -> str:
+def judge_question(question: str, target: int, *, action: str,
+                   remaining_budget: int | None) -> str:
     """The question text: identical under Prefix and Hindsight for the same target.
 
-    The question first, the target-specific part (index, budget) last, so that requests for
-    different targets of one trajectory share as many leading tokens as possible (the action
-    is named by its index only, as in seed 000 Appendix B.2); the judging instructions are at
-    the start of the context, shared by all of them.
+    The question first, the target-specific part (index, quoted action text, budget) last, so
+    that requests for different targets of one trajectory share as many leading tokens as
+    possible; the judging instructions are at the start of the context, shared by all of them.
+    Seed 000 Appendix B.2 names the action by its index only; v3 also quotes its text, and the
+    context's entries carry their indices, so the target is found by matching, not counting.
     """
     build = QUESTION_BUILDERS.get(question)
     if build is None:
         raise ValueError(f"question must be one of {QUESTIONS}, got {question!r}")
-    return build(target, remaining_budget)
+    return build(target, action, remaining_budget)
 
 
 def _expansion_last(traj: Trajectory, t: int, expansion: Any) -> tuple[int, str]:
@@ -179,7 +186,8 @@ def judge_request(traj: Trajectory, t: int, *, question: str = "progress",
         "traj_id": traj.metadata.get("id", traj_id), "prompt_version": PROMPT_VERSION,
     }
     return YesNo(context=text, meta=meta,
-                 question=judge_question(question, t, remaining_budget=remaining))
+                 question=judge_question(question, t, action=step.action,
+                                         remaining_budget=remaining))
 
 
 def judge_requests(traj: Trajectory, question: str = "progress", context: str = "hindsight", *,

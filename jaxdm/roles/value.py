@@ -6,13 +6,16 @@ LVRL's value-difference advantages use. The remaining budget counts the target a
 """
 from __future__ import annotations
 
+from jaxdm.roles.common import quote_action
+
 VALUE_QUESTION = "Will the task be completed successfully within the remaining action budget?"
 
 
-def value_question(target: int, remaining_budget: int | None) -> str:
-    """The Value question for action ``target`` (zero-based) with ``remaining_budget`` left."""
+def value_question(target: int, action: str, remaining_budget: int | None) -> str:
+    """The Value question for action ``target`` (zero-based, its text quoted after the index)
+    with ``remaining_budget`` left."""
     if remaining_budget is None:
         raise ValueError("the value question needs remaining_budget")
     return (f"[value] {VALUE_QUESTION}"
-            f"\nTarget action index: {target}. Remaining action budget, counting the "
-            f"target action: {remaining_budget}.")
+            f"\nTarget action index: {target} ({quote_action(action)}). Remaining action "
+            f"budget, counting the target action: {remaining_budget}.")

@@ -49,9 +49,12 @@ def _demo_keys(n_traj: int) -> tuple[int, list[tuple]]:
 def test_demo_job_compiles_few_programs():
     # Measured: 2 trajectories 6 calls / 2 programs; the demo's 6 trajectories (52 actions,
     # 312 questions) 28 calls / 15 programs (19 before the window bucket became >= 64).
+    # Prompts v3 (indexed entries, quoted target action: longer contexts and questions) on
+    # 2 trajectories: 7 calls / 4 programs (one context crosses 512 -> 640 tokens, one call's
+    # question windows 128 -> 256).
     n_req, keys = _demo_keys(2)
     assert n_req == 6 * 8 and len(keys) <= 8
-    assert len(set(keys)) <= 2, sorted(set(keys))
+    assert len(set(keys)) <= 4, sorted(set(keys))
 
 
 def test_program_keys_are_what_score_requests_compiles():

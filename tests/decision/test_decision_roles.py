@@ -10,37 +10,42 @@ from jaxdm import roles
 from jaxdm.decision.types import MultipleChoice, YesNo
 from jaxdm.trajectory import Step, Trajectory
 
-HEADER = ("Trajectory (a JSON object per line, indexed from 0; each entry is an observation and "
-          "the action the agent took after seeing it; an entry with \"action\": null is an "
+HEADER = ("Trajectory (a JSON object per line; each entry is its zero-based index, an observation "
+          "and the action the agent took after seeing it; an entry with \"action\": null is an "
           "observation with no action after it):")
 INSTR = ("Judge one executed action (the target action) of the agent trajectory below. The "
-         "target index is zero-based and refers to the trajectory entries shown.")
-E0 = ('{"observation": "You are in the middle of a room. You see a cabinet 1, a countertop 1 '
-      'and a microwave 1.", "action": "go to countertop 1"}')
-E1 = ('{"observation": "You arrive at countertop 1. On the countertop 1, you see a mug 1.", '
-      '"action": "take mug 1 from countertop 1"}')
-E2 = '{"observation": "You pick up the mug 1 from the countertop 1.", "action": "look"}'
-E3 = '{"observation": "You are facing the countertop 1.", "action": "go to microwave 1"}'
-EF = '{"observation": "You arrive at microwave 1. The microwave 1 is closed.", "action": null}'
+         "question gives the target's entry index and quotes its action.")
+E0 = ('{"index": 0, "observation": "You are in the middle of a room. You see a cabinet 1, a '
+      'countertop 1 and a microwave 1.", "action": "go to countertop 1"}')
+E1 = ('{"index": 1, "observation": "You arrive at countertop 1. On the countertop 1, you see a '
+      'mug 1.", "action": "take mug 1 from countertop 1"}')
+E2 = '{"index": 2, "observation": "You pick up the mug 1 from the countertop 1.", "action": "look"}'
+E3 = ('{"index": 3, "observation": "You are facing the countertop 1.", '
+      '"action": "go to microwave 1"}')
+EF = ('{"index": 4, "observation": "You arrive at microwave 1. The microwave 1 is closed.", '
+      '"action": null}')
 GOAL = f"{INSTR}\nGoal: put a hot mug in cabinet"
+# The Actor's history entries carry no index (unchanged since v2: they are not referred to).
+ACTOR_E0 = ('{"observation": "You are in the middle of a room. You see a cabinet 1, a countertop 1 '
+            'and a microwave 1.", "action": "go to countertop 1"}')
 
 
 def test_golden_prefix_progress():
     q = roles.judge_request(small_trajectory(), 1, question="progress", context="prefix")
     assert q.context == "\n".join([GOAL, HEADER, E0, E1])
     assert q.question == ("[progress] Did the target action help achieve the goal?"
-                          "\nTarget action index: 1.")
+                          "\nTarget action index: 1 (\"take mug 1 from countertop 1\").")
 
 
 def test_golden_hindsight_progress():
     q = roles.judge_request(small_trajectory(), 1, question="progress", context="hindsight")
     assert q.context == "\n".join([GOAL, HEADER, E0, E1, E2, E3, EF])
     assert q.question == ("[progress] Did the target action help achieve the goal?"
-                          "\nTarget action index: 1.")
+                          "\nTarget action index: 1 (\"take mug 1 from countertop 1\").")
 
 
 VALUE_Q = ("[value] Will the task be completed successfully within the remaining action "
-           "budget?\nTarget action index: 2. Remaining "
+           "budget?\nTarget action index: 2 (\"look\"). Remaining "
            "action budget, counting the target action: 28.")
 
 
@@ -63,7 +68,7 @@ def test_golden_constrained_user_message():
     assert msgs[0] == {"role": "system", "content": roles.SYSTEM_PROMPTS[("yesno", "constrained")]}
     assert msgs[1]["content"] == (f"Context:\n{GOAL}\n{HEADER}\n{E0}\n\nQuestion:\n[progress] "
                                   "Did the target action help achieve the goal?\n"
-                                  "Target action index: 0.\n\nAnswer:")
+                                  "Target action index: 0 (\"go to countertop 1\").\n\nAnswer:")
     assert not roles.render_messages(q, "prompted")[1]["content"].endswith("Answer:")
 
 
@@ -79,6 +84,7 @@ def test_question_identical_across_contexts_and_entries_are_json():
     hind = roles.judge_request(tr, 0, context="hindsight").context.split("\n")[3:]
     entries = [json.loads(line) for line in hind]
     assert [e["action"] for e in entries] == [s.action for s in tr.steps] + [None]
+    assert [e["index"] for e in entries] == list(range(len(tr) + 1))
 
 
 def test_prefix_context_is_character_prefix_of_hindsight():
@@ -115,7 +121,8 @@ def test_masking_no_outcome_and_webshop_terminal():
         assert "0.75" not in text and "score" not in text.lower() and "reward" not in text
         assert "Thank you" not in text
     last = roles.judge_requests(tr, "progress", "hindsight")[0].context.split("\n")[-1]
-    assert json.loads(last) == {"observation": "Shopping process has ended.", "action": None}
+    assert json.loads(last) == {"index": 3, "observation": "Shopping process has ended.",
+                                "action": None}
     fb = roles.judge_request(tr, 2, context="prefix", expansion="fb").context.split("\n")[-1]
     assert json.loads(fb)["observation"] == roles.WEBSHOP_TERMINAL_OBSERVATION
 
@@ -162,7 +169,7 @@ def test_actor_request_and_variants():
     assert isinstance(base, MultipleChoice) and base.options == tuple(opts)
     assert base.context == "\n".join([
         "Goal: put a hot mug in cabinet", "History (a JSON object per line, oldest first; each entry is an observation and "
-        "the action the agent took after seeing it):", E0,
+        "the action the agent took after seeing it):", ACTOR_E0,
         "Current observation: You arrive at countertop 1. On the countertop 1, you see a mug 1.",
         "Remaining action budget: 29"])
     assert base.question == ("[next_action] Which of the available actions should the agent "
