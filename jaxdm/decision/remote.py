@@ -42,7 +42,6 @@ import time
 import urllib.parse
 from typing import Any, Mapping, Sequence
 
-import httpx
 
 from jaxdm.decision import render
 from jaxdm.decision.parsing import parse_choice, parse_score
@@ -178,6 +177,7 @@ class Remote:
 
     def _post(self, client: httpx.Client, path: str, body: dict) -> dict:
         """POST with retries; returns the parsed JSON body or raises _Failure."""
+        import httpx  # here, not at import: `jaxdm` commands that never call an API skip it
         last = "no attempt"
         for attempt in range(self.max_retries + 1):
             if self.down is not None:
@@ -318,6 +318,8 @@ class Remote:
             if kind is MultipleChoice:
                 render.labels_for(len(q.options))  # too many options: a clear error up front
         results: list = [None] * len(questions)
+        import httpx
+
         limits = httpx.Limits(max_connections=self.concurrency,
                               max_keepalive_connections=self.concurrency)
         with httpx.Client(limits=limits) as client, \
@@ -349,6 +351,8 @@ class Remote:
         """POST ``body`` to ``<base_url><path>`` with this backend's retries, backoff,
         Retry-After, timeout, down-marking and API key; returns the JSON object or raises
         ``RequestFailed`` (the reason in its message, the raw body in ``.raw``)."""
+        import httpx
+
         with httpx.Client() as client:
             return self._post(client, path, body)
 

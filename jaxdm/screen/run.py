@@ -28,7 +28,7 @@ import numpy as np
 
 from jaxdm.config import to_dict
 from jaxdm.decision.specs import BackendSpecError, parse_backend_spec, parse_scalar, shown_spec
-from jaxdm.screen import figures, metrics
+from jaxdm.screen import metrics
 from jaxdm.screen.store import FIGURES, PassResult, ScreenError, ScreenStore
 from jaxdm.trajectory import Trajectory, read_jsonl
 
@@ -431,6 +431,8 @@ def shift_table(result: dict) -> str:
 def write_outputs(result: dict, trajs: list[Trajectory], out: Path) -> dict[str, Path]:
     """summary.json, report.md and the figures (scores.jsonl and trajectories.jsonl are
     written while scoring, see ``jaxdm.screen.store``)."""
+    from jaxdm.screen import figures  # matplotlib: imported after scoring, not at start
+
     out.mkdir(parents=True, exist_ok=True)
     paths = {"scores": out / "scores.jsonl", "trajectories": out / "trajectories.jsonl",
              "summary": out / "summary.json"}
