@@ -14,9 +14,11 @@ which heavy modules (torch, transformers, scipy, matplotlib, pandas, alfworld, .
 imported before the first score.
 
 Before / after (``--trees A,B``): each tree is a jaxdm source folder (a ``git worktree`` of a
-commit); rounds alternate the trees, each round runs a first and a second run per tree (each
-tree with its own fresh cache folder), and the medians per tree are reported, with the scores
-compared bitwise across trees. ``--importtime`` prints the slowest imports (``-X importtime``)
+commit); ``--stored`` adds a variant of the last tree whose scoring program goes through
+``jaxdm.models.compile_cache.stored`` (whole compiled programs loaded without tracing). Rounds
+alternate the variants, each round runs a first and a second run per variant (each with its
+own fresh cache folder), and the medians per variant are reported, with the scores compared
+bitwise across every run. ``--importtime`` prints the slowest imports (``-X importtime``)
 of the child's import line.
 
     python benchmarks/cold_start.py --quick              # 6-action trajectory, 1 round
@@ -49,7 +51,7 @@ CHILD = r"""
 import json, sys, time
 t0 = float(sys.argv[1])
 n_actions, diagnose, heavy_names = int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4].split(",")
-n_warm = int(sys.argv[5])
+n_warm, use_stored = int(sys.argv[5]), sys.argv[6] == "1"
 marks = {"python_up": time.time() - t0}
 import jax
 marks["import_jax"] = time.time() - t0
@@ -63,6 +65,10 @@ monitoring.register_event_listener(
     lambda name, **kw: events.__setitem__(name, events.get(name, 0) + 1))
 IMPORTS
 marks["import_jaxdm"] = time.time() - t0
+if use_stored:  # what shared_prefix.score_requests would call with compile_cache.stored
+    from jaxdm.decision import shared_prefix as _sp0
+    _sp0.score_packed = compile_cache.stored(_sp0.score_packed,
+                                             ("config", "window", "full_vocab"))
 if diagnose:  # time spent hashing lowered modules into persistent-cache keys
     from jax._src import compilation_cache as _cc
     _key = _cc.get_cache_key
@@ -119,11 +125,13 @@ DURATIONS = ("jaxpr_trace_duration", "jaxpr_to_mlir_module_duration", "cache_key
              "cache_retrieval_time_sec", "backend_compile_duration")
 
 
-def run_child(tree: Path, cache: Path, n_actions: int, diagnose: bool, warm: int) -> dict:
+def run_child(tree: Path, cache: Path, n_actions: int, diagnose: bool, warm: int,
+              stored: bool) -> dict:
     """One fresh process scoring the job with jaxdm from ``tree``, compilation cache ``cache``."""
     env = {**os.environ, "JAXDM_COMPILATION_CACHE": str(cache), "PYTHONPATH": str(tree)}
     out = subprocess.run([sys.executable, "-c", CHILD, repr(time.time()), str(n_actions),
-                          "1" if diagnose else "0", ",".join(HEAVY), str(warm)], env=env,
+                          "1" if diagnose else "0", ",".join(HEAVY), str(warm),
+                          "1" if stored else "0"], env=env,
                          capture_output=True, text=True, timeout=1800, cwd=tree)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("COLD ")]
     if out.returncode or not lines:
@@ -168,15 +176,20 @@ def main() -> None:
     parser.add_argument("--actions", type=int, default=None, help="default 30 (6 with --quick)")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--second-runs", type=int, default=1,
-                        help="second runs per round and tree (after each first run)")
+                        help="second runs per round and variant (after each first run)")
     parser.add_argument("--trees", default=None,
                         help="comma-separated jaxdm source folders to alternate (default: this "
                              "checkout)")
+    parser.add_argument("--stored", action="store_true",
+                        help="also run the last tree with the scoring program wrapped in "
+                             "compile_cache.stored (whole compiled programs, no tracing on a "
+                             "hit), alternated with the others")
     parser.add_argument("--warm", type=int, default=0, metavar="N",
                         help="after the first scores, run the same job N more times in the "
                              "process (its warm cost)")
     parser.add_argument("--diagnose", action="store_true",
-                        help="also time the persistent-cache key computation")
+                        help="also time the persistent-cache key computation and each device "
+                             "call")
     parser.add_argument("--importtime", type=int, default=0, metavar="N",
                         help="print the N slowest imports of each tree first")
     args = parser.parse_args()
@@ -184,49 +197,54 @@ def main() -> None:
     rounds = args.rounds or (1 if args.quick else 3)
     here = Path(__file__).resolve().parents[1]
     trees = [Path(t).resolve() for t in args.trees.split(",")] if args.trees else [here]
+    variants = [(t, False) for t in trees] + ([(trees[-1], True)] if args.stored else [])
+    names = [f"{t.name}{'+stored' if st else ''}" for t, st in variants]
     for tree in trees:
         if args.importtime:
             import_profile(tree, args.importtime)
     runs: dict[tuple[int, str], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="jaxdm-cold-") as tmp:
         for r in range(rounds):
-            order = trees if r % 2 == 0 else trees[::-1]
-            for ti, tree in enumerate(order):
-                idx = trees.index(tree)
-                cache = Path(tmp) / f"r{r}-t{idx}"
+            order = list(range(len(variants)))
+            order = order if r % 2 == 0 else order[::-1]
+            for vi in order:
+                tree, st = variants[vi]
+                cache = Path(tmp) / f"r{r}-v{vi}"
                 for label in ["first"] + ["second"] * args.second_runs:
-                    res = run_child(tree, cache, n_act, args.diagnose, args.warm)
-                    runs.setdefault((idx, label), []).append(res)
+                    res = run_child(tree, cache, n_act, args.diagnose, args.warm, st)
                     if not res["jaxdm"].startswith(str(tree)):
                         raise SystemExit(f"the child imported {res['jaxdm']}, not {tree}")
+                    runs.setdefault((vi, label), []).append(res)
                     steps = {k: round(v, 2) for k, v in _steps(res["marks"]).items()}
                     durs = {k: res["durations"].get(k) for k in DURATIONS}
-                    print(f"[round {r}, tree {idx} {tree.name}, {label} run, load {_load()}] "
+                    print(f"[round {r}, {names[vi]}, {label} run, load {_load()}] "
                           f"first scores at {res['marks']['first_scores']:.2f} s; warm reruns "
                           f"{[round(w, 2) for w in res['warm']]} s; device calls (start, s) "
-                          f"{res['calls'][:4]}; steps (s) "
-                          f"{steps}; JAX (s) {durs}; traces {res['traces']}, compiles {res['compiles']}, cache hits "
+                          f"{res['calls'][:4]}; steps (s) {steps}; JAX (s) {durs}; traces "
+                          f"{res['traces']}, compiles {res['compiles']}, cache hits "
                           f"{res['hits']}, misses {res['misses']}; heavy modules before "
                           f"scoring: {res['heavy']}", flush=True)
     ref = runs[0, "first"][0]["scores"]
     same = all(res["scores"] == ref for rs in runs.values() for res in rs)
-    print(f"scores bitwise equal across every run and tree: {same}")
-    for idx, tree in enumerate(trees):
+    print(f"scores bitwise equal across every run and variant: {same}")
+    medians = {}
+    for vi, name in enumerate(names):
         for label, goal in (("first", 20.0), ("second", 5.0)):
-            rs = runs[idx, label]
-            t = statistics.median(x["marks"]["first_scores"] for x in rs)
+            rs = runs[vi, label]
+            t = medians[vi, label] = statistics.median(x["marks"]["first_scores"] for x in rs)
             med = {k: round(statistics.median(_steps(x["marks"])[k] for x in rs), 2)
                    for k in rs[0]["marks"]}
-            print(f"[median, tree {idx} {tree}, {label} run, {len(rs)} runs] {t:.2f} s; "
-                  f"steps {med}")
-            print(f"RESULT cold_start_{label}_run_tree{idx}: baseline {goal:.3f} s (issue 17 "
+            jx = {k: round(statistics.median(x["durations"].get(k) or 0.0 for x in rs), 3)
+                  for k in DURATIONS}
+            print(f"[median, {name}, {label} run, {len(rs)} runs] {t:.2f} s; steps {med}; "
+                  f"JAX {jx}")
+            print(f"RESULT cold_start_{label}_run_{name}: baseline {goal:.3f} s (issue 17 "
                   f"goal), jaxdm {t:.3f} s, ratio {goal / t:.2f}x")
-    if len(trees) > 1:
+    for vi in range(1, len(variants)):
         for label in ("first", "second"):
-            a = statistics.median(x["marks"]["first_scores"] for x in runs[0, label])
-            b = statistics.median(x["marks"]["first_scores"] for x in runs[len(trees) - 1, label])
-            print(f"RESULT cold_start_{label}_run_before_after: baseline {a:.3f} s, jaxdm "
-                  f"{b:.3f} s, ratio {a / b:.2f}x")
+            a, b = medians[0, label], medians[vi, label]
+            print(f"RESULT cold_start_{label}_run_{names[0]}_vs_{names[vi]}: baseline {a:.3f} "
+                  f"s, jaxdm {b:.3f} s, ratio {a / b:.2f}x")
     if not same:
         raise SystemExit("scores differ between runs")
 
