@@ -19,10 +19,13 @@ Device side, ``score_batch`` is a pure, jitted, differentiable function (no stop
 over a padded ``ScoringBatch`` of G groups: per group it prefills the trunk [T] once and runs
 its N suffixes [N, S] in one batched pass over that cache (the batch-1 cache is contracted
 against all N rows without copying; ``jax.vmap`` runs the G groups), each suffix masked to
-its own visible length. Hidden states are read only at the answer positions [A] and turned
-into logits only for the candidate token ids [K] (``full_vocab=False``: log-softmax over the
-candidates, i.e. constrained readout) or into full-vocabulary log-probabilities of the given
-ids (``full_vocab=True``: option likelihood); the [S, V] logits are never built. Shapes are
+its own visible length. Hidden states are read only at the answer slots, one flat list
+[G, M] per batch (M bucketed on the largest group's real answer count, ``slot_bucket``), and
+turned into logits only for the candidate token ids [K] (``full_vocab=False``: log-softmax over
+the candidates, i.e. constrained readout) or into full-vocabulary log-probabilities of the
+given ids (``full_vocab=True``: option likelihood); the [S, V] logits are never built, and the
+head never runs at a padded (row, answer) pair: per-row slots [N, A] padded a 69-option tool
+question's 1,170 answer positions to 128 x 32 = 4,096 full-vocabulary rows. Shapes are
 bucketed (``bucket_*``) so one compilation serves many batches.
 
 Two device layouts compute these same numbers (``score_requests(layout=...)``):
@@ -75,10 +78,13 @@ class ScoringBatch(NamedTuple):
     trunk_len    [G]       real trunk length (0 for an all-padding group)
     suffix_tokens [G, N, S] per-request tokens after its visible trunk part (right-padded)
     visible      [G, N]    how many leading trunk tokens each suffix attends to
-    answer_index [G, N, A] suffix positions whose next-token distribution is read
-    answer_mask  [G, N, A] which answer slots are real
-    label_ids    [G, N, A, K] candidate token ids at each answer slot
-    label_mask   [G, N, A, K] which candidate slots are real
+    answer_index [G, M]    flat answer slots: suffix row * S + position in that row, whose
+                           next-token distribution is read (``pack_groups``: M bucketed on
+                           the group's real answer count, so no head runs at padded slots);
+                 or [G, N, A] per row: position in row n (output [G, N, A, K])
+    answer_mask  [G, M] / [G, N, A]        which answer slots are real
+    label_ids    [G, M, K] / [G, N, A, K]  candidate token ids at each answer slot
+    label_mask   [G, M, K] / [G, N, A, K]  which candidate slots are real
     """
 
     trunk_tokens: Any
@@ -93,7 +99,8 @@ class ScoringBatch(NamedTuple):
 
 def _check_common(batch: Any, n: int | None, integer_fields: Sequence[str]) -> None:
     """Checks shared by both batch layouts: trunk [G, T] / trunk_len [G], answer and label
-    slots [G, N, A(, K)] (N = ``n`` when given), and integer dtypes."""
+    slots [G, M(, K)] (flat) or [G, N, A(, K)] (per row; N = ``n`` when given), and integer
+    dtypes."""
     kind = type(batch).__name__
     if batch.trunk_tokens.ndim != 2:
         raise ValueError(f"{kind}.trunk_tokens must be [G, T], got {batch.trunk_tokens.shape}")
@@ -101,13 +108,16 @@ def _check_common(batch: Any, n: int | None, integer_fields: Sequence[str]) -> N
     if batch.trunk_len.shape != (g,):
         raise ValueError(f"trunk_len must be [G]={g}, got {batch.trunk_len.shape}")
     shape = batch.answer_index.shape
-    if len(shape) != 3 or shape[0] != g or (n is not None and shape[1] != n):
+    per_row = len(shape) == 3
+    if len(shape) not in (2, 3) or shape[0] != g or (per_row and n is not None
+                                                     and shape[1] != n):
         want = f"G, N = {(g, n)}" if n is not None else f"G = {g}"
-        raise ValueError(f"answer_index must be [G, N, A] with {want}, got {shape}")
+        raise ValueError(f"answer_index must be [G, M] (flat slots) or [G, N, A] (per row) "
+                         f"with {want}, got {shape}")
     if batch.answer_mask.shape != shape:
         raise ValueError(f"answer_mask must be {shape}, got {batch.answer_mask.shape}")
-    if batch.label_ids.ndim != 4 or batch.label_ids.shape[:3] != shape:
-        raise ValueError(f"label_ids must be [G, N, A, K] with G, N, A = {shape}, got "
+    if batch.label_ids.ndim != len(shape) + 1 or batch.label_ids.shape[:-1] != shape:
+        raise ValueError(f"label_ids must be answer_index's shape {shape} + [K], got "
                          f"{batch.label_ids.shape}")
     if batch.label_mask.shape != batch.label_ids.shape:
         raise ValueError(f"label_mask shape {batch.label_mask.shape} != label_ids shape "
@@ -127,9 +137,23 @@ def _check_batch(batch: ScoringBatch) -> None:
     _check_common(batch, n, ("trunk_tokens", "suffix_tokens", "label_ids", "answer_index"))
 
 
+def _flat_slots(batch: Any, row_stride: int):
+    """The answer slots as a flat list: (index [G, M], mask [G, M], label_ids [G, M, K],
+    label_mask [G, M, K]). Per-row slots [G, N, A] become M = N * A slots, row n's positions
+    offset by n * ``row_stride`` (rows layout: S; packed: 0, positions are already global)."""
+    idx, mask = batch.answer_index, batch.answer_mask
+    if idx.ndim == 2:
+        return idx, mask, batch.label_ids, batch.label_mask
+    g, n, a = idx.shape
+    idx = idx + (jnp.arange(n, dtype=idx.dtype) * row_stride)[None, :, None]
+    k = batch.label_ids.shape[-1]
+    return (idx.reshape(g, n * a), mask.reshape(g, n * a),
+            batch.label_ids.reshape(g, n * a, k), batch.label_mask.reshape(g, n * a, k))
+
+
 def _group_hidden(params, config: ModelConfig, trunk_tokens, trunk_len, suffix_tokens,
-                  visible, answer_index):
-    """One group: trunk [T], suffixes [N, S] -> hidden at answer positions [N, A, D]."""
+                  visible):
+    """One group: trunk [T], suffixes [N, S] -> hidden states of the suffixes [N, S, D]."""
     t = trunk_tokens.shape[0]
     n, s = suffix_tokens.shape
     _, cache = decoder.prefill(params, config, trunk_tokens[None], jnp.arange(t)[None],
@@ -139,46 +163,78 @@ def _group_hidden(params, config: ModelConfig, trunk_tokens, trunk_len, suffix_t
                                   (n, s, t))                                    # [N, S, T]
     hidden, _, _ = decoder.forward_with_cache(params, config, suffix_tokens, positions, cache,
                                               cache_mask)                       # [N, S, D]
-    return jnp.take_along_axis(hidden, answer_index[..., None], axis=1)         # [N, A, D]
+    return hidden
 
 
 @functools.partial(jax.jit, static_argnames=("config", "full_vocab"))
 def score_batch(params, config: ModelConfig, batch: ScoringBatch, *,
                 full_vocab: bool = False) -> jax.Array:
-    """Log-probabilities [G, N, A, K] of the candidate ids at every answer slot.
+    """Log-probabilities [G, M, K] of the candidate ids at every answer slot ([G, N, A, K]
+    for per-row answer slots).
 
     full_vocab=False: log-softmax over the K real candidates only (constrained readout:
       ``exp`` gives the label distribution restricted to the labels and renormalised).
     full_vocab=True: log p(id) under the full vocabulary (option likelihood, PPO log-probs).
     Masked answer/candidate slots hold ``MASKED_LOGPROB``. Pure and differentiable in params.
+    The head (label rows or the full vocabulary) runs only at the M answer slots.
     """
     _check_batch(batch)
+    g, n, s = batch.suffix_tokens.shape
     hidden = jax.vmap(functools.partial(_group_hidden, params, config))(
-        batch.trunk_tokens, batch.trunk_len, batch.suffix_tokens, batch.visible,
-        batch.answer_index)                                                     # [G, N, A, D]
-    return _readout(params, config, hidden, batch.answer_mask, batch.label_ids,
-                    batch.label_mask, full_vocab)
+        batch.trunk_tokens, batch.trunk_len, batch.suffix_tokens, batch.visible)  # [G,N,S,D]
+    idx, mask, labels, label_mask = _flat_slots(batch, s)
+    picked = jnp.take_along_axis(hidden.reshape(g, n * s, -1), idx[..., None], axis=1)
+    out = _readout(params, config, picked, mask, labels, label_mask, full_vocab)  # [G, M, K]
+    return out.reshape(batch.label_ids.shape)
 
 
 def _readout(params, config: ModelConfig, hidden, answer_mask, label_ids, label_mask,
              full_vocab: bool) -> jax.Array:
-    """hidden [G, N, A, D] at the answer slots -> log-probs [G, N, A, K] (see score_batch)."""
+    """hidden [G, M, D] at the answer slots -> log-probs [G, M, K] (see score_batch)."""
     mask = label_mask.astype(bool) & answer_mask.astype(bool)[..., None]
     if full_vocab:
-        full = decoder.lm_logits(params, config, hidden)                        # [G, N, A, V]
-        lse = jax.nn.logsumexp(full, axis=-1, keepdims=True)
-        picked = jnp.take_along_axis(full, label_ids, axis=-1)
-        out = picked - lse
+        out = _full_vocab_logprobs(params, config, hidden, label_ids)           # [G, M, K]
     else:
         head = decoder._head_matrix(params, config)                             # [V, D]
-        rows = jnp.take(head, label_ids, axis=0)                                # [G,N,A,K,D]
-        logits = jnp.einsum("GNAD,GNAKD->GNAK", hidden, rows,
+        rows = jnp.take(head, label_ids, axis=0)                                # [G, M, K, D]
+        logits = jnp.einsum("GMD,GMKD->GMK", hidden, rows,
                             preferred_element_type=jnp.float32)
         logits = jnp.where(mask, logits, -jnp.inf)
         # Rows with no real candidate would be all -inf: keep them finite.
         safe = jnp.where(mask.any(-1, keepdims=True), logits, 0.0)
         out = jax.nn.log_softmax(safe, axis=-1)
     return jnp.where(mask, out, MASKED_LOGPROB)
+
+
+# Answer slots per block of the full-vocabulary head (see _full_vocab_logprobs).
+HEAD_CHUNK = 128
+
+
+def _full_vocab_logprobs(params, config: ModelConfig, hidden, label_ids,
+                         chunk: int = HEAD_CHUNK) -> jax.Array:
+    """log p(label_ids) under the full vocabulary: hidden [..., D], label_ids [..., K] ->
+    [..., K] fp32, ``chunk`` slots at a time (each block's [chunk, V] logits rematerialised in
+    the backward pass), so the [M, V] logits never exist at once. Measured on the 2-core CPU
+    (1,280 slots, SmolLM2's 49,152 x 576 head, load ~4.5): 1.26 s in one block, 1.01 s in
+    blocks of 128 (1.04 s / 1.06 s at 256 / 640), same numbers."""
+    lead, d, k = hidden.shape[:-1], hidden.shape[-1], label_ids.shape[-1]
+    flat_h, flat_l = hidden.reshape(-1, d), label_ids.reshape(-1, k)
+    total = flat_h.shape[0]
+    size = max(1, min(chunk, total))
+    blocks = -(-total // size)
+    flat_h = jnp.pad(flat_h, [(0, blocks * size - total), (0, 0)])
+    flat_l = jnp.pad(flat_l, [(0, blocks * size - total), (0, 0)])
+    head = decoder._head_matrix(params, config)                                 # [V, D]
+
+    @jax.checkpoint
+    def block(args):
+        h, ids = args
+        logits = jnp.einsum("TD,VD->TV", h, head, preferred_element_type=jnp.float32)
+        return (jnp.take_along_axis(logits, ids, axis=-1)
+                - jax.nn.logsumexp(logits, axis=-1, keepdims=True))
+
+    out = jax.lax.map(block, (flat_h.reshape(blocks, size, d), flat_l.reshape(blocks, size, k)))
+    return out.reshape(blocks * size, k)[:total].reshape(lead + (k,))
 
 
 class PackedScoringBatch(NamedTuple):
@@ -192,8 +248,8 @@ class PackedScoringBatch(NamedTuple):
     suffix_tokens, suffix_positions [G, P] int32 (a suffix that sees v trunk tokens is at v..)
     suffix_segments [G, P] int32 (request row r -> r + 1; padding -1)
     suffix_visible  [G, P] int32 (trunk tokens the token's request sees)
-    answer_index [G, N, A] index into the suffix part; answer_mask, label_ids, label_mask as in
-    ``ScoringBatch``.
+    answer_index [G, M] flat answer slots, each an index into the suffix part (or [G, N, A]
+    per row, same meaning); answer_mask, label_ids, label_mask as in ``ScoringBatch``.
     """
 
     trunk_tokens: Any
@@ -225,7 +281,8 @@ def _check_packed(batch: PackedScoringBatch) -> None:
 @functools.partial(jax.jit, static_argnames=("config", "window", "full_vocab"))
 def score_packed(params, config: ModelConfig, batch: PackedScoringBatch, *, window: int,
                  full_vocab: bool = False) -> jax.Array:
-    """``score_batch`` for the packed layout: log-probs [G, N, A, K], same semantics.
+    """``score_batch`` for the packed layout: log-probs [G, M, K] ([G, N, A, K] for per-row
+    answer slots), same semantics.
 
     ``window`` (static) bounds every request's suffix length. One forward per group row over
     the trunk and the packed suffixes; hidden states are read only at the answer slots. Pure
@@ -241,11 +298,10 @@ def score_packed(params, config: ModelConfig, batch: PackedScoringBatch, *, wind
     visible = jnp.concatenate([jnp.zeros((g, t), jnp.int32), batch.suffix_visible], axis=1)
     hidden = decoder.forward_trunk_suffixes(params, config, tokens, positions, segments,
                                             visible, trunk=t, window=window)    # [G, L, D]
-    n, a = batch.answer_index.shape[1:]
-    picked = jnp.take_along_axis(hidden, t + batch.answer_index.reshape(g, n * a)[..., None],
-                                 axis=1).reshape(g, n, a, -1)                   # [G, N, A, D]
-    return _readout(params, config, picked, batch.answer_mask, batch.label_ids,
-                    batch.label_mask, full_vocab)
+    idx, mask, labels, label_mask = _flat_slots(batch, 0)
+    picked = jnp.take_along_axis(hidden, t + idx[..., None], axis=1)           # [G, M, D]
+    out = _readout(params, config, picked, mask, labels, label_mask, full_vocab)
+    return out.reshape(batch.label_ids.shape)
 
 
 # ----------------------------------------------------------------------------- host side
@@ -412,11 +468,15 @@ def _trunk_bucket(n: int, minimum: int) -> int:
 
 @dataclasses.dataclass
 class PackedBatch:
-    """A ScoringBatch (numpy) plus where each request's rows are: (group slot, row)."""
+    """A ScoringBatch / PackedScoringBatch (numpy) plus where each request is: ``rows``
+    request -> (group slot, suffix row), ``slots`` request -> (group slot, first answer slot):
+    request r's answer positions are the consecutive flat slots m0, m0 + 1, ... of its group
+    (its log-probs are ``out[g, m0:m0 + len(r.answer_positions)]``)."""
 
     batch: "ScoringBatch | PackedScoringBatch"
     rows: dict[int, tuple[int, int]]
     unique_tokens: int
+    slots: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
 
 
 def _trunk_rows(groups: Sequence[Group], t: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -427,29 +487,41 @@ def _trunk_rows(groups: Sequence[Group], t: int, pad_id: int) -> tuple[np.ndarra
     return tokens, np.array([len(gr.trunk) for gr in groups], np.int32)
 
 
-def _answer_slots(requests: Sequence[Request], groups: Sequence[Group], n: int):
-    """Empty answer/label slots [G, N, A] / [G, N, A, K] (A, K bucketed) for a batch."""
+def slot_bucket(m: int) -> int:
+    """Padded flat answer-slot count M of a call: multiples of 64 up to 512, then powers of
+    two / multiples of 256 (``bucket``). The head (the full vocabulary for option
+    likelihood) runs at every slot, so M follows the real count (a 69-option tool question:
+    1,170 slots -> 1,280, where per-row slots padded it to 128 rows x 32 = 4,096)."""
+    return bucket(m, 64, fine=64, fine_limit=512)
+
+
+def _answer_slots(requests: Sequence[Request], groups: Sequence[Group]):
+    """Empty flat answer/label slots [G, M] / [G, M, K] (M = ``slot_bucket`` of the largest
+    group's answer count, K bucketed) for a batch."""
     g = len(groups)
-    a = bucket(max(len(requests[r].answer_positions) for gr in groups for r in gr.members), 1)
+    m = slot_bucket(max(sum(len(requests[r].answer_positions) for r in gr.members)
+                        for gr in groups))
     k = bucket(max(len(c) for gr in groups for r in gr.members
                    for c in requests[r].candidates), 1)
-    return (np.zeros((g, n, a), np.int32), np.zeros((g, n, a), bool),
-            np.zeros((g, n, a, k), np.int32), np.zeros((g, n, a, k), bool))
+    return (np.zeros((g, m), np.int32), np.zeros((g, m), bool),
+            np.zeros((g, m, k), np.int32), np.zeros((g, m, k), bool))
 
 
-def _put_answers(slots, gi: int, ni: int, req: Request, shift: int) -> None:
-    """Fills row (gi, ni): answer slot = answer position + shift, and its candidates."""
+def _put_answers(slots, gi: int, m0: int, req: Request, shift: int) -> int:
+    """Fills flat slots m0, m0 + 1, ... of group gi with the request's answer positions +
+    shift and their candidates; returns the next free slot."""
     ans, ans_mask, labels, label_mask = slots
     for ai, (pos, cand) in enumerate(zip(req.answer_positions, req.candidates)):
-        ans[gi, ni, ai] = pos + shift
-        ans_mask[gi, ni, ai] = True
-        labels[gi, ni, ai, :len(cand)] = cand
-        label_mask[gi, ni, ai, :len(cand)] = True
+        ans[gi, m0 + ai] = pos + shift
+        ans_mask[gi, m0 + ai] = True
+        labels[gi, m0 + ai, :len(cand)] = cand
+        label_mask[gi, m0 + ai, :len(cand)] = True
+    return m0 + len(req.answer_positions)
 
 
 def pack_groups(requests: Sequence[Request], groups: Sequence[Group], *, pad_id: int = 0,
                 min_trunk: int = 64, min_suffix: int = 8) -> PackedBatch:
-    """Pads groups into one ScoringBatch with bucketed T, N, S, A, K."""
+    """Pads groups into one ScoringBatch with bucketed T, N, S, M, K (flat answer slots)."""
     if not groups:
         raise ValueError("pack_groups: no groups")
     g = len(groups)
@@ -459,22 +531,24 @@ def pack_groups(requests: Sequence[Request], groups: Sequence[Group], *, pad_id:
     trunk_tokens, trunk_len = _trunk_rows(groups, t, pad_id)
     suffix = np.full((g, n, s), pad_id, np.int32)
     visible = np.zeros((g, n), np.int32)
-    ans, ans_mask, labels, label_mask = _answer_slots(requests, groups, n)
-    rows = {}
+    ans, ans_mask, labels, label_mask = _answer_slots(requests, groups)
+    rows, first = {}, {}
     unique = 0
     for gi, gr in enumerate(groups):
         unique += len(gr.trunk)
+        m = 0
         for ni, (rid, vis) in enumerate(zip(gr.members, gr.visible)):
             req = requests[rid]
             tail = req.tokens[vis:]
             suffix[gi, ni, :len(tail)] = tail
             unique += len(tail)
             visible[gi, ni] = vis
-            _put_answers((ans, ans_mask, labels, label_mask), gi, ni, req, -vis)
-            rows[rid] = (gi, ni)
+            rows[rid], first[rid] = (gi, ni), (gi, m)
+            # flat slot = row * S + position in the row
+            m = _put_answers((ans, ans_mask, labels, label_mask), gi, m, req, ni * s - vis)
     batch = ScoringBatch(trunk_tokens, trunk_len, suffix, visible, ans, ans_mask, labels,
                          label_mask)
-    return PackedBatch(batch=batch, rows=rows, unique_tokens=unique)
+    return PackedBatch(batch=batch, rows=rows, unique_tokens=unique, slots=first)
 
 
 def _packed_key(requests, gr: Group, min_trunk: int = 64) -> tuple[int, int, int]:
@@ -498,17 +572,16 @@ def pack_suffixes(requests: Sequence[Request], groups: Sequence[Group], *, pad_i
     g = len(groups)
     keys = [_packed_key(requests, gr, min_trunk) for gr in groups]
     t, p, window = (max(k[i] for k in keys) for i in range(3))
-    n = bucket(max(len(gr.members) for gr in groups), 4)
     trunk_tokens, trunk_len = _trunk_rows(groups, t, pad_id)
     tokens = np.full((g, p), pad_id, np.int32)
     positions = np.zeros((g, p), np.int32)
     segments = np.full((g, p), -1, np.int32)
     visible = np.zeros((g, p), np.int32)
-    ans, ans_mask, labels, label_mask = _answer_slots(requests, groups, n)
-    rows = {}
+    ans, ans_mask, labels, label_mask = _answer_slots(requests, groups)
+    rows, first = {}, {}
     unique = 0
     for gi, gr in enumerate(groups):
-        placed = 0
+        placed = m = 0
         # In order of visible length: a block of suffixes that see only the start of the
         # trunk then skips the rest of it (decoder.trunk_suffix_plan's context cuts).
         for ni in sorted(range(len(gr.members)), key=lambda j: gr.visible[j]):
@@ -520,13 +593,13 @@ def pack_suffixes(requests: Sequence[Request], groups: Sequence[Group], *, pad_i
             positions[gi, placed:end] = np.arange(vis, vis + len(tail))
             segments[gi, placed:end] = ni + 1
             visible[gi, placed:end] = vis
-            _put_answers((ans, ans_mask, labels, label_mask), gi, ni, req, placed - vis)
-            rows[rid] = (gi, ni)
+            rows[rid], first[rid] = (gi, ni), (gi, m)
+            m = _put_answers((ans, ans_mask, labels, label_mask), gi, m, req, placed - vis)
             placed = end
         unique += len(gr.trunk) + placed
     batch = PackedScoringBatch(trunk_tokens, trunk_len, tokens, positions, segments, visible,
                                ans, ans_mask, labels, label_mask)
-    return PackedBatch(batch=batch, rows=rows, unique_tokens=unique), window
+    return PackedBatch(batch=batch, rows=rows, unique_tokens=unique, slots=first), window
 
 
 def _shape_key(requests, gr: Group, min_trunk: int, min_suffix: int) -> tuple:
@@ -625,13 +698,13 @@ def score_requests(params, config: ModelConfig, requests: Sequence[Request], *,
         unique += packed.unique_tokens
         # numpy in: jit transfers it (jnp.asarray would compile one staging program per array
         # shape in this jax version, 7 of the 8 programs of a cold scoring job)
-        result = np.asarray(fn(params, config, packed.batch))
-        for rid, (gi, ni) in packed.rows.items():
+        result = np.asarray(fn(params, config, packed.batch))                # [G, M, K]
+        for rid, (gi, m0) in packed.slots.items():
             req = requests[rid]
             arr = np.full((len(req.answer_positions), max(len(c) for c in req.candidates)),
                           np.nan, np.float32)
             for ai, cand in enumerate(req.candidates):
-                arr[ai, :len(cand)] = result[gi, ni, ai, :len(cand)]
+                arr[ai, :len(cand)] = result[gi, m0 + ai, :len(cand)]
             out[rid] = arr
     if stats is not None:
         stats["unique_tokens"] = stats.get("unique_tokens", 0) + unique

@@ -14,9 +14,9 @@ what ``LocalReadout`` / ``LocalLikelihood`` later read:
 The requests of a batch are grouped by shared prefix and laid out exactly as the scorer's
 packed layout (``shared_prefix.plan_groups`` + ``pack_suffixes``): per group one row, the
 trunk (the shared context) once, then every request's few suffix tokens. ``SFTBatch`` adds
-gather indices from the scorer's output [G, N, A, K] to option scores [Q, O]:
+gather indices from the scorer's output [G, M, K] (flat answer slots) to option scores [Q, O]:
 
-    score[q, o] = Σ_a weight[q, o, a] · logprob[g[q, o], n[q, o], a, k[q, o]]
+    score[q, o] = Σ_a weight[q, o, a] · logprob[g[q, o], m[q, o, a], k[q, o]]
 
 Device side, ``option_scores`` (pure, jitted, differentiable) runs ``score_packed`` and that
 gather; ``batch_loss`` feeds ``jaxdm.train.losses.sft_loss``. With ``full_vocab=True`` a
@@ -93,15 +93,16 @@ class SFTBatch(NamedTuple):
 
     scoring   the scorer's ``PackedScoringBatch`` (G rows of trunk + packed suffixes) or
               ``ScoringBatch`` (rows layout: trunk + N suffix rows per group)
-    group, row, slot [Q, O] int32  where option o of question q is read (g, n, k)
+    group, slot [Q, O] int32       where option o of question q is read: group g, candidate k
+    answer_slot [Q, O, A] int32    the flat answer slots m it reads (``PackedBatch.slots``)
     weight    [Q, O, A] float32    answer-slot weights (readout: 1 at slot 0; likelihood:
-                                   1/len over the option's tokens)
+                                   1/len over the option's tokens; 0 = unused)
     option_mask [Q, O] bool; answer_mask [Q, O] bool; targets [Q, O] float32 (mixed target)
     """
 
     scoring: Any
     group: Any
-    row: Any
+    answer_slot: Any
     slot: Any
     weight: Any
     option_mask: Any
@@ -207,11 +208,11 @@ def pack_items(encoder: Encoder, items: Sequence[SFTItem], *, q_bucket: int = 1,
     else:
         packed, window = shared_prefix.pack_groups(reqs, groups, pad_id=encoder.pad_id,
                                                    min_trunk=min_trunk), 0
-    a = packed.batch.answer_index.shape[2]
+    a = shared_prefix.bucket(max(len(r.answer_positions) for r in reqs), 1)
     q = shared_prefix.bucket(len(items), 1, fine=q_bucket) if q_bucket > 1 else len(items)
     o = max(it.n_options for it in items)
     group = np.zeros((q, o), np.int32)
-    row = np.zeros((q, o), np.int32)
+    answer_slot = np.zeros((q, o, a), np.int32)
     slot = np.zeros((q, o), np.int32)
     weight = np.zeros((q, o, a), np.float32)
     option_mask = np.zeros((q, o), bool)
@@ -220,15 +221,16 @@ def pack_items(encoder: Encoder, items: Sequence[SFTItem], *, q_bucket: int = 1,
     has_teacher = np.zeros((q,), bool)
     full_vocab = False
     for rid, (qi, j, how) in enumerate(owners):
-        gi, ni = packed.rows[rid]
+        gi, m0 = packed.slots[rid]
         if how == "readout":
             n = items[qi].n_options
-            group[qi, :n], row[qi, :n], slot[qi, :n] = gi, ni, np.arange(n)
+            group[qi, :n], answer_slot[qi, :n, 0], slot[qi, :n] = gi, m0, np.arange(n)
             weight[qi, :n, 0] = 1.0
         else:
             full_vocab = True
-            group[qi, j], row[qi, j], slot[qi, j] = gi, ni, 0
             k = len(reqs[rid].answer_positions)
+            group[qi, j], slot[qi, j] = gi, 0
+            answer_slot[qi, j, :k] = np.arange(m0, m0 + k)
             weight[qi, j, :k] = 1.0 / k
     for qi, it in enumerate(items):
         option_mask[qi, :it.n_options] = True
@@ -239,7 +241,8 @@ def pack_items(encoder: Encoder, items: Sequence[SFTItem], *, q_bucket: int = 1,
     targets = np.asarray(losses.mixed_target(jnp.asarray(answer_mask), jnp.asarray(option_mask),
                                              jnp.asarray(teacher), jnp.asarray(has_teacher),
                                              alpha=alpha))
-    batch = SFTBatch(packed.batch, group, row, slot, weight, option_mask, answer_mask, targets)
+    batch = SFTBatch(packed.batch, group, answer_slot, slot, weight, option_mask, answer_mask,
+                     targets)
     stats = {"unique_tokens": packed.unique_tokens,
              "request_tokens": sum(len(r.tokens) for r in reqs),
              "questions": len(items), "requests": len(reqs), "groups": len(groups)}
@@ -247,8 +250,8 @@ def pack_items(encoder: Encoder, items: Sequence[SFTItem], *, q_bucket: int = 1,
 
 
 def gather_option_scores(logprobs: jax.Array, batch: SFTBatch) -> jax.Array:
-    """Scorer output [G, N, A, K] -> option scores [Q, O] (see module docstring)."""
-    per = logprobs[batch.group, batch.row, :, batch.slot]                       # [Q, O, A]
+    """Scorer output [G, M, K] -> option scores [Q, O] (see module docstring)."""
+    per = logprobs[batch.group[..., None], batch.answer_slot, batch.slot[..., None]]  # [Q,O,A]
     return jnp.sum(jnp.where(batch.weight > 0, per * batch.weight, 0.0), axis=-1)
 
 

@@ -123,11 +123,11 @@ def test_score_batch_gradients_match_one_by_one(layout):
         packed, window = sp.pack_suffixes(reqs, groups)
         score = functools.partial(sp.score_packed, window=window)
     batch = jax.tree.map(jnp.asarray, packed.batch)
-    rows = [packed.rows[i] for i in range(len(reqs))]
+    slots = [packed.slots[i] for i in range(len(reqs))]
 
     def batched_loss(params):
-        lp = score(params, pre.config, batch)
-        return sum(lp[g, n, 0, 0] for g, n in rows)
+        lp = score(params, pre.config, batch)                                   # [G, M, K]
+        return sum(lp[g, m, 0] for g, m in slots)
 
     def single_loss(params):
         from jaxdm.models import decoder
@@ -259,15 +259,25 @@ def test_plan_and_pack_reconstruct_every_request():
         assert sorted(r for g in groups for r in g.members) == list(range(len(reqs)))
         packed = sp.pack_groups(reqs, groups)
         b = packed.batch
+        s_len = b.suffix_tokens.shape[2]
         for rid, (gi, ni) in packed.rows.items():
             r = reqs[rid]
             vis = int(b.visible[gi, ni])
             assert vis <= min(r.answer_positions) and vis <= int(b.trunk_len[gi])
             suffix = list(b.suffix_tokens[gi, ni, :len(r.tokens) - vis])
             assert list(b.trunk_tokens[gi, :vis]) + suffix == list(r.tokens)
-            for ai, p in enumerate(r.answer_positions):
-                assert b.answer_mask[gi, ni, ai]
-                assert b.suffix_tokens[gi, ni, b.answer_index[gi, ni, ai]] == r.tokens[p]
+            g0, m0 = packed.slots[rid]
+            assert g0 == gi
+            for ai, (p, cand) in enumerate(zip(r.answer_positions, r.candidates)):
+                # flat slot m0 + ai = row * S + position in the row
+                row, pos = divmod(int(b.answer_index[gi, m0 + ai]), s_len)
+                assert b.answer_mask[gi, m0 + ai] and row == ni
+                assert b.suffix_tokens[gi, ni, pos] == r.tokens[p]
+                assert list(b.label_ids[gi, m0 + ai, :len(cand)]) == list(cand)
+        # no padded answer slot is marked real; the slot count is the bucketed real count
+        real = [sum(len(reqs[r].answer_positions) for r in gr.members) for gr in groups]
+        assert list(b.answer_mask.sum(1)) == real
+        assert b.answer_index.shape[1] == sp.slot_bucket(max(real))
         assert packed.unique_tokens <= sum(len(r.tokens) for r in reqs)
         # The packed row: the trunk tokens a request's suffix sees, then its own segment, are
         # exactly the request, at the right positions, and its suffix fits the window.
@@ -284,8 +294,10 @@ def test_plan_and_pack_reconstruct_every_request():
             seen = list(b.trunk_tokens[gi, :vis]) + [int(b.suffix_tokens[gi, j]) for j in own]
             assert seen == list(r.tokens)
             assert list(b.suffix_positions[gi, own]) == list(range(vis, len(r.tokens)))
+            g0, m0 = pk.slots[rid]
             for ai, p in enumerate(r.answer_positions):
-                assert b.answer_mask[gi, ni, ai] and b.answer_index[gi, ni, ai] == own[p - vis]
+                assert g0 == gi and b.answer_mask[gi, m0 + ai]
+                assert b.answer_index[gi, m0 + ai] == own[p - vis]
         assert pk.unique_tokens == sum(len(g.trunk) for g in groups) + sum(
             len(reqs[r].tokens) - v for g in groups for r, v in zip(g.members, g.visible))
 
@@ -332,3 +344,53 @@ def test_likelihood_runs_a_many_option_question_as_one_group():
     [res] = ll.choose([q])
     assert ll.stats["groups"] == 1 and ll.stats["calls"] == 1
     assert res.ok and len(res.probs) == 69 and abs(sum(res.probs) - 1) < 1e-9
+    # The full-vocabulary head runs at the real answer slots only (bucketed), not at every
+    # padded (option row, answer position) pair: one flat list [G, M] of slots.
+    reqs = ll.option_requests(q)
+    [key] = sp.program_keys(reqs, full_vocab=True, max_group=69)
+    n_real = sum(len(r.answer_positions) for r in reqs)
+    answer_shape, label_shape = key[3][6], key[3][8]
+    assert answer_shape == (1, sp.slot_bucket(n_real)) and label_shape[:2] == answer_shape
+    assert sp.slot_bucket(n_real) < n_real + 64
+
+
+def test_slot_bucket():
+    assert [sp.slot_bucket(m) for m in (1, 64, 65, 300, 512, 513, 1170)] == \
+        [64, 64, 128, 320, 512, 768, 1280]
+
+
+@pytest.mark.parametrize("layout", sp.LAYOUTS)
+def test_per_row_answer_slots_equal_flat(layout):
+    """Answer slots given per row [G, N, A] (as the RL option policy builds them) score the
+    same as the flat slots [G, M] the packers build; output [G, N, A, K] vs [G, M, K]."""
+    pre = tiny_pretrained()
+    ll = LocalLikelihood(pre)
+    q = MultipleChoice(context="You are in a kitchen.", question="What next?", options=OPTIONS)
+    reqs = ll.option_requests(q)
+    groups = sp.plan_groups(reqs, layout=layout)
+    if layout == "rows":
+        packed, score = sp.pack_groups(reqs, groups), sp.score_batch
+    else:
+        packed, window = sp.pack_suffixes(reqs, groups)
+        score = functools.partial(sp.score_packed, window=window)
+    b = packed.batch
+    n = b.suffix_tokens.shape[1] if layout == "rows" else len(reqs)
+    a = max(len(r.answer_positions) for r in reqs)
+    g, k = len(groups), b.label_ids.shape[-1]
+    idx, mask = np.zeros((g, n, a), np.int32), np.zeros((g, n, a), bool)
+    labels, lmask = np.zeros((g, n, a, k), np.int32), np.zeros((g, n, a, k), bool)
+    stride = b.suffix_tokens.shape[2] if layout == "rows" else 0
+    for rid, (gi, ni) in packed.rows.items():
+        m0, na = packed.slots[rid][1], len(reqs[rid].answer_positions)
+        idx[gi, ni, :na] = b.answer_index[gi, m0:m0 + na] - ni * stride
+        mask[gi, ni, :na] = b.answer_mask[gi, m0:m0 + na]
+        labels[gi, ni, :na], lmask[gi, ni, :na] = (b.label_ids[gi, m0:m0 + na],
+                                                   b.label_mask[gi, m0:m0 + na])
+    flat = np.asarray(score(pre.params, pre.config, b, full_vocab=True))
+    per_row = np.asarray(score(pre.params, pre.config, b._replace(
+        answer_index=idx, answer_mask=mask, label_ids=labels, label_mask=lmask),
+        full_vocab=True))
+    assert flat.shape == b.label_ids.shape and per_row.shape == (g, n, a, k)
+    for rid, (gi, ni) in packed.rows.items():
+        m0, na = packed.slots[rid][1], len(reqs[rid].answer_positions)
+        np.testing.assert_allclose(per_row[gi, ni, :na], flat[gi, m0:m0 + na], atol=1e-6)
