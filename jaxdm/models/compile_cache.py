@@ -14,8 +14,9 @@ Where (``JAXDM_COMPILATION_CACHE``):
 
 If the process already set ``jax_compilation_cache_dir`` itself, that choice is kept.
 Every program is written, whatever its compile time and size (JAX's defaults, 1 s and a
-file-system dependent minimum size, would skip the small CPU programs); the folder is bounded to ``MAX_BYTES`` with least-recently-used eviction, which
-also makes JAX take a file lock around reads and writes (several processes share the folder).
+file-system dependent minimum size, would skip the small CPU programs); the folder is bounded
+to ``MAX_BYTES`` with least-recently-used eviction, which also makes JAX take a file lock around
+reads and writes (several processes share the folder).
 JAX puts its version, the backend and the compile options into every key, so entries of an
 older jax or another machine are never loaded. The folder is trusted code: do not point it at
 a folder others can write.
@@ -114,8 +115,20 @@ def stored(jitted: Callable, static_argnames: Iterable[str]) -> Callable:
     processes without tracing or lowering (see the module docstring). Same results as
     ``jitted`` (the same compiled program). Calls go straight to ``jitted`` while the cache is
     off. Use it for host-side entry points; transformations (``jax.grad``, ``vmap``) need the
-    plain ``jitted``."""
-    return _Stored(jitted, frozenset(static_argnames))
+    plain ``jitted``. The same wrapper is returned for the same arguments (so calling
+    ``stored(fn, names)(...)`` at each call keeps the programs loaded so far); a function
+    without ``.lower`` (not a ``jax.jit`` function, e.g. a test's spy) is returned as is."""
+    if not hasattr(jitted, "lower"):
+        return jitted
+    key = (jitted, frozenset(static_argnames))
+    with _lock:
+        wrapper = _wrappers.get(key)
+        if wrapper is None:
+            wrapper = _wrappers[key] = _Stored(jitted, key[1])
+    return wrapper
+
+
+_wrappers: dict[tuple, Callable] = {}
 
 
 class _Stored:

@@ -163,11 +163,16 @@ def test_stored_damaged_entry_recompiles_and_cache_off_stores_nothing(monkeypatc
     compile_cache.stored(fn, ("power", "scale"))(x, 2, y)
     (path,) = (tmp_path / compile_cache.PROGRAMS_DIR).glob("*.jaxprog")
     path.write_bytes(b"not a program")
-    got = compile_cache.stored(fn, ("power", "scale"))(x, 2, y)
+    fn2, _ = _fn_and_counter()  # the same function in a new process
+    got = compile_cache.stored(fn2, ("power", "scale"))(x, 2, y)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(fn(x, 2, y)))
     assert path.stat().st_size > 100  # rewritten
     with pytest.raises(ValueError, match="not parameters"):
         compile_cache.stored(fn, ("nope",))
+    # One wrapper per function and static names; a plain function is returned as is.
+    assert compile_cache.stored(fn, ("scale", "power")) is off
+    plain = lambda x: x  # noqa: E731
+    assert compile_cache.stored(plain, ()) is plain
 
 
 def test_stored_programs_folder_is_bounded(tmp_path):
