@@ -30,10 +30,11 @@ tracing. Its key is computed without tracing: the function's name, the source of
 of the jaxdm package and of the function's own module, the static arguments' ``repr``, the
 other arguments' tree structure, shapes, dtypes and shardings, the versions of jax, jaxlib,
 numpy, ml_dtypes and opt_einsum, the devices, every ``jax.config`` value and the ``XLA_*`` /
-``JAX_*`` / ``JAXDM_*`` environment variables. Code outside those sources that changes what the
-function traces to (another package's source edited in place without a version change) is
-not seen: set ``JAXDM_COMPILATION_CACHE=0`` while editing such code. The folder is bounded to
-``PROGRAMS_MAX_BYTES`` (least recently used removed).
+``JAX_*`` / ``JAXDM_*`` environment variables (not the cache locations). A program is stored
+only when XLA compiled it in this process (see ``FRESH_COMPILE_OPTIONS``). Code outside those
+sources that changes what the function traces to (another package's source edited in place
+without a version change) is not seen: set ``JAXDM_COMPILATION_CACHE=0`` while editing such
+code. The folder is bounded to ``PROGRAMS_MAX_BYTES`` (least recently used removed).
 """
 from __future__ import annotations
 
@@ -57,6 +58,8 @@ PROGRAMS_DIR = "programs"
 PROGRAMS_MAX_BYTES = 1 << 30
 _PROGRAMS_FORMAT = 1
 ENV_PREFIXES = ("XLA_", "JAX_", "JAXDM_")
+# Where caches live changes no program (a moved folder keeps its programs valid).
+LOCATION_VARS = (ENV_VAR, "JAXDM_CACHE", "JAXDM_PARAMS_CACHE")
 
 _lock = threading.Lock()
 _enabled: Path | None = None
@@ -160,8 +163,9 @@ class _Stored:
             path = folder / PROGRAMS_DIR / f"{key}.jaxprog"
             compiled = _read_program(path)
             if compiled is None:
-                compiled = self._jitted.lower(*args, **kwargs).compile()
-                _write_program(path, compiled)
+                compiled, fresh = _compile_fresh(self._jitted.lower(*args, **kwargs))
+                if fresh:
+                    _write_program(path, compiled)
             with self._lock:
                 self._loaded[key] = compiled
         return compiled(*dyn_args, **dyn_kwargs)
@@ -174,6 +178,37 @@ class _Stored:
                  sorted((k, repr(v)) for k, v in static.items()),
                  [_leaf_key(x) for x in leaves], _environment()]
         return hashlib.sha256(repr(parts).encode()).hexdigest()[:40]
+
+
+# Only an executable XLA compiled in this process serialises completely: one JAX loaded from its
+# persistent cache and serialised again lost its kernels on XLA:CPU (the next process failed
+# with "Function wrapped_iota not found"). So a stored program's compile carries an option that
+# changes nothing in the compiled code (a dump setting at its default; dumping is off) but is
+# part of JAX's cache key, which keeps JAX's cache from serving the plain jit's entry; and a
+# program JAX's cache served anyway (e.g. a stored program removed from the folder) is used but
+# not stored.
+FRESH_COMPILE_OPTIONS = {"xla_dump_large_constants": False}
+_hits = threading.local()
+_hits_listening = False
+
+
+def _compile_fresh(lowered) -> tuple[Any, bool]:
+    """``lowered.compile`` with ``FRESH_COMPILE_OPTIONS``; also whether XLA compiled it here
+    (no persistent-cache hit in this thread during the compile)."""
+    global _hits_listening
+    from jax import monitoring
+
+    with _lock:
+        if not _hits_listening:
+            def count(name, **kwargs):
+                if name == "/jax/compilation_cache/cache_hits":
+                    _hits.n = getattr(_hits, "n", 0) + 1
+
+            monitoring.register_event_listener(count)
+            _hits_listening = True
+    before = getattr(_hits, "n", 0)
+    compiled = lowered.compile(FRESH_COMPILE_OPTIONS)
+    return compiled, getattr(_hits, "n", 0) == before
 
 
 def _multi_process() -> bool:
@@ -219,7 +254,8 @@ def _environment() -> list:
                 getattr(d.client, "platform_version", "")) for d in jax.devices()]
     return [[m.__version__ for m in (jax, jaxlib, numpy, ml_dtypes, opt_einsum)], devices,
             sorted((k, repr(v)) for k, v in jax.config.values.items()),
-            sorted((k, v) for k, v in os.environ.items() if k.startswith(ENV_PREFIXES))]
+            sorted((k, v) for k, v in os.environ.items()
+                   if k.startswith(ENV_PREFIXES) and k not in LOCATION_VARS)]
 
 
 def _read_program(path: Path):
@@ -262,6 +298,7 @@ def _write_program(path: Path, compiled) -> None:
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
+            os.chmod(tmp, 0o644)  # mkstemp creates 0600; the cache is shared read-only
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):

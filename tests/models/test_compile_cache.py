@@ -95,7 +95,10 @@ def test_second_process_loads_the_scoring_programs_from_the_cache(tmp_path):
 @pytest.mark.slow
 def test_second_process_loads_the_stored_scoring_program_without_tracing(tmp_path):
     folder = tmp_path / "xla"
-    plain = _run_child(str(tmp_path / "plain"))
+    # The plain jit fills JAX's cache first: a program JAX then loads from it must not be
+    # stored (a deserialised XLA:CPU executable serialised again lost its kernels: "Function
+    # wrapped_iota not found" in the next process).
+    plain = _run_child(str(folder))
     first = _run_child(str(folder), "stored")
     assert "score_packed" in first["traced"]
     assert len(list((folder / compile_cache.PROGRAMS_DIR).glob("*.jaxprog"))) == 1
@@ -107,6 +110,12 @@ def test_second_process_loads_the_stored_scoring_program_without_tracing(tmp_pat
     assert any("score_packed" in str(n) for n in first["compiled"]), first["compiled"]
     assert second["misses"] == 0
     assert second["scores"] == first["scores"] == plain["scores"]
+    # Stored program gone, JAX's cache still holding the fresh compile: it is used, not stored.
+    for p in (folder / compile_cache.PROGRAMS_DIR).glob("*.jaxprog"):
+        p.unlink()
+    third = _run_child(str(folder), "stored")
+    assert third["hits"] >= 1 and third["scores"] == plain["scores"]
+    assert not list((folder / compile_cache.PROGRAMS_DIR).glob("*.jaxprog"))
 
 
 def _fn_and_counter():
