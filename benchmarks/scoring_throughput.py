@@ -7,6 +7,9 @@ Same model (SmolLM2-135M-Instruct, fp32), same prompts (``jaxdm.roles``), same t
 - prefix_value: the same actions under Prefix + Value.
 - actor_options: states with 10-20 admissible options each, scored by option likelihood
   (mean token log-prob of each option after the shared state).
+- gym_tool (not in the default list): DECISION GYM's 69-option tool question
+  (``gym_tool_questions``, ``--states`` of them; 1,170 option tokens after a ~1,800-token
+  prompt), option likelihood as Actor. The torch baseline runs the prompt once per option.
 
 Baseline: transformers' LlamaForCausalLM on the same converted checkpoint, one forward per
 question as an API would be queried (judging: ``logits_to_keep=1``, Yes/No renormalised;
@@ -498,6 +501,15 @@ def main_cold_start(args) -> None:
               f"{t:.3f} s, ratio {goal / t:.2f}x")
 
 
+def gym_tool_questions(n: int) -> list:
+    """The first n DECISION GYM tool questions (69 tools, ~17 tokens each, a ~1,800-token
+    likelihood prompt) of the L2 states of 4 base test tasks (``jaxdm.bench.l2``, seed 0)."""
+    from jaxdm.bench.l2 import L2Config, build_l2
+    qs, _ = build_l2(L2Config(tasks=4, variant="base", agent_error_rate=0.2,
+                              after_error_share=0.3, max_states=6, seed=0))
+    return [q for q in qs if q.meta.get("kind") == "tool"][:n]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short run (< 60 s on 2 idle cores)")
@@ -508,7 +520,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--baseline-per-round", type=int, default=None)
     parser.add_argument("--workloads", default=None,
-                        help="default hindsight_progress,prefix_value,actor_options")
+                        help="default hindsight_progress,prefix_value,actor_options; also "
+                             "gym_tool")
     parser.add_argument("--torch-threads", type=int, default=None)
     parser.add_argument("--layouts", default="packed,rows",
                         help="jaxdm layouts to time; the first is the headline")
@@ -586,15 +599,18 @@ def main() -> None:
             n_head = n_items  # one answer position, K=2 label rows each
             head_flops = 2 * d * 2 * n_head
             backends = readouts
-        elif name == "actor_options":
-            rng = np.random.default_rng(0)
-            questions = []
-            for s in range(n_states):
-                tr = trajs[s % len(trajs)]
-                t = int(rng.integers(1, len(tr)))
-                n_opt = int(rng.integers(opt_lo, opt_hi + 1))
-                questions.append(roles.actor_request_at(
-                    tr, t, admissible_actions(tr, t, n_opt, seed=s)))
+        elif name in ("actor_options", "gym_tool"):
+            if name == "gym_tool":
+                questions = gym_tool_questions(n_states)
+            else:
+                rng = np.random.default_rng(0)
+                questions = []
+                for s in range(n_states):
+                    tr = trajs[s % len(trajs)]
+                    t = int(rng.integers(1, len(tr)))
+                    n_opt = int(rng.integers(opt_lo, opt_hi + 1))
+                    questions.append(roles.actor_request_at(
+                        tr, t, admissible_actions(tr, t, n_opt, seed=s)))
             opt_reqs = [likelihood.option_requests(x) for x in questions]
             unit, n_items = "states/s", len(questions)
 
