@@ -59,7 +59,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdm.models import decoder
+from jaxdm.models import compile_cache, decoder
 from jaxdm.models.config import ModelConfig
 
 # Device layouts of score_requests: "rows" = trunk prefilled into a KV cache, suffixes as
@@ -691,10 +691,14 @@ def score_requests(params, config: ModelConfig, requests: Sequence[Request], *,
     for call in it:
         if layout == "rows":
             packed = pack_groups(requests, call, pad_id=pad_id)
-            fn = functools.partial(score_batch, full_vocab=full_vocab)
+            # stored: a later process loads the compiled program without tracing it
+            fn = functools.partial(compile_cache.stored(score_batch, ("config", "full_vocab")),
+                                   full_vocab=full_vocab)
         else:
             packed, window = pack_suffixes(requests, call, pad_id=pad_id)
-            fn = functools.partial(score_packed, window=window, full_vocab=full_vocab)
+            fn = functools.partial(
+                compile_cache.stored(score_packed, ("config", "window", "full_vocab")),
+                window=window, full_vocab=full_vocab)
         unique += packed.unique_tokens
         # numpy in: jit transfers it (jnp.asarray would compile one staging program per array
         # shape in this jax version, 7 of the 8 programs of a cold scoring job)
