@@ -335,7 +335,9 @@ class Trainer:
         writer = (runlog.MetricsWriter if main else distributed.RecordOnly)(  # [MULTIHOST]
             self.out / "metrics.jsonl", resume_step=self.iteration if resumed else None)
         distributed.barrier("metrics_file")  # [MULTIHOST] read it after process 0 trimmed it
-        final_done = resumed and any(
+        # Only a run resumed at its end has its final evaluation; one resumed with more
+        # iterations (``iterations`` may change on resume) evaluates again at the new end.
+        final_done = resumed and self.iteration >= total and any(
             r.get("step") == self.iteration and "eval/All" in r and "train/success" not in r
             for r in runlog.read_metrics(self.out / "metrics.jsonl"))
         if not resumed and main:

@@ -118,6 +118,14 @@ def test_resume_refuses_changed_settings_and_keeps_final_eval_once(tmp_path):
     recs = runlog.read_metrics(tmp_path / "metrics.jsonl")
     assert [("train/success" in r, "eval/All" in r) for r in recs] == [(True, False),
                                                                         (False, True)]
+    # resumed with more iterations: trains on and evaluates again at the new end (the
+    # evaluation at the old end does not count as the final one)
+    t4 = Trainer(dataclasses.replace(cfg, iterations=2), log=False)
+    t4.run(resume=True)
+    t4.close()
+    recs = runlog.read_metrics(tmp_path / "metrics.jsonl")
+    assert [(r["step"], "train/success" in r, "eval/All" in r) for r in recs] == [
+        (1, True, False), (1, False, True), (2, True, False), (2, False, True)]
 
 
 def test_torn_last_metrics_line_is_dropped_on_resume(tmp_path, capsys):
