@@ -133,7 +133,22 @@ def _fn_and_counter():
     return fn, traced
 
 
-def test_stored_programs_load_without_tracing(monkeypatch, tmp_path):
+@pytest.fixture
+def without_jax_cache():
+    """JAX's own persistent cache off for the test (earlier tests of the session turn it on):
+    a compile it serves is used but not stored, which would change what these tests count."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache as jax_cache
+
+    before = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    jax_cache.reset_cache()
+    yield
+    jax.config.update("jax_enable_compilation_cache", before)
+    jax_cache.reset_cache()
+
+
+def test_stored_programs_load_without_tracing(monkeypatch, tmp_path, without_jax_cache):
     import numpy as np
 
     monkeypatch.setattr(compile_cache, "_enabled", tmp_path)
@@ -160,7 +175,8 @@ def test_stored_programs_load_without_tracing(monkeypatch, tmp_path):
     assert len(list((tmp_path / compile_cache.PROGRAMS_DIR).glob("*.jaxprog"))) == 5
 
 
-def test_stored_damaged_entry_recompiles_and_cache_off_stores_nothing(monkeypatch, tmp_path):
+def test_stored_damaged_entry_recompiles_and_cache_off_stores_nothing(monkeypatch, tmp_path,
+                                                                     without_jax_cache):
     import numpy as np
 
     fn, traced = _fn_and_counter()
