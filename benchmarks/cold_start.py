@@ -14,8 +14,10 @@ which heavy modules (torch, transformers, scipy, matplotlib, pandas, alfworld, .
 imported before the first score.
 
 Before / after (``--trees A,B``): each tree is a jaxdm source folder (a ``git worktree`` of a
-commit); ``--stored`` adds a variant of the last tree whose scoring program goes through
-``jaxdm.models.compile_cache.stored`` (whole compiled programs loaded without tracing). Rounds
+commit); ``--plain`` adds a variant of the last tree whose scoring program is the plain
+``jax.jit`` (since commit 5fbb85e ``score_requests`` goes through
+``jaxdm.models.compile_cache.stored`` by default: whole compiled programs loaded without
+tracing; trees older than that are plain anyway). Rounds
 alternate the variants, each round runs a first and a second run per variant (each with its
 own fresh cache folder), and the medians per variant are reported, with the scores compared
 bitwise across every run. ``--importtime`` prints the slowest imports (``-X importtime``)
@@ -51,7 +53,7 @@ CHILD = r"""
 import json, sys, time
 t0 = float(sys.argv[1])
 n_actions, diagnose, heavy_names = int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4].split(",")
-n_warm, use_stored = int(sys.argv[5]), sys.argv[6] == "1"
+n_warm, use_plain = int(sys.argv[5]), sys.argv[6] == "1"
 marks = {"python_up": time.time() - t0}
 import jax
 marks["import_jax"] = time.time() - t0
@@ -65,10 +67,8 @@ monitoring.register_event_listener(
     lambda name, **kw: events.__setitem__(name, events.get(name, 0) + 1))
 IMPORTS
 marks["import_jaxdm"] = time.time() - t0
-if use_stored:  # what shared_prefix.score_requests would call with compile_cache.stored
-    from jaxdm.decision import shared_prefix as _sp0
-    _sp0.score_packed = compile_cache.stored(_sp0.score_packed,
-                                             ("config", "window", "full_vocab"))
+if use_plain:  # the scorer as a plain jax.jit, not through compile_cache.stored
+    compile_cache.stored = lambda jitted, static_argnames: jitted
 if diagnose:  # time spent hashing lowered modules into persistent-cache keys
     from jax._src import compilation_cache as _cc
     _key = _cc.get_cache_key
@@ -80,7 +80,9 @@ if diagnose:  # time spent hashing lowered modules into persistent-cache keys
             dur["cache_key"] = dur.get("cache_key", 0.0) + time.perf_counter() - s
     _cc.get_cache_key = _timed_key
     from jaxdm.decision import shared_prefix as _sp
-    _packed = _sp.score_packed
+    # keep what score_requests calls (stored unless --plain): a plain function passed to
+    # compile_cache.stored is returned as is
+    _packed = compile_cache.stored(_sp.score_packed, ("config", "window", "full_vocab"))
     def _timed_packed(*a, **k):  # one device call: dispatch (trace, lower, compile) + run
         start = time.time()
         out = jax.block_until_ready(_packed(*a, **k))
@@ -88,7 +90,7 @@ if diagnose:  # time spent hashing lowered modules into persistent-cache keys
         return out
     _sp.score_packed = _timed_packed
     _read = compile_cache._read_program
-    def _timed_read(*a, **k):  # loading a stored program (the --stored variant)
+    def _timed_read(*a, **k):  # loading a stored program
         s = time.perf_counter()
         try:
             return _read(*a, **k)
@@ -146,12 +148,12 @@ def starts_scoring(res: dict) -> float | None:
 
 
 def run_child(tree: Path, cache: Path, n_actions: int, diagnose: bool, warm: int,
-              stored: bool) -> dict:
+              plain: bool) -> dict:
     """One fresh process scoring the job with jaxdm from ``tree``, compilation cache ``cache``."""
     env = {**os.environ, "JAXDM_COMPILATION_CACHE": str(cache), "PYTHONPATH": str(tree)}
     out = subprocess.run([sys.executable, "-c", CHILD, repr(time.time()), str(n_actions),
                           "1" if diagnose else "0", ",".join(HEAVY), str(warm),
-                          "1" if stored else "0"], env=env,
+                          "1" if plain else "0"], env=env,
                          capture_output=True, text=True, timeout=1800, cwd=tree)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("COLD ")]
     if out.returncode or not lines:
@@ -200,10 +202,9 @@ def main() -> None:
     parser.add_argument("--trees", default=None,
                         help="comma-separated jaxdm source folders to alternate (default: this "
                              "checkout)")
-    parser.add_argument("--stored", action="store_true",
-                        help="also run the last tree with the scoring program wrapped in "
-                             "compile_cache.stored (whole compiled programs, no tracing on a "
-                             "hit), alternated with the others")
+    parser.add_argument("--plain", action="store_true",
+                        help="also run the last tree with the scoring program as a plain "
+                             "jax.jit (not compile_cache.stored), alternated with the others")
     parser.add_argument("--warm", type=int, default=0, metavar="N",
                         help="after the first scores, run the same job N more times in the "
                              "process (its warm cost)")
@@ -217,8 +218,8 @@ def main() -> None:
     rounds = args.rounds or (1 if args.quick else 3)
     here = Path(__file__).resolve().parents[1]
     trees = [Path(t).resolve() for t in args.trees.split(",")] if args.trees else [here]
-    variants = [(t, False) for t in trees] + ([(trees[-1], True)] if args.stored else [])
-    names = [f"{t.name}{'+stored' if st else ''}" for t, st in variants]
+    variants = [(t, False) for t in trees] + ([(trees[-1], True)] if args.plain else [])
+    names = [f"{t.name}{'+plain' if pl else ''}" for t, pl in variants]
     for tree in trees:
         if args.importtime:
             import_profile(tree, args.importtime)
@@ -228,10 +229,10 @@ def main() -> None:
             order = list(range(len(variants)))
             order = order if r % 2 == 0 else order[::-1]
             for vi in order:
-                tree, st = variants[vi]
+                tree, plain = variants[vi]
                 cache = Path(tmp) / f"r{r}-v{vi}"
                 for label in ["first"] + ["second"] * args.second_runs:
-                    res = run_child(tree, cache, n_act, args.diagnose, args.warm, st)
+                    res = run_child(tree, cache, n_act, args.diagnose, args.warm, plain)
                     if not res["jaxdm"].startswith(str(tree)):
                         raise SystemExit(f"the child imported {res['jaxdm']}, not {tree}")
                     runs.setdefault((vi, label), []).append(res)

@@ -429,76 +429,13 @@ def main_vllm(args) -> None:
         results.clear()
 
 
-# One scoring job in a fresh process, as `jaxdm` runs it: import, load SmolLM2, LocalReadout
-# judging of one trajectory (Hindsight+Progress). Prints wall-clock milestones (seconds since the
-# parent started it) and JAX's own durations (tracing, lowering, XLA compiles, cache reads).
-COLD_CHILD = r"""
-import json, sys, time
-t0 = float(sys.argv[1])
-marks = {"python_up": time.time() - t0}
-import jax
-from jax import monitoring
-dur, events = {}, {}
-monitoring.register_event_duration_secs_listener(
-    lambda name, secs, **kw: dur.__setitem__(name, dur.get(name, 0.0) + secs))
-monitoring.register_event_listener(
-    lambda name, **kw: events.__setitem__(name, events.get(name, 0) + 1))
-from jaxdm import roles
-from jaxdm.decision.local import LocalReadout
-from jaxdm.decision.synthetic import alfworld_like_trajectory
-from jaxdm.models.loading import Pretrained, load_params, load_tokenizer, read_chat_template, read_config
-from jaxdm.models.smollm2 import smollm2_path
-marks["imports"] = time.time() - t0
-folder = smollm2_path()
-config = read_config(folder)
-tokenizer = load_tokenizer(folder)
-marks["tokenizer"] = time.time() - t0
-params = load_params(folder, config)
-jax.block_until_ready(params)
-marks["params"] = time.time() - t0
-pre = Pretrained(params=params, config=config, tokenizer=tokenizer,
-                 chat_template=read_chat_template(folder), path=folder)
-model = LocalReadout(pre, max_groups_per_call=1)
-qs = roles.judge_requests(alfworld_like_trajectory(100, int(sys.argv[2])), "progress", "hindsight")
-scores = [r.score for r in model.score(qs)]
-marks["first_scores"] = time.time() - t0
-short = {k.rsplit("/", 1)[-1]: round(v, 2) for k, v in dur.items()}
-heavy = [m for m in ("torch", "transformers", "alfworld") if m in sys.modules]
-print("COLD " + json.dumps({"marks": marks, "durations": short, "scores": scores, "heavy": heavy,
-      "hits": events.get("/jax/compilation_cache/cache_hits", 0),
-      "misses": events.get("/jax/compilation_cache/cache_misses", 0)}))
-"""
-
-
 def main_cold_start(args) -> None:
-    """First and second run of the same scoring job, each in a fresh process sharing a fresh
-    compilation-cache folder: time to the first scores and where it goes (issue 17 goals:
-    first run <= 20 s, second <= 5 s)."""
-    n_act = args.actions or (6 if args.quick else 30)
-    runs = []
-    with tempfile.TemporaryDirectory(prefix="jaxdm-cold-") as folder:
-        env = {**os.environ, "JAXDM_COMPILATION_CACHE": folder}
-        for label in ("first", "second"):
-            out = subprocess.run([sys.executable, "-c", COLD_CHILD, repr(time.time()),
-                                  str(n_act)], env=env, capture_output=True, text=True,
-                                 timeout=1800)
-            lines = [ln for ln in out.stdout.splitlines() if ln.startswith("COLD ")]
-            if out.returncode or not lines:
-                raise SystemExit(f"cold-start child failed ({out.returncode}):\n"
-                                 f"{out.stderr[-3000:]}")
-            res = json.loads(lines[-1][len("COLD "):])
-            runs.append(res)
-            print(f"[cold start, {label} run, {n_act}-action trajectory] milestones (s since "
-                  f"spawn) {({k: round(x, 2) for k, x in res['marks'].items()})}; JAX durations "
-                  f"(s) {res['durations']}; cache hits {res['hits']}, misses {res['misses']}; "
-                  f"heavy modules imported: {res.get('heavy')}",
-                  flush=True)
-    diff = max(abs(a - b) for a, b in zip(runs[0]["scores"], runs[1]["scores"]))
-    print(f"max |first - second| score {diff:.1e}")
-    for label, res, goal in (("first", runs[0], 20.0), ("second", runs[1], 5.0)):
-        t = res["marks"]["first_scores"]
-        print(f"RESULT cold_start_{label}_run: baseline {goal:.3f} s (issue 17 goal), jaxdm "
-              f"{t:.3f} s, ratio {goal / t:.2f}x")
+    """First and second run of the same scoring job in fresh processes (issue 17 goals: first
+    run <= 20 s, second <= 5 s): ``benchmarks/cold_start.py``, the one cold-start benchmark."""
+    script = Path(__file__).with_name("cold_start.py")
+    cmd = [sys.executable, str(script)] + (["--quick"] if args.quick else []) + \
+        (["--actions", str(args.actions)] if args.actions else [])
+    raise SystemExit(subprocess.call(cmd))
 
 
 def gym_tool_questions(n: int) -> list:
