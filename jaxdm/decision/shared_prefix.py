@@ -195,7 +195,7 @@ def _readout(params, config: ModelConfig, hidden, answer_mask, label_ids, label_
     if full_vocab:
         out = _full_vocab_logprobs(params, config, hidden, label_ids)           # [G, M, K]
     else:
-        head = decoder._head_matrix(params, config)                             # [V, D]
+        head = decoder.head_matrix(params, config)                              # [V, D]
         rows = jnp.take(head, label_ids, axis=0)                                # [G, M, K, D]
         logits = jnp.einsum("GMD,GMKD->GMK", hidden, rows,
                             preferred_element_type=jnp.float32)
@@ -224,7 +224,7 @@ def _full_vocab_logprobs(params, config: ModelConfig, hidden, label_ids,
     blocks = -(-total // size)
     flat_h = jnp.pad(flat_h, [(0, blocks * size - total), (0, 0)])
     flat_l = jnp.pad(flat_l, [(0, blocks * size - total), (0, 0)])
-    head = decoder._head_matrix(params, config)                                 # [V, D]
+    head = decoder.head_matrix(params, config)                                  # [V, D]
 
     @jax.checkpoint
     def block(args):

@@ -514,7 +514,7 @@ def forward_trunk_suffixes(params: Params, config: ModelConfig, tokens: jax.Arra
     return _final_norm(params, config, x)
 
 
-def _head_matrix(params: Params, config: ModelConfig) -> jax.Array:
+def head_matrix(params: Params, config: ModelConfig) -> jax.Array:
     """The LM head as [V, D] (tied: the embedding table itself)."""
     return params["embed"] if config.tie_embeddings else params["lm_head"].T
 
@@ -569,7 +569,7 @@ def token_logprobs(params: Params, config: ModelConfig, hidden: jax.Array, targe
     chunks = -(-total // chunk_size)
     flat_h = jnp.pad(hidden.reshape(total, d), [(0, chunks * chunk_size - total), (0, 0)])
     flat_t = jnp.pad(targets.reshape(total), [(0, chunks * chunk_size - total)])
-    head = _head_matrix(params, config)
+    head = head_matrix(params, config)
 
     @jax.checkpoint
     def one_chunk(args):
