@@ -70,15 +70,16 @@ marks["import_jaxdm"] = time.time() - t0
 if use_plain:  # the scorer as a plain jax.jit, not through compile_cache.stored
     compile_cache.stored = lambda jitted, static_argnames: jitted
 if diagnose:  # time spent hashing lowered modules into persistent-cache keys
+    def _timed(fn, name):  # fn, adding its seconds to dur[name]
+        def timed(*a, **k):
+            s = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                dur[name] = dur.get(name, 0.0) + time.perf_counter() - s
+        return timed
     from jax._src import compilation_cache as _cc
-    _key = _cc.get_cache_key
-    def _timed_key(*a, **k):
-        s = time.perf_counter()
-        try:
-            return _key(*a, **k)
-        finally:
-            dur["cache_key"] = dur.get("cache_key", 0.0) + time.perf_counter() - s
-    _cc.get_cache_key = _timed_key
+    _cc.get_cache_key = _timed(_cc.get_cache_key, "cache_key")
     from jaxdm.decision import shared_prefix as _sp
     # keep what score_requests calls (stored unless --plain): a plain function passed to
     # compile_cache.stored is returned as is
@@ -89,14 +90,8 @@ if diagnose:  # time spent hashing lowered modules into persistent-cache keys
         calls.append((round(start - t0, 3), round(time.time() - start, 3)))
         return out
     _sp.score_packed = _timed_packed
-    _read = compile_cache._read_program
-    def _timed_read(*a, **k):  # loading a stored program
-        s = time.perf_counter()
-        try:
-            return _read(*a, **k)
-        finally:
-            dur["stored_load"] = dur.get("stored_load", 0.0) + time.perf_counter() - s
-    compile_cache._read_program = _timed_read
+    # loading a stored program
+    compile_cache._read_program = _timed(compile_cache._read_program, "stored_load")
 compile_cache.enable()
 folder = smollm2_path()
 config = read_config(folder)
