@@ -41,8 +41,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import json
 import os
-import pickle
 import tempfile
 import threading
 from pathlib import Path
@@ -56,7 +56,7 @@ MIN_COMPILE_SECONDS = 0.0
 MAX_BYTES = 4 << 30
 PROGRAMS_DIR = "programs"
 PROGRAMS_MAX_BYTES = 1 << 30
-_PROGRAMS_FORMAT = 1
+_PROGRAMS_FORMAT = 2
 ENV_PREFIXES = ("XLA_", "JAX_", "JAXDM_")
 # Where caches live changes no program (a moved folder keeps its programs valid).
 LOCATION_VARS = (ENV_VAR, "JAXDM_CACHE", "JAXDM_PARAMS_CACHE")
@@ -162,8 +162,10 @@ class _Stored:
         key = self._key(static, (dyn_args, dyn_kwargs))
         compiled = self._loaded.get(key)
         if compiled is None:
+            import jax
+
             path = folder / PROGRAMS_DIR / f"{key}.jaxprog"
-            compiled = _read_program(path)
+            compiled = _read_program(path, jax.tree.structure((tuple(dyn_args), dyn_kwargs)))
             if compiled is None:
                 compiled, fresh = _compile_fresh(self._jitted.lower(*args, **kwargs))
                 if fresh:
@@ -261,20 +263,28 @@ def _environment() -> list:
                    if k.startswith(ENV_PREFIXES) and k not in LOCATION_VARS)]
 
 
-def _read_program(path: Path):
-    """The compiled program stored at ``path``, or None (missing, unreadable, other format)."""
+def _read_program(path: Path, in_tree):
+    """The compiled program stored at ``path`` for arguments of structure ``in_tree``, or None
+    (missing, unreadable, other format or structure). The file is a JSON header line, then the
+    serialised executable and the output structure (protocol buffer); no pickle."""
     from jax.experimental import serialize_executable
+    from jax.tree_util import PyTreeDef, default_registry
 
     try:
         with open(path, "rb") as f:
-            version, blob, in_tree, out_tree, device_ids = pickle.load(f)
-        if version != _PROGRAMS_FORMAT:
+            header = json.loads(f.readline())
+            blob = f.read(header["blob_bytes"])
+            out_proto = f.read()
+        if header.get("format") != _PROGRAMS_FORMAT or header["in_tree"] != str(in_tree) \
+                or len(blob) != header["blob_bytes"]:
             return None
         import jax
 
         by_id = {d.id: d for d in jax.devices()}
+        out_tree = PyTreeDef.deserialize_using_proto(default_registry, out_proto)
         compiled = serialize_executable.deserialize_and_load(
-            blob, in_tree, out_tree, execution_devices=[by_id[i] for i in device_ids])
+            blob, in_tree, out_tree,
+            execution_devices=[by_id[i] for i in header["device_ids"]])
     except FileNotFoundError:
         return None
     except Exception:  # noqa: BLE001 - a damaged entry costs a compile, never the job
@@ -295,7 +305,12 @@ def _write_program(path: Path, compiled) -> None:
     try:
         blob, in_tree, out_tree = serialize_executable.serialize(compiled)
         device_ids = [d.id for d in compiled.runtime_executable().local_devices()]
-        data = pickle.dumps((_PROGRAMS_FORMAT, blob, in_tree, out_tree, device_ids))
+        # the input structure is the call's (checked on load); the output structure as a
+        # protocol buffer (a user-defined output node raises here: not stored)
+        out_proto = out_tree.serialize_using_proto()
+        header = {"format": _PROGRAMS_FORMAT, "in_tree": str(in_tree),
+                  "device_ids": device_ids, "blob_bytes": len(blob)}
+        data = json.dumps(header).encode() + b"\n" + blob + out_proto
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
         try:
