@@ -185,7 +185,7 @@ def _out_and_mlp(lp: Params, config: ModelConfig, x: jax.Array, attn: jax.Array)
     return x + down
 
 
-def _attend(q: jax.Array, sources: list[tuple[jax.Array, jax.Array, jax.Array]]) -> jax.Array:
+def attend(q: jax.Array, sources: list[tuple[jax.Array, jax.Array, jax.Array]]) -> jax.Array:
     """Softmax attention of q [B, S, K, G, H] over the keys of one or more sources.
 
     Each source is (k [Bk, T, K, H], v [Bk, T, K, H], mask [B, S, T] bool) with Bk = B, or
@@ -235,11 +235,6 @@ def _attend(q: jax.Array, sources: list[tuple[jax.Array, jax.Array, jax.Array]])
         heads.append(out.reshape(b, g, s, hd) / denom)  # [B, G, S, H]
     out = jnp.stack(heads, axis=1).astype(q.dtype)  # [B, K, G, S, H]
     return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, s, kh * g, hd)
-
-
-def _self_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """q [B, S, K, G, H], k/v [B, T, K, H], mask [B, S, T] bool -> [B, S, N, H]."""
-    return _attend(q, [(k, v, mask)])
 
 
 def _embed(params: Params, tokens: jax.Array) -> jax.Array:
@@ -320,7 +315,7 @@ def _planned_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask_fn: Any,
 
         def block(q, k, v, ranges=ranges, qs=qs, qe=qe):
             sources = [(k[:, ks:ke], v[:, ks:ke], mask_fn(qs, qe, ks, ke)) for ks, ke in ranges]
-            return _attend(q[:, qs:qe], sources)
+            return attend(q[:, qs:qe], sources)
 
         if len(cuts) < 2:
             outs.append(block(q, k, v))
@@ -466,7 +461,7 @@ def forward_with_cache(params: Params, config: ModelConfig, tokens: jax.Array,
         lp, ck, cv = inputs
         h = rms_norm(x, lp["attn_norm"], config.rms_norm_eps)
         q, k, v = _qkv(lp, config, h, cos, sin)
-        attn = _attend(q, [(ck, cv, cache_mask), (k, v, self_mask)])
+        attn = attend(q, [(ck, cv, cache_mask), (k, v, self_mask)])
         return _out_and_mlp(lp, config, x, attn), (k, v)
 
     x, (ks, vs) = jax.lax.scan(_maybe_remat(layer, config), _embed(params, tokens),
