@@ -266,6 +266,9 @@ def main_vllm(args) -> None:
     if not Path(python).exists():
         raise SystemExit(f"no vLLM venv Python at {python}: run `make bench-vllm` (or pass "
                          f"--vllm-python)")
+    # absolute (not resolved: the venv's python is a symlink that must stay one): the workers
+    # start in the temporary folder, where `make bench-vllm`'s relative path does not exist
+    python = os.path.abspath(python)
     configs = [c for c in args.vllm_configs.split(",") if c]
     unknown = [c for c in configs if c not in VLLM_CONFIGS]
     if unknown:
