@@ -19,9 +19,14 @@ fused once, and fused by concatenating them inside the jitted call, which copies
 call), the o / down projections as einsum vs 2-D, and torch's time on the same 2-D shapes.
 Baseline = the einsum form; RESULT ratio > 1 = the other form is faster.
 
+``--attention-layout`` (in this process): ``decoder.attend`` (one KV head at a time, its
+query heads stacked as rows) vs the layout it replaced (all KV heads as a batch dimension of
+the matmuls), at the packed readout's attention blocks. Baseline = the K-batched layout.
+
   python benchmarks/xla_cpu_levers.py --quick        # 1 round, 6-action trajectory
   python benchmarks/xla_cpu_levers.py --levers default,onednn --actions 30 --rounds 3
   python benchmarks/xla_cpu_levers.py --matmul-layout --quick   # projection layouts
+  python benchmarks/xla_cpu_levers.py --attention-layout --dtype bfloat16   # attention layouts
 """
 from __future__ import annotations
 
@@ -276,6 +281,80 @@ def matmul_layout(args) -> None:
               f"{ms:.2f} ms, ratio {base / ms:.2f}x")
 
 
+def kv_batched_attend(q, sources):
+    """The attention layout ``decoder.attend`` used before session 7, kept here as the
+    baseline of ``--attention-layout``: all KV heads at once, the K axis a batch dimension of
+    both matmuls ([K, B, G*S, H] queries against [K, B, T, H] keys)."""
+    import functools
+    import math
+
+    import jax
+    import jax.numpy as jnp
+    from jaxdm.models import decoder
+    b, s, kh, g, hd = q.shape
+    qq = jnp.transpose(q * (1.0 / math.sqrt(hd)), (2, 0, 3, 1, 4)).reshape(kh, b, g * s, hd)
+    scored = []
+    for k, v, mask in sources:
+        kk, vv = jnp.transpose(k, (2, 0, 1, 3)), jnp.transpose(v, (2, 0, 1, 3))
+        logits = jnp.einsum("KBQH,KBTH->KBQT", qq, kk, preferred_element_type=jnp.float32)
+        bias = jnp.where(mask, 0.0, decoder.MASK_VALUE).astype(jnp.float32)[None, :, None]
+        scored.append((logits.reshape(kh, b, g, s, -1) + bias, vv))
+    top = jax.lax.stop_gradient(
+        functools.reduce(jnp.maximum, [lg.max(-1, keepdims=True) for lg, _ in scored]))
+    out, denom = None, None
+    for logits, vv in scored:
+        p = jnp.exp(logits - top)
+        part = jnp.einsum("KBQT,KBTH->KBQH", p.reshape(kh, b, g * s, -1).astype(vv.dtype), vv,
+                          preferred_element_type=jnp.float32)
+        out = part if out is None else out + part
+        total = p.sum(-1, keepdims=True)
+        denom = total if denom is None else denom + total
+    out = (out.reshape(kh, b, g, s, hd) / denom).astype(q.dtype)
+    return jnp.transpose(out, (1, 3, 0, 2, 4)).reshape(b, s, kh * g, hd)
+
+
+def attention_layout(args) -> None:
+    """``decoder.attend`` (one KV head at a time) vs the K-batched layout it replaced, at the
+    packed readout's block shapes: a 256-query block of SmolLM2-135M (3 KV heads x 3 query
+    heads of 64) against 256 .. 1,920 causal keys, one row; alternated rounds."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jaxdm.models import decoder
+    repeats = 5 if args.quick else 15
+    rounds = args.rounds or (2 if args.quick else 5)
+    keys = (256, 1920) if args.quick else (256, 768, 1280, 1920)
+    s, dt = 256, getattr(jnp, args.dtype)
+    forms = {"kv_batched": jax.jit(kv_batched_attend), "per_kv_head": jax.jit(decoder.attend)}
+    cases = {}
+    for t in keys:
+        ks = jax.random.split(jax.random.PRNGKey(t), 3)
+        q = jax.random.normal(ks[0], (1, s, 3, 3, 64), dt)
+        k = jax.random.normal(ks[1], (1, t, 3, 64), dt)
+        v = jax.random.normal(ks[2], (1, t, 3, 64), dt)
+        mask = jnp.arange(t)[None, None] <= (t - s + jnp.arange(s))[None, :, None]
+        cases[t] = ([(k, v, mask)], q)
+        outs = [np.asarray(f(q, [(k, v, mask)]), np.float32) for f in forms.values()]
+        diff = float(np.max(np.abs(outs[0] - outs[1])))
+        if diff > (1e-5 if args.dtype == "float32" else 2e-2):
+            raise SystemExit(f"T={t}: the layouts differ by {diff}")
+    times = {(t, f): [] for t in keys for f in forms}
+    for _ in range(rounds):
+        for t, (sources, q) in cases.items():
+            for name, fn in forms.items():
+                times[(t, name)].append(_median_ms(fn, (q, sources), repeats))
+    print(f"attention layouts, {s} queries x 9 heads of 64 vs T causal keys, {args.dtype}, "
+          f"{rounds} alternated rounds x {repeats} calls (ms, median; GFLOP/s of QK + PV)")
+    for t in keys:
+        flops = 4 * 9 * s * t * 64
+        base = statistics.median(times[(t, "kv_batched")])
+        ours = statistics.median(times[(t, "per_kv_head")])
+        print(f"  T={t:5d} kv_batched {base:7.2f} ms {flops / base / 1e6:6.1f} GFLOP/s   "
+              f"per_kv_head {ours:7.2f} ms {flops / ours / 1e6:6.1f} GFLOP/s")
+        print(f"RESULT attention_T{t}_{args.dtype}: baseline {base:.2f} ms, jaxdm {ours:.2f} "
+              f"ms, ratio {base / ours:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -286,11 +365,15 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--matmul-layout", action="store_true",
                         help="time projection layouts in this process instead of flag levers")
+    parser.add_argument("--attention-layout", action="store_true",
+                        help="time decoder.attend vs the K-batched attention layout")
     parser.add_argument("--tokens", type=int, default=1300,
                         help="--matmul-layout: tokens per projection")
     args = parser.parse_args()
     if args.matmul_layout:
         return matmul_layout(args)
+    if args.attention_layout:
+        return attention_layout(args)
     levers = [x for x in args.levers.split(",") if x]
     unknown = [x for x in levers if x not in LEVERS]
     if unknown:

@@ -37,7 +37,7 @@ from jaxdm.models.config import ModelConfig
 Params = dict[str, Any]
 
 # A finite "minus infinity" keeps fully masked rows finite (uniform instead of NaN).
-_MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 # Layer-loop unrolling passed to lax.scan (1 = rolled loop, True = fully unrolled). Read at
 # trace time. Measured on this 2-core CPU (SmolLM2 shape, batch-16 decode step): full unroll
 # compiled 6x slower (39 s vs 6.6 s) and ran no faster, so the loop stays rolled.
@@ -203,7 +203,7 @@ def attend(q: jax.Array, sources: list[tuple[jax.Array, jax.Array, jax.Array]]) 
     """
     b, s, kh, g, hd = q.shape
     q = q * (1.0 / math.sqrt(hd))
-    biases = [jnp.where(mask, 0.0, _MASK_VALUE).astype(jnp.float32)[:, None]  # [B, 1, S, T]
+    biases = [jnp.where(mask, 0.0, MASK_VALUE).astype(jnp.float32)[:, None]  # [B, 1, S, T]
               for _, _, mask in sources]
     heads = []
     for h in range(kh):
