@@ -345,9 +345,75 @@ def _run_layers(params: Params, config: ModelConfig, x: jax.Array, positions: ja
         attn = _planned_attention(q, k, v, mask_fn, plan, need_fn)
         return _out_and_mlp(lp, config, x, attn), (k, v)
 
-    x, (ks, vs) = jax.lax.scan(_maybe_remat(layer, config), x, params["layers"],
-                               unroll=SCAN_UNROLL)
+    x, (ks, vs) = scan_layers(_maybe_remat(layer, config), x, params["layers"])
     return x, ks, vs
+
+
+# Float types scanned as their bit patterns (see scan_layers; XLA:CPU keeps float16 loop
+# operands as they are).
+_BIT_VIEWS = {jnp.dtype(jnp.bfloat16): jnp.uint16}
+
+
+def _to_bits(tree: Any) -> tuple[Any, Any]:
+    """(tree with its bf16 leaves bit-cast to uint16, each leaf's original dtype)."""
+    dtypes = jax.tree.map(lambda a: jnp.dtype(a.dtype), tree)
+    bits = jax.tree.map(lambda a: jax.lax.bitcast_convert_type(a, _BIT_VIEWS[a.dtype])
+                        if a.dtype in _BIT_VIEWS else a, tree)
+    return bits, dtypes
+
+
+def _from_bits(tree: Any, dtypes: Any) -> Any:
+    return jax.tree.map(lambda a, dt: jax.lax.bitcast_convert_type(a, dt)
+                        if dt in _BIT_VIEWS else a, tree, dtypes)
+
+
+def scan_layers(layer: Any, x: jax.Array, xs: Any) -> tuple[jax.Array, Any]:
+    """``lax.scan(layer, x, xs)`` over stacked per-layer arrays (weights, caches).
+
+    XLA:CPU has no bf16 dynamic-slice: it converts a bf16 array a loop slices to fp32, hoists
+    that convert out of the loop and converts each slice back to bf16 for the dot. For
+    SmolLM2-135M in bf16 that is the whole weight stack converted on every call plus a
+    convert per layer: a 1,024-token forward's temporary memory 443 -> 241 MiB without it,
+    the packed readout batch 8.95 -> 8.30 s (issue 17). So bf16
+    leaves (of xs and of the per-layer outputs) cross the loop as their uint16 bit
+    patterns, reinterpreted inside the body: the same numbers, no converts. Bit casts have no
+    derivative, so under differentiation (forward or reverse) the plain scan runs instead
+    (a custom JVP); fp32 inputs always take the plain scan.
+    """
+    if not any(a.dtype in _BIT_VIEWS for a in jax.tree.leaves(xs)):
+        return jax.lax.scan(layer, x, xs, unroll=SCAN_UNROLL)
+
+    # A custom_jvp function must not close over tracers: the layer is traced once to a jaxpr
+    # and the values it closes over (RoPE tables, masks, ...) become explicit arguments.
+    closed, out_shape = jax.make_jaxpr(layer, return_shape=True)(
+        x, jax.tree.map(lambda a: a[0], xs))
+    out_tree = jax.tree.structure(out_shape)
+
+    def layer_fn(x, layer_xs, *consts):
+        out = jax.core.eval_jaxpr(closed.jaxpr, consts, *jax.tree.leaves((x, layer_xs)))
+        return jax.tree.unflatten(out_tree, out)
+
+    consts = tuple(closed.consts)
+
+    def plain(x, xs, consts):
+        return jax.lax.scan(lambda c, s: layer_fn(c, s, *consts), x, xs, unroll=SCAN_UNROLL)
+
+    @jax.custom_jvp
+    def as_bits(x, xs, consts):
+        bits, dtypes = _to_bits(xs)
+        out_dtypes = []
+
+        def body(x, b):
+            x, ys = layer_fn(x, _from_bits(b, dtypes), *consts)
+            ys, ys_dtypes = _to_bits(ys)
+            out_dtypes[:] = [ys_dtypes]
+            return x, ys
+
+        x, ys = jax.lax.scan(body, x, bits, unroll=SCAN_UNROLL)
+        return x, _from_bits(ys, out_dtypes[0])
+
+    as_bits.defjvp(lambda primals, tangents: jax.jvp(plain, primals, tangents))
+    return as_bits(x, xs, consts)
 
 
 def _maybe_remat(layer: Any, config: ModelConfig) -> Any:
@@ -464,8 +530,8 @@ def forward_with_cache(params: Params, config: ModelConfig, tokens: jax.Array,
         attn = attend(q, [(ck, cv, cache_mask), (k, v, self_mask)])
         return _out_and_mlp(lp, config, x, attn), (k, v)
 
-    x, (ks, vs) = jax.lax.scan(_maybe_remat(layer, config), _embed(params, tokens),
-                               (params["layers"], cache.k, cache.v), unroll=SCAN_UNROLL)
+    x, (ks, vs) = scan_layers(_maybe_remat(layer, config), _embed(params, tokens),
+                              (params["layers"], cache.k, cache.v))
     return _final_norm(params, config, x), ks, vs
 
 

@@ -1,0 +1,103 @@
+"""decoder.scan_layers: bf16 weights cross the layer loop as bit patterns (no fp32 copy of the
+weight stack in the compiled program), with the same numbers and derivatives as lax.scan."""
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxdm.models import decoder
+from jaxdm.models.config import ModelConfig
+from jaxdm.train import lora
+
+CONFIG = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=3,
+                     num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=10000.0,
+                     rms_norm_eps=1e-5, tie_embeddings=True, max_position_embeddings=256)
+
+
+def _inputs(dtype):
+    params = decoder.init_params(CONFIG, jax.random.key(0), dtype=dtype)
+    tokens = jax.random.randint(jax.random.key(1), (2, 24), 0, CONFIG.vocab_size)
+    positions = jnp.broadcast_to(jnp.arange(24), (2, 24))
+    return params, tokens, positions
+
+
+def _plain_scan(monkeypatch):
+    """decoder.scan_layers replaced by the plain lax.scan it stands for (the jitted entry
+    points' traces cleared, so that they trace again with it)."""
+    monkeypatch.setattr(decoder, "scan_layers",
+                        lambda layer, x, xs: jax.lax.scan(layer, x, xs,
+                                                          unroll=decoder.SCAN_UNROLL))
+    jax.clear_caches()
+
+
+def _hidden(params, tokens, positions):
+    return decoder.forward(params, CONFIG, tokens, positions)
+
+
+def _jit_hidden():
+    return jax.jit(lambda *args: _hidden(*args))  # a new function: traced afresh
+
+
+def test_bits_scan_keeps_the_numbers_and_drops_the_fp32_weight_copy(monkeypatch):
+    dtype = jnp.bfloat16
+    params, tokens, positions = _inputs(dtype)
+    fast = _jit_hidden()
+    out = fast(params, tokens, positions)
+    text = fast.lower(params, tokens, positions).compile().as_text()
+    # a stacked [L, ...] weight converted to fp32 is what the bit patterns avoid
+    assert not re.search(rf"f32\[{CONFIG.num_layers},{CONFIG.hidden_size},", text)
+    _plain_scan(monkeypatch)
+    plain = _jit_hidden()
+    ref = plain(params, tokens, positions)
+    assert out.dtype == ref.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(ref, np.float32))
+    # the plain scan is what XLA:CPU upcasts (the reason scan_layers exists); if a future XLA
+    # stops doing it, this line says the workaround can go
+    text = plain.lower(params, tokens, positions).compile().as_text()
+    if jax.default_backend() == "cpu":
+        assert re.search(rf"f32\[{CONFIG.num_layers},{CONFIG.hidden_size},", text)
+
+
+def test_cache_outputs_keep_their_dtype_and_values(monkeypatch):
+    params, tokens, positions = _inputs(jnp.bfloat16)
+    lengths = jnp.array([24, 17])
+    hidden, cache = decoder.prefill(params, CONFIG, tokens, positions, lengths, cache_size=32)
+    new = tokens[:, :5]
+    new_pos = positions[:, :5] + 24
+    cache_mask = jnp.broadcast_to(jnp.arange(32) < lengths[:, None, None], (2, 5, 32))
+    got = decoder.forward_with_cache(params, CONFIG, new, new_pos, cache, cache_mask)
+    _plain_scan(monkeypatch)
+    ref_hidden, ref_cache = decoder.prefill(params, CONFIG, tokens, positions, lengths,
+                                            cache_size=32)
+    ref = decoder.forward_with_cache(params, CONFIG, new, new_pos, ref_cache, cache_mask)
+    assert cache.k.dtype == jnp.bfloat16 and got[1].dtype == jnp.bfloat16
+    for a, b in zip((hidden, cache.k, cache.v) + tuple(got),
+                    (ref_hidden, ref_cache.k, ref_cache.v) + tuple(ref)):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+def test_gradients_through_bf16_weights_and_adapters_match_the_plain_scan(monkeypatch):
+    params, tokens, positions = _inputs(jnp.bfloat16)
+    cfg = lora.LoraConfig(rank=2, alpha=4.0, targets=("q", "down"))
+    adapters = lora.init_adapters(params, cfg, jax.random.key(2))
+    adapters = jax.tree.map(lambda a: a + 0.01, adapters)  # b != 0: a non-zero merge
+
+    def loss(params, adapters):
+        h = _hidden(lora.merge(params, adapters, cfg), tokens, positions)
+        return jnp.mean(jnp.square(h.astype(jnp.float32)))
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    got = grad(params, adapters)
+    tangent = jax.tree.map(jnp.ones_like, params)
+    _, got_jvp = jax.jvp(lambda p: loss(p, adapters), (params,), (tangent,))
+    _plain_scan(monkeypatch)
+    ref = jax.jit(jax.grad(loss, argnums=(0, 1)))(params, adapters)
+    _, ref_jvp = jax.jvp(lambda p: loss(p, adapters), (params,), (tangent,))
+    assert np.isfinite(float(got_jvp)) and float(got_jvp) == float(ref_jvp)
+    flat_got, flat_ref = jax.tree.leaves(got), jax.tree.leaves(ref)
+    assert len(flat_got) == len(flat_ref)
+    assert any(float(jnp.abs(g.astype(jnp.float32)).max()) > 0 for g in flat_got)
+    for g, r in zip(flat_got, flat_ref):
+        assert g.dtype == r.dtype
+        np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(r, np.float32))
