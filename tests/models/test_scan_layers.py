@@ -10,7 +10,7 @@ from jaxdm.models import decoder
 from jaxdm.models.config import ModelConfig
 from jaxdm.train import lora
 
-CONFIG = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=3,
+CONFIG = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=2,
                      num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=10000.0,
                      rms_norm_eps=1e-5, tie_embeddings=True, max_position_embeddings=256)
 
@@ -62,18 +62,21 @@ def test_bits_scan_keeps_the_numbers_and_drops_the_fp32_weight_copy(monkeypatch)
 def test_cache_outputs_keep_their_dtype_and_values(monkeypatch):
     params, tokens, positions = _inputs(jnp.bfloat16)
     lengths = jnp.array([24, 17])
-    hidden, cache = decoder.prefill(params, CONFIG, tokens, positions, lengths, cache_size=32)
-    new = tokens[:, :5]
-    new_pos = positions[:, :5] + 24
     cache_mask = jnp.broadcast_to(jnp.arange(32) < lengths[:, None, None], (2, 5, 32))
-    got = decoder.forward_with_cache(params, CONFIG, new, new_pos, cache, cache_mask)
+
+    def run(params):  # one program per variant: prefill, then 5 tokens against the cache
+        hidden, cache = decoder.prefill(params, CONFIG, tokens, positions, lengths,
+                                        cache_size=32)
+        more = decoder.forward_with_cache(params, CONFIG, tokens[:, :5],
+                                          positions[:, :5] + 24, cache, cache_mask)
+        return (hidden, cache.k, cache.v) + tuple(more)
+
+    got = jax.jit(run)(params)
     _plain_scan(monkeypatch)
-    ref_hidden, ref_cache = decoder.prefill(params, CONFIG, tokens, positions, lengths,
-                                            cache_size=32)
-    ref = decoder.forward_with_cache(params, CONFIG, new, new_pos, ref_cache, cache_mask)
-    assert cache.k.dtype == jnp.bfloat16 and got[1].dtype == jnp.bfloat16
-    for a, b in zip((hidden, cache.k, cache.v) + tuple(got),
-                    (ref_hidden, ref_cache.k, ref_cache.v) + tuple(ref)):
+    ref = jax.jit(lambda p: run(p))(params)
+    assert got[1].dtype == got[4].dtype == jnp.bfloat16
+    for a, b in zip(got, ref):
+        assert a.dtype == b.dtype
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
 
@@ -82,18 +85,19 @@ def test_gradients_through_bf16_weights_and_adapters_match_the_plain_scan(monkey
     cfg = lora.LoraConfig(rank=2, alpha=4.0, targets=("q", "down"))
     adapters = lora.init_adapters(params, cfg, jax.random.key(2))
     adapters = jax.tree.map(lambda a: a + 0.01, adapters)  # b != 0: a non-zero merge
+    tangent = jax.tree.map(jnp.ones_like, params)
 
     def loss(params, adapters):
         h = _hidden(lora.merge(params, adapters, cfg), tokens, positions)
         return jnp.mean(jnp.square(h.astype(jnp.float32)))
 
-    grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
-    got = grad(params, adapters)
-    tangent = jax.tree.map(jnp.ones_like, params)
-    _, got_jvp = jax.jvp(lambda p: loss(p, adapters), (params,), (tangent,))
+    def derivatives(params, adapters):  # reverse mode (both) and forward mode (weights)
+        grads = jax.grad(loss, argnums=(0, 1))(params, adapters)
+        return grads, jax.jvp(lambda p: loss(p, adapters), (params,), (tangent,))[1]
+
+    got, got_jvp = jax.jit(derivatives)(params, adapters)
     _plain_scan(monkeypatch)
-    ref = jax.jit(jax.grad(loss, argnums=(0, 1)))(params, adapters)
-    _, ref_jvp = jax.jvp(lambda p: loss(p, adapters), (params,), (tangent,))
+    ref, ref_jvp = jax.jit(lambda *a: derivatives(*a))(params, adapters)
     assert np.isfinite(float(got_jvp)) and float(got_jvp) == float(ref_jvp)
     flat_got, flat_ref = jax.tree.leaves(got), jax.tree.leaves(ref)
     assert len(flat_got) == len(flat_ref)
