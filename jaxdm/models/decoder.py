@@ -398,19 +398,18 @@ def scan_layers(layer: Any, x: jax.Array, xs: Any) -> tuple[jax.Array, Any]:
     def plain(x, xs, consts):
         return jax.lax.scan(lambda c, s: layer_fn(c, s, *consts), x, xs, unroll=SCAN_UNROLL)
 
+    ys_dtypes = jax.tree.map(lambda a: jnp.dtype(a.dtype), out_shape[1])
+
     @jax.custom_jvp
     def as_bits(x, xs, consts):
         bits, dtypes = _to_bits(xs)
-        out_dtypes = []
 
         def body(x, b):
             x, ys = layer_fn(x, _from_bits(b, dtypes), *consts)
-            ys, ys_dtypes = _to_bits(ys)
-            out_dtypes[:] = [ys_dtypes]
-            return x, ys
+            return x, _to_bits(ys)[0]
 
         x, ys = jax.lax.scan(body, x, bits, unroll=SCAN_UNROLL)
-        return x, _from_bits(ys, out_dtypes[0])
+        return x, _from_bits(ys, ys_dtypes)
 
     as_bits.defjvp(lambda primals, tangents: jax.jvp(plain, primals, tangents))
     return as_bits(x, xs, consts)
