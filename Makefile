@@ -30,10 +30,12 @@ $(RAY_STAMP): $(STAMP)
 
 demo: install
 	$(BIN)/python -m jaxdm.models.smollm2 --ensure
+	$(BIN)/python -m jaxdm.models.cpu_attention --build
 	$(BIN)/jaxdm demo
 
 test: install $(RAY_STAMP)
 	$(BIN)/python -m jaxdm.models.smollm2 --ensure
+	$(BIN)/python -m jaxdm.models.cpu_attention --build
 	$(BIN)/python -m pytest -q
 
 clean-venv:

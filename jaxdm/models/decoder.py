@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxdm.models import cpu_attention
 from jaxdm.models.config import ModelConfig
 
 Params = dict[str, Any]
@@ -191,6 +192,20 @@ def attend(q: jax.Array, sources: list[tuple[jax.Array, jax.Array, jax.Array]]) 
     Each source is (k [Bk, T, K, H], v [Bk, T, K, H], mask [B, S, T] bool) with Bk = B, or
     Bk = 1 for a cache shared by all B rows (contracted without a copy per row); one softmax
     spans the keys of all sources (a cache plus the new tokens, say). Returns [B, S, N, H].
+    A fully masked row comes out as the uniform average of the values (finite).
+
+    On CPU the forward runs the fused kernel of ``jaxdm.models.cpu_attention`` where it is on
+    (x86-64 with AVX-512; ``JAXDM_CPU_ATTENTION=0`` turns it off) and takes the operands;
+    otherwise, on other platforms and under differentiation, ``xla_attend``.
+    """
+    if cpu_attention.supports(q, sources) and cpu_attention.enabled():
+        return _fused_attend(q, sources)
+    return xla_attend(q, sources)
+
+
+def xla_attend(q: jax.Array, sources: list[tuple[jax.Array, jax.Array, jax.Array]]
+               ) -> jax.Array:
+    """``attend`` in XLA operations (every platform, differentiable).
 
     Layout and arithmetic chosen by measurement on CPU: one KV head at a time (a Python
     loop over K, unrolled at trace time), its G query heads stacked as G*S rows of a matmul
@@ -235,6 +250,10 @@ def attend(q: jax.Array, sources: list[tuple[jax.Array, jax.Array, jax.Array]]) 
         heads.append(out.reshape(b, g, s, hd) / denom)  # [B, G, S, H]
     out = jnp.stack(heads, axis=1).astype(q.dtype)  # [B, K, G, S, H]
     return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, s, kh * g, hd)
+
+
+# The kernel's forward with xla_attend's derivatives (and xla_attend off CPU).
+_fused_attend = cpu_attention.make_attend(xla_attend)
 
 
 def _embed(params: Params, tokens: jax.Array) -> jax.Array:

@@ -1,10 +1,26 @@
-"""decoder.attend against a plain softmax-attention reference (numpy, float64)."""
+"""decoder.attend against a plain softmax-attention reference (numpy, float64): the XLA
+attention (``xla_attend``) and the fused CPU kernel (``attend`` where it is on)."""
 import numpy as np
 import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxdm.models import decoder
+from jaxdm.models import cpu_attention, decoder
+
+
+def _kernel_or_skip():
+    on, why = cpu_attention.status()
+    if not on:
+        # off only where it cannot run; a failed build on an AVX-512 x86-64 CPU is a failure
+        if cpu_attention.cannot_run_here(why):
+            pytest.skip(f"fused CPU attention {why}")
+        pytest.fail(f"fused CPU attention {why}")
+    return decoder.attend
+
+
+@pytest.fixture(params=["xla", "kernel"])
+def attend(request):
+    return decoder.xla_attend if request.param == "xla" else _kernel_or_skip()
 
 
 def reference(q, sources):
@@ -26,7 +42,7 @@ def reference(q, sources):
     return out.reshape(b, s, kh * g, hd)
 
 
-def _inputs(seed, b, s, t, kh=2, g=3, hd=8, bk=None):
+def _inputs(seed, b, s, t, kh=2, g=3, hd=32, bk=None):
     ks = jax.random.split(jax.random.PRNGKey(seed), 3)
     q = jax.random.normal(ks[0], (b, s, kh, g, hd))
     k = jax.random.normal(ks[1], (bk or b, t, kh, hd))
@@ -34,15 +50,15 @@ def _inputs(seed, b, s, t, kh=2, g=3, hd=8, bk=None):
     return q, k, v
 
 
-def test_attend_matches_reference_causal_rows():
+def test_attend_matches_reference_causal_rows(attend):
     q, k, v = _inputs(0, b=3, s=5, t=5)
     mask = jnp.broadcast_to(jnp.tril(jnp.ones((5, 5), bool)), (3, 5, 5))
-    out = jax.jit(decoder.attend)(q, [(k, v, mask)])
-    assert out.shape == (3, 5, 6, 8)
+    out = jax.jit(attend)(q, [(k, v, mask)])
+    assert out.shape == (3, 5, 6, 32)
     np.testing.assert_allclose(out, reference(q, [(k, v, mask)]), atol=2e-6)
 
 
-def test_attend_shared_cache_and_new_tokens_share_one_softmax():
+def test_attend_shared_cache_and_new_tokens_share_one_softmax(attend):
     # a cache shared by all rows (Bk = 1) plus each row's own tokens, rows with different
     # cache lengths: the shared-cache contraction must equal a per-row copy of the cache
     q, k_new, v_new = _inputs(1, b=4, s=3, t=3)
@@ -51,41 +67,41 @@ def test_attend_shared_cache_and_new_tokens_share_one_softmax():
     cache_mask = jnp.broadcast_to(jnp.arange(7)[None, None] < lengths[:, None, None], (4, 3, 7))
     self_mask = jnp.broadcast_to(jnp.tril(jnp.ones((3, 3), bool)), (4, 3, 3))
     sources = [(k_cache, v_cache, cache_mask), (k_new, v_new, self_mask)]
-    out = jax.jit(decoder.attend)(q, sources)
+    out = jax.jit(attend)(q, sources)
     np.testing.assert_allclose(out, reference(q, sources), atol=2e-6)
     copied = [(jnp.repeat(k_cache, 4, 0), jnp.repeat(v_cache, 4, 0), cache_mask), sources[1]]
-    np.testing.assert_allclose(out, decoder.attend(q, copied), atol=1e-6)
+    np.testing.assert_allclose(out, attend(q, copied), atol=1e-6)
 
 
-def test_attend_fully_masked_row_is_finite_uniform_average():
+def test_attend_fully_masked_row_is_finite_uniform_average(attend):
     q, k, v = _inputs(3, b=1, s=2, t=4)
     mask = jnp.array([[[True, True, False, False], [False, False, False, False]]])
-    out = decoder.attend(q, [(k, v, mask)])
+    out = attend(q, [(k, v, mask)])
     assert np.isfinite(np.asarray(out)).all()
     uniform = np.asarray(v[0]).mean(0)  # [K, H], each query head of a KV head the same
-    np.testing.assert_allclose(np.asarray(out[0, 1]).reshape(2, 3, 8),
+    np.testing.assert_allclose(np.asarray(out[0, 1]).reshape(2, 3, 32),
                                np.repeat(uniform[:, None], 3, 1), atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_attend_gradient_matches_reference(dtype):
+def test_attend_gradient_matches_reference(dtype, attend):
     q, k, v = _inputs(4, b=2, s=4, t=6)
     mask = jnp.broadcast_to(jnp.arange(6)[None, None] <= jnp.arange(4)[None, :, None] + 2,
                             (2, 4, 6))
-    w = jax.random.normal(jax.random.PRNGKey(5), (2, 4, 6, 8))
+    w = jax.random.normal(jax.random.PRNGKey(5), (2, 4, 6, 32))
 
     def loss(q, k, v, fn):
         return jnp.sum(fn(q, [(k, v, mask)]).astype(jnp.float32) * w)
 
     cast = [x.astype(dtype) for x in (q, k, v)]
-    got = jax.grad(loss, argnums=(0, 1, 2))(*cast, decoder.attend)
+    got = jax.grad(loss, argnums=(0, 1, 2))(*cast, attend)
     # the reference: the same function in float64-free plain jnp softmax form
     def plain(q, sources):
         (k, v, m), = sources
         q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
-        lg = jnp.einsum("bskgh,btkh->bkgst", q32, k32) / jnp.sqrt(8.0)
+        lg = jnp.einsum("bskgh,btkh->bkgst", q32, k32) / jnp.sqrt(32.0)
         p = jax.nn.softmax(jnp.where(m[:, None, None], lg, -jnp.inf), -1)
-        return jnp.einsum("bkgst,btkh->bskgh", p, v32).reshape(2, 4, 6, 8)
+        return jnp.einsum("bkgst,btkh->bskgh", p, v32).reshape(2, 4, 6, 32)
 
     want = jax.grad(loss, argnums=(0, 1, 2))(*[x.astype(jnp.float32) for x in cast], plain)
     tol = 1e-5 if dtype == "float32" else 5e-2

@@ -1,0 +1,130 @@
+"""The fused CPU attention kernel (jaxdm.models.cpu_attention): numbers against the XLA
+attention at the readout's shapes, where it is used, vmap, derivatives, and how it is off."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxdm.models import cpu_attention, decoder
+
+
+@pytest.fixture(scope="module")
+def kernel_on():
+    on, why = cpu_attention.status()
+    if not on:
+        if cpu_attention.cannot_run_here(why):
+            pytest.skip(f"fused CPU attention {why}")
+        pytest.fail(f"fused CPU attention {why}")
+
+
+def _operands(dtype, b=2, s=37, kh=3, g=3, hd=64, seed=0):
+    """A shared cache (Bk = 1, T = 83: not a multiple of 16) and each row's own keys, random
+    masks with whole 16-key blocks masked for some rows, one fully masked row."""
+    rng = np.random.default_rng(seed)
+    q = jnp.asarray(rng.normal(size=(b, s, kh, g, hd)), dtype)
+    kc, vc = (jnp.asarray(rng.normal(size=(1, 83, kh, hd)), dtype) for _ in range(2))
+    kn, vn = (jnp.asarray(rng.normal(size=(b, s, kh, hd)), dtype) for _ in range(2))
+    cache_mask = rng.random((b, s, 83)) < 0.6
+    cache_mask[:, ::3, 16:48] = False
+    own_mask = np.tril(np.ones((s, s), bool))[None].repeat(b, 0)
+    cache_mask[b - 1, s // 2], own_mask[b - 1, s // 2] = False, False
+    return q, [(kc, vc, jnp.asarray(cache_mask)), (kn, vn, jnp.asarray(own_mask))]
+
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 2e-6), ("bfloat16", 1.6e-2)])
+def test_kernel_matches_xla_attention(kernel_on, dtype, tol):
+    q, sources = _operands(jnp.dtype(dtype))
+    got = jax.jit(decoder.attend)(q, sources)
+    want = jax.jit(decoder.xla_attend)(q, sources)
+    assert got.dtype == want.dtype == jnp.dtype(dtype) and got.shape == want.shape
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                               atol=tol, rtol=tol)
+
+
+def test_kernel_is_the_compiled_attention_and_vmaps(kernel_on):
+    q, sources = _operands(jnp.float32, b=2, s=20)
+    hlo = jax.jit(decoder.attend).lower(q, sources).as_text()
+    assert cpu_attention.TARGET in hlo
+    assert cpu_attention.TARGET not in jax.jit(decoder.xla_attend).lower(q, sources).as_text()
+    # vmap over an extra leading axis (the shared_prefix groups): each slice on its own
+    qs = jnp.stack([q, q[::-1]])
+    srcs = [(jnp.stack([k, k]), jnp.stack([v, v]), jnp.stack([m, m[::-1]]))
+            for k, v, m in sources]
+    batched = jax.jit(jax.vmap(decoder.attend))(qs, srcs)
+    for i in range(2):
+        one = decoder.attend(qs[i], [(k[i], v[i], m[i]) for k, v, m in srcs])
+        np.testing.assert_allclose(batched[i], one, atol=1e-6)
+
+
+def test_derivatives_are_the_xla_attention_s(kernel_on):
+    q, sources = _operands(jnp.float32, b=1, s=9)
+    (kc, vc, mc), (kn, vn, mn) = sources
+
+    def f(fn, q, kc, vn):
+        return fn(q, [(kc, vc, mc), (kn, vn, mn)])
+
+    tangents = tuple(jnp.ones_like(x) * 0.1 for x in (q, kc, vn))
+    p1, t1 = jax.jvp(lambda *a: f(decoder.attend, *a), (q, kc, vn), tangents)
+    p2, t2 = jax.jvp(lambda *a: f(decoder.xla_attend, *a), (q, kc, vn), tangents)
+    np.testing.assert_array_equal(t1, t2)
+    np.testing.assert_allclose(p1, p2, atol=2e-6)
+    g1 = jax.grad(lambda *a: jnp.sum(f(decoder.attend, *a) ** 2), argnums=(0, 1, 2))(q, kc, vn)
+    g2 = jax.grad(lambda *a: jnp.sum(f(decoder.xla_attend, *a) ** 2), argnums=(0, 1, 2))(
+        q, kc, vn)
+    for a, b in zip(g1, g2):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_supports_only_what_the_kernel_takes():
+    q, sources = _operands(jnp.float32, b=2, s=4)
+    assert cpu_attention.supports(q, sources)
+    assert not cpu_attention.supports(q.astype(jnp.float16), sources)  # dtype
+    assert not cpu_attention.supports(q[..., :48], [(k[..., :48], v[..., :48], m)
+                                                    for k, v, m in sources])  # head dim 48
+    (kc, vc, mc), own = sources
+    assert not cpu_attention.supports(q, [(kc.astype(jnp.bfloat16), vc, mc), own])
+    assert not cpu_attention.supports(q, [(kc, vc, mc[:1]), own])  # mask not [B, S, T]
+
+
+def _run(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env={**os.environ, **env}, timeout=300)
+
+
+_PROBE = """
+    import warnings
+    warnings.simplefilter("always")
+    import jax, jax.numpy as jnp
+    from jaxdm.models import cpu_attention, decoder
+    q = jnp.ones((1, 4, 1, 2, 64)); k = jnp.ones((1, 4, 1, 64))
+    m = jnp.ones((1, 4, 4), bool)
+    hlo = jax.jit(decoder.attend).lower(q, [(k, k, m)]).as_text()
+    print("STATUS", cpu_attention.status(), cpu_attention.TARGET in hlo,
+          float(decoder.attend(q, [(k, k, m)]).sum()))
+"""
+
+
+def test_env_var_turns_it_off():
+    proc = _run(_PROBE, JAXDM_CPU_ATTENTION="off")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("STATUS"))
+    assert "(False, 'off: JAXDM_CPU_ATTENTION=off') False 512.0" in line
+
+
+def test_a_failed_build_warns_and_falls_back_to_xla(tmp_path, kernel_on):
+    fake = tmp_path / "broken-cxx"
+    fake.write_text("#!/bin/sh\necho 'broken-cxx: cannot compile' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    proc = _run(_PROBE, CXX=str(fake), JAXDM_CACHE=str(tmp_path / "cache"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("STATUS"))
+    assert "(False, 'off: " in line and "failed (exit 3)" in line and line.endswith(
+        "False 512.0")
+    assert "fused CPU attention kernel is off" in proc.stderr
+    assert "broken-cxx: cannot compile" in proc.stderr
+    assert not list((tmp_path / "cache" / "kernels").glob("*.so"))  # nothing half-built kept
