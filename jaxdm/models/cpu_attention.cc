@@ -94,9 +94,10 @@ struct Problem {
 // One source's keys for one (key row, kv head), ready for the kernel: K transposed per block
 // of 16 keys ([blocks][H][16], zero padded) and V as fp32 rows ([T][H]).
 struct PackedSource {
-  std::vector<float> kt, v;
+  std::vector<float> kt, v;  // K^T per block [blocks][H][16] (zero padded), V [T][H], fp32
   int64_t t = 0;
 };
+
 
 template <typename T>
 void pack_source(const Problem& pb, const Source& src, int64_t krow, int64_t head,
@@ -104,10 +105,10 @@ void pack_source(const Problem& pb, const Source& src, int64_t krow, int64_t hea
   const int64_t t = src.t, h = pb.h, stride = pb.kh * h;
   const int64_t blocks = (t + kBlock - 1) / kBlock;
   out.t = t;
-  out.kt.assign(blocks * h * kBlock, 0.0f);
-  out.v.resize(t * h);
   const T* k = static_cast<const T*>(src.k) + (krow * t * pb.kh + head) * h;
   const T* v = static_cast<const T*>(src.v) + (krow * t * pb.kh + head) * h;
+  out.kt.assign(blocks * h * kBlock, 0.0f);
+  out.v.resize(t * h);
   for (int64_t j = 0; j < t; ++j) {
     float* kt = out.kt.data() + (j / kBlock) * h * kBlock + (j % kBlock);
     const T* kj = k + j * stride;
@@ -133,69 +134,108 @@ inline __mmask16 load_mask(const bool* row, int64_t t0, int64_t t) {
   return _mm_test_epi8_mask(bytes, bytes);
 }
 
-// M query vectors (fp32, scaled) against one packed source: online softmax state per vector
-// is (running max m, running sum l, accumulator acc[H]).
+// Per-thread working memory of one group of query vectors: logits then probabilities
+// [M][blocks * 16], each block's 16-key masks per vector, and which blocks any vector sees.
+struct GroupScratch {
+  std::vector<float> p;
+  std::vector<__mmask16> km;
+  std::vector<int32_t> live;  // global block indices some vector of the group sees
+};
+
+// M query vectors (fp32, scaled) against all sources, in three passes over the blocks the
+// group sees: logits and each vector's exact max (pass 1), probabilities and their sums
+// (pass 2), the probability-weighted values with accumulators held in registers (pass 3).
+// No running rescale; logits and probabilities stay in L1/L2.
+// q: the group's scaled fp32 vectors [M][H].
 template <int NV, int M>
-void group_source(const float* q, const bool* const* mask_rows, int used, const PackedSource& ps,
-                  float* m, float* l, float* acc) {
+void group_attend(const float* q, const bool* const* mask_rows, int used,
+                  const std::vector<PackedSource>& packed, int64_t blocks, GroupScratch& gs,
+                  float* l, float* acc) {
   constexpr int H = NV * 16;
-  const int64_t t = ps.t;
-  alignas(64) float p[M][kBlock];
-  for (int64_t t0 = 0; t0 < t; t0 += kBlock) {
-    __mmask16 km[M];
-    __mmask16 any = 0;
-    for (int i = 0; i < M; ++i) {
-      km[i] = i < used ? load_mask(mask_rows[i], t0, t) : 0;
-      any |= km[i];
-    }
-    if (!any) continue;  // every vector of the group is masked off these 16 keys
-    const float* kt = ps.kt.data() + (t0 / kBlock) * H * kBlock;
-    __m512 s[M];
-    for (int i = 0; i < M; ++i) s[i] = _mm512_setzero_ps();
-    for (int d = 0; d < H; ++d) {
-      __m512 kd = _mm512_loadu_ps(kt + d * kBlock);
-      for (int i = 0; i < M; ++i)
-        s[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i * H + d]), kd, s[i]);
-    }
-    const int nk = static_cast<int>(std::min<int64_t>(kBlock, t - t0));
-    for (int i = 0; i < M; ++i) {
-      if (!km[i]) {
-        std::memset(p[i], 0, sizeof(p[i]));
-        continue;
+  const int64_t width = blocks * kBlock;
+  gs.p.resize(M * width);
+  gs.km.resize(M * blocks);
+  gs.live.clear();
+  __m512 top[M];
+  for (int i = 0; i < M; ++i) top[i] = _mm512_set1_ps(-INFINITY);
+  int64_t base = 0;  // first global block of this source
+  for (size_t si = 0; si < packed.size(); ++si) {
+    const PackedSource& ps = packed[si];
+    const int64_t nb = (ps.t + kBlock - 1) / kBlock;
+    for (int64_t bi = 0; bi < nb; ++bi) {
+      const int64_t t0 = bi * kBlock, gb = base + bi;
+      __mmask16 km[M];
+      __mmask16 any = 0;
+      for (int i = 0; i < M; ++i) {
+        km[i] = i < used ? load_mask(mask_rows[si * M + i], t0, ps.t) : 0;
+        gs.km[i * blocks + gb] = km[i];
+        any |= km[i];
       }
-      const float top = _mm512_mask_reduce_max_ps(km[i], s[i]);
-      const float m_new = std::max(m[i], top);
-      const float alpha = std::exp(m[i] - m_new);  // m = -inf at first: alpha = 0
-      m[i] = m_new;
-      __m512 e = _mm512_maskz_mov_ps(km[i], exp512(_mm512_sub_ps(s[i], _mm512_set1_ps(m_new))));
-      l[i] = l[i] * alpha + _mm512_reduce_add_ps(e);
-      _mm512_store_ps(p[i], e);
-      if (alpha != 1.0f) {
-        const __m512 a = _mm512_set1_ps(alpha);
-        for (int c = 0; c < NV; ++c)
-          _mm512_storeu_ps(acc + i * H + 16 * c,
-                           _mm512_mul_ps(a, _mm512_loadu_ps(acc + i * H + 16 * c)));
+      if (!any) continue;  // every vector of the group is masked off these 16 keys
+      gs.live.push_back(static_cast<int32_t>(gb));
+      // two accumulators per vector: 2M independent FMA chains hide the FMA latency
+      __m512 sc[M], sc2[M];
+      for (int i = 0; i < M; ++i) sc[i] = sc2[i] = _mm512_setzero_ps();
+      const float* kt = ps.kt.data() + bi * H * kBlock;
+      for (int d = 0; d < H; d += 2) {
+        const __m512 k0 = _mm512_loadu_ps(kt + d * kBlock);
+        const __m512 k1 = _mm512_loadu_ps(kt + (d + 1) * kBlock);
+        for (int i = 0; i < M; ++i) {
+          sc[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i * H + d]), k0, sc[i]);
+          sc2[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i * H + d + 1]), k1, sc2[i]);
+        }
       }
-    }
-    __m512 o[M][NV];
-    for (int i = 0; i < M; ++i)
-      for (int c = 0; c < NV; ++c) o[i][c] = _mm512_loadu_ps(acc + i * H + 16 * c);
-    const float* v = ps.v.data() + t0 * H;
-    for (int j = 0; j < nk; ++j) {
-      for (int c = 0; c < NV; ++c) {
-        __m512 vj = _mm512_loadu_ps(v + j * H + 16 * c);
-        for (int i = 0; i < M; ++i)
-          o[i][c] = _mm512_fmadd_ps(_mm512_set1_ps(p[i][j]), vj, o[i][c]);
+      for (int i = 0; i < M; ++i) sc[i] = _mm512_add_ps(sc[i], sc2[i]);
+      for (int i = 0; i < M; ++i) {
+        top[i] = _mm512_mask_max_ps(top[i], km[i], top[i], sc[i]);
+        _mm512_storeu_ps(gs.p.data() + i * width + gb * kBlock, sc[i]);
       }
     }
-    for (int i = 0; i < M; ++i)
-      for (int c = 0; c < NV; ++c) _mm512_storeu_ps(acc + i * H + 16 * c, o[i][c]);
+    base += nb;
   }
+  for (int i = 0; i < M; ++i) {
+    const float m = _mm512_reduce_max_ps(top[i]);
+    const __m512 mv = _mm512_set1_ps(m == -INFINITY ? 0.0f : m);
+    __m512 sum = _mm512_setzero_ps();
+    float* row = gs.p.data() + i * width;
+    for (int32_t gb : gs.live) {
+      const __m512 e = _mm512_maskz_mov_ps(
+          gs.km[i * blocks + gb], exp512(_mm512_sub_ps(_mm512_loadu_ps(row + gb * kBlock), mv)));
+      sum = _mm512_add_ps(sum, e);
+      _mm512_storeu_ps(row + gb * kBlock, e);
+    }
+    l[i] = _mm512_reduce_add_ps(sum);
+  }
+  __m512 o[M][NV];
+  for (int i = 0; i < M; ++i)
+    for (int c = 0; c < NV; ++c) o[i][c] = _mm512_setzero_ps();
+  base = 0;
+  size_t li = 0;
+  for (size_t si = 0; si < packed.size(); ++si) {
+    const PackedSource& ps = packed[si];
+    const int64_t nb = (ps.t + kBlock - 1) / kBlock;
+    for (; li < gs.live.size() && gs.live[li] < base + nb; ++li) {
+      const int64_t gb = gs.live[li], t0 = (gb - base) * kBlock;
+      const int nk = static_cast<int>(std::min<int64_t>(kBlock, ps.t - t0));
+      const float* v = ps.v.data() + t0 * H;
+      const float* pb = gs.p.data() + gb * kBlock;
+      for (int j = 0; j < nk; ++j) {
+        for (int c = 0; c < NV; ++c) {
+          const __m512 vj = _mm512_loadu_ps(v + j * H + 16 * c);
+          for (int i = 0; i < M; ++i)
+            o[i][c] = _mm512_fmadd_ps(_mm512_set1_ps(pb[i * width + j]), vj, o[i][c]);
+        }
+      }
+    }
+    base += nb;
+  }
+  for (int i = 0; i < M; ++i)
+    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(acc + i * H + 16 * c, o[i][c]);
 }
 
 template <typename T, int NV>
 void run_item(const Problem& pb, int64_t item, std::vector<PackedSource>& packed,
-              std::vector<float>& scratch) {
+              std::vector<float>& scratch, GroupScratch& gs) {
   constexpr int H = NV * 16;
   constexpr int M = std::min(8, 24 / NV);
   const int64_t row_chunks = (pb.s + pb.rows_per_item - 1) / pb.rows_per_item;
@@ -204,15 +244,18 @@ void run_item(const Problem& pb, int64_t item, std::vector<PackedSource>& packed
   const int64_t r0 = (item % row_chunks) * pb.rows_per_item;
   const int64_t r1 = std::min(pb.s, r0 + pb.rows_per_item);
   packed.resize(pb.sources.size());
+  int64_t blocks = 0;
   for (size_t i = 0; i < pb.sources.size(); ++i) {
     const Source& src = pb.sources[i];
     pack_source<T>(pb, src, b / (pb.bq / src.bk), head, packed[i]);
+    blocks += (src.t + kBlock - 1) / kBlock;
   }
   scratch.resize(M * H * 2);
   float* qf = scratch.data();
   float* acc = qf + M * H;
   const int64_t n_vec = (r1 - r0) * pb.g;
   std::vector<float> mean;  // filled on the first fully masked vector
+  std::vector<const bool*> rows(pb.sources.size() * M);
   const T* q = static_cast<const T*>(pb.q);
   T* out = static_cast<T*>(pb.out);
   for (int64_t v0 = 0; v0 < n_vec; v0 += M) {
@@ -228,20 +271,11 @@ void run_item(const Problem& pb, int64_t item, std::vector<PackedSource>& packed
         else x = q[offset[i] + d];
         qf[i * H + d] = x * pb.scale;
       }
+      for (size_t si = 0; si < pb.sources.size(); ++si)
+        rows[si * M + i] = pb.sources[si].mask + (b * pb.s + row) * pb.sources[si].t;
     }
-    float m[M], l[M];
-    std::fill(m, m + M, -INFINITY);
-    std::fill(l, l + M, 0.0f);
-    std::fill(acc, acc + M * H, 0.0f);
-    for (size_t si = 0; si < pb.sources.size(); ++si) {
-      const Source& src = pb.sources[si];
-      const bool* rows[M];
-      for (int i = 0; i < M; ++i) {
-        const int64_t vec = v0 + std::min(i, used - 1);
-        rows[i] = src.mask + (b * pb.s + r0 + vec / pb.g) * src.t;
-      }
-      group_source<NV, M>(qf, rows, used, packed[si], m, l, acc);
-    }
+    float l[M];
+    group_attend<NV, M>(qf, rows.data(), used, packed, blocks, gs, l, acc);
     for (int i = 0; i < used; ++i) {
       const float* src = acc + i * H;
       float inv = 1.0f / l[i];
@@ -272,7 +306,8 @@ template <typename T, int NV>
 void run_items(const Problem& pb, int64_t begin, int64_t end) {
   thread_local std::vector<PackedSource> packed;
   thread_local std::vector<float> scratch;
-  for (int64_t item = begin; item < end; ++item) run_item<T, NV>(pb, item, packed, scratch);
+  thread_local GroupScratch gs;
+  for (int64_t item = begin; item < end; ++item) run_item<T, NV>(pb, item, packed, scratch, gs);
 }
 
 using ItemRunner = void (*)(const Problem&, int64_t, int64_t);
