@@ -24,6 +24,9 @@
 #include <memory>
 #include <vector>
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include "xla/ffi/api/ffi.h"
 
 #if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__)
@@ -95,6 +98,10 @@ struct Problem {
 // of 16 keys ([blocks][H][16], zero padded) and V as fp32 rows ([T][H]).
 struct PackedSource {
   std::vector<float> kt, v;  // K^T per block [blocks][H][16] (zero padded), V [T][H], fp32
+  // bf16 for AMX, keys padded to a multiple of 32 with zeros: K as pairs of dims
+  // [blocks][H/2][16 keys] (a tile's B operand per 16 dims-pairs), V as pairs of keys
+  // [T/2][H] (lanes (V[2j][d], V[2j+1][d]))
+  std::vector<uint32_t> kp, vp;
   int64_t t = 0;
 };
 
@@ -138,9 +145,157 @@ inline __mmask16 load_mask(const bool* row, int64_t t0, int64_t t) {
 // [M][blocks * 16], each block's 16-key masks per vector, and which blocks any vector sees.
 struct GroupScratch {
   std::vector<float> p;
+  std::vector<uint16_t> p16;  // bf16 probabilities (AMX)
   std::vector<__mmask16> km;
   std::vector<int32_t> live;  // global block indices some vector of the group sees
 };
+
+#ifdef __AMX_BF16__
+constexpr int kChunk = 32;  // keys per AMX step of P.V (one tile row of bf16 pairs)
+
+inline int64_t amx_blocks(int64_t t) { return (t + kChunk - 1) / kChunk * (kChunk / kBlock); }
+
+void pack_source_amx(const Problem& pb, const Source& src, int64_t krow, int64_t head,
+                     PackedSource& out) {
+  const int64_t t = src.t, h = pb.h, stride = pb.kh * h, blocks = amx_blocks(t);
+  out.t = t;
+  out.kp.assign(blocks * (h / 2) * kBlock, 0u);
+  out.vp.assign(blocks * (kBlock / 2) * h, 0u);
+  const uint16_t* k = static_cast<const uint16_t*>(src.k) + (krow * t * pb.kh + head) * h;
+  const uint16_t* v = static_cast<const uint16_t*>(src.v) + (krow * t * pb.kh + head) * h;
+  for (int64_t j = 0; j < t; ++j) {
+    const uint32_t* kj = reinterpret_cast<const uint32_t*>(k + j * stride);
+    uint32_t* kp = out.kp.data() + (j / kBlock) * (h / 2) * kBlock + (j % kBlock);
+    for (int64_t e = 0; e < h / 2; ++e) kp[e * kBlock] = kj[e];
+    const uint16_t* vj = v + j * stride;
+    uint16_t* vp = reinterpret_cast<uint16_t*>(out.vp.data() + (j / 2) * h) + (j % 2);
+    for (int64_t d = 0; d < h; ++d) vp[2 * d] = vj[d];
+  }
+}
+
+// Linux hands AMX tile state to a process only on request (once per process).
+bool amx_allowed() {
+  static const bool ok = [] {
+    constexpr int kReqXcompPerm = 0x1023, kXtileData = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+  }();
+  return ok;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// 16 query vectors (bf16, unscaled [16][64]) of head dim 64 against all sources on AMX tiles.
+// Tiles 0-1: Q (dims 0-31, 32-63), then P; 2: K or V; 3: logits; 4-7: the output, 16 dims
+// each. Same passes as group_attend; probabilities are rounded to bf16 for P.V (as the XLA
+// path does), their sums are not.
+void group_attend_amx(const uint16_t* q, float scale, const bool* const* mask_rows, int used,
+                      const std::vector<PackedSource>& packed, int64_t blocks, GroupScratch& gs,
+                      float* l, float* acc) {
+  constexpr int M = 16, H = 64;
+  const int64_t width = blocks * kBlock;
+  gs.p.resize(M * width);
+  gs.p16.resize(M * width);
+  gs.km.resize(M * blocks);
+  gs.live.clear();
+  TileConfig cfg;
+  for (int i = 0; i < 8; ++i) cfg.colsb[i] = 64, cfg.rows[i] = 16;
+  _tile_loadconfig(&cfg);
+  _tile_loadd(0, q, H * 2);
+  _tile_loadd(1, q + 32, H * 2);
+  int64_t base = 0;
+  for (size_t si = 0; si < packed.size(); ++si) {
+    const PackedSource& ps = packed[si];
+    const int64_t nb = amx_blocks(ps.t);
+    for (int64_t bi = 0; bi < nb; ++bi) {
+      const int64_t t0 = bi * kBlock, gb = base + bi;
+      __mmask16 any = 0;
+      for (int i = 0; i < M; ++i) {
+        const __mmask16 km = i < used && t0 < ps.t ? load_mask(mask_rows[si * M + i], t0, ps.t) : 0;
+        gs.km[i * blocks + gb] = km;
+        any |= km;
+      }
+      if (!any) continue;
+      gs.live.push_back(static_cast<int32_t>(gb));
+      const uint32_t* kp = ps.kp.data() + bi * (H / 2) * kBlock;
+      _tile_zero(3);
+      _tile_loadd(2, kp, 64);
+      _tile_dpbf16ps(3, 0, 2);
+      _tile_loadd(2, kp + 16 * kBlock, 64);
+      _tile_dpbf16ps(3, 1, 2);
+      _tile_stored(3, gs.p.data() + gb * kBlock, width * 4);
+    }
+    base += nb;
+  }
+  const __m512 sv = _mm512_set1_ps(scale);
+  for (int i = 0; i < M; ++i) {
+    float* row = gs.p.data() + i * width;
+    __m512 top = _mm512_set1_ps(-INFINITY);
+    for (int32_t gb : gs.live)
+      top = _mm512_mask_max_ps(top, gs.km[i * blocks + gb], top,
+                               _mm512_mul_ps(_mm512_loadu_ps(row + gb * kBlock), sv));
+    const float m = _mm512_reduce_max_ps(top);
+    const __m512 mv = _mm512_set1_ps(m == -INFINITY ? 0.0f : m);
+    __m512 sum = _mm512_setzero_ps();
+    uint16_t* p16 = gs.p16.data() + i * width;
+    size_t li = 0;
+    for (int64_t gb = 0; gb < blocks; gb += 2) {  // each 32-key chunk with a live block
+      const bool live0 = li < gs.live.size() && gs.live[li] == gb;
+      li += live0;
+      const bool live1 = li < gs.live.size() && gs.live[li] == gb + 1;
+      li += live1;
+      if (!live0 && !live1) continue;
+      for (int half = 0; half < 2; ++half) {
+        const int64_t b2 = gb + half;
+        __m512 e = _mm512_setzero_ps();
+        if (half ? live1 : live0)
+          e = _mm512_maskz_mov_ps(gs.km[i * blocks + b2],
+                                  exp512(_mm512_fmsub_ps(_mm512_loadu_ps(row + b2 * kBlock), sv, mv)));
+        sum = _mm512_add_ps(sum, e);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p16 + b2 * kBlock),
+                            (__m256i)_mm512_cvtneps_pbh(e));
+      }
+    }
+    l[i] = _mm512_reduce_add_ps(sum);
+  }
+  _tile_zero(4);
+  _tile_zero(5);
+  _tile_zero(6);
+  _tile_zero(7);
+  base = 0;
+  size_t li = 0;
+  for (size_t si = 0; si < packed.size(); ++si) {
+    const PackedSource& ps = packed[si];
+    const int64_t nb = amx_blocks(ps.t);
+    for (int64_t bi = 0; bi < nb; bi += 2) {
+      const int64_t gb = base + bi;
+      bool live = false;
+      while (li < gs.live.size() && gs.live[li] < gb + 2) live = true, ++li;
+      if (!live) continue;
+      const uint32_t* vp = ps.vp.data() + (bi * kBlock / 2) * H;
+      _tile_loadd(0, gs.p16.data() + gb * kBlock, width * 2);
+      _tile_loadd(2, vp, H * 4);
+      _tile_dpbf16ps(4, 0, 2);
+      _tile_loadd(2, vp + 16, H * 4);
+      _tile_dpbf16ps(5, 0, 2);
+      _tile_loadd(2, vp + 32, H * 4);
+      _tile_dpbf16ps(6, 0, 2);
+      _tile_loadd(2, vp + 48, H * 4);
+      _tile_dpbf16ps(7, 0, 2);
+    }
+    base += nb;
+  }
+  _tile_stored(4, acc, H * 4);
+  _tile_stored(5, acc + 16, H * 4);
+  _tile_stored(6, acc + 32, H * 4);
+  _tile_stored(7, acc + 48, H * 4);
+  _tile_release();
+}
+#endif
 
 // M query vectors (fp32, scaled) against all sources, in three passes over the blocks the
 // group sees: logits and each vector's exact max (pass 1), probabilities and their sums
@@ -233,11 +388,31 @@ void group_attend(const float* q, const bool* const* mask_rows, int used,
     for (int c = 0; c < NV; ++c) _mm512_storeu_ps(acc + i * H + 16 * c, o[i][c]);
 }
 
-template <typename T, int NV>
+// The mean of all values a (key row, head) offers (a query vector that sees no key gets it).
+template <typename T>
+void value_mean(const Problem& pb, int64_t b, int64_t head, std::vector<float>& mean) {
+  const int64_t h = pb.h;
+  mean.assign(h, 0.0f);
+  int64_t total = 0;
+  for (const Source& src : pb.sources) {
+    const T* v = static_cast<const T*>(src.v) + ((b / (pb.bq / src.bk)) * src.t * pb.kh + head) * h;
+    for (int64_t j = 0; j < src.t; ++j)
+      for (int64_t d = 0; d < h; ++d) {
+        if constexpr (sizeof(T) == 2) mean[d] += bf16_to_f32(v[j * pb.kh * h + d]);
+        else mean[d] += v[j * pb.kh * h + d];
+      }
+    total += src.t;
+  }
+  for (int64_t d = 0; d < h; ++d) mean[d] /= static_cast<float>(std::max<int64_t>(1, total));
+}
+
+// One work item: query rows [r0, r1) of one (batch row, kv head), in groups of M vectors.
+// Amx: bf16 at head dim 64 on AMX tiles (group_attend_amx), else fp32 FMAs (group_attend).
+template <typename T, int NV, bool Amx>
 void run_item(const Problem& pb, int64_t item, std::vector<PackedSource>& packed,
               std::vector<float>& scratch, GroupScratch& gs) {
   constexpr int H = NV * 16;
-  constexpr int M = std::min(8, 24 / NV);
+  constexpr int M = Amx ? 16 : std::min(8, 24 / NV);
   const int64_t row_chunks = (pb.s + pb.rows_per_item - 1) / pb.rows_per_item;
   const int64_t b = item / (pb.kh * row_chunks);
   const int64_t head = (item / row_chunks) % pb.kh;
@@ -247,12 +422,20 @@ void run_item(const Problem& pb, int64_t item, std::vector<PackedSource>& packed
   int64_t blocks = 0;
   for (size_t i = 0; i < pb.sources.size(); ++i) {
     const Source& src = pb.sources[i];
+#ifdef __AMX_BF16__
+    if constexpr (Amx) {
+      pack_source_amx(pb, src, b / (pb.bq / src.bk), head, packed[i]);
+      blocks += amx_blocks(src.t);
+      continue;
+    }
+#endif
     pack_source<T>(pb, src, b / (pb.bq / src.bk), head, packed[i]);
     blocks += (src.t + kBlock - 1) / kBlock;
   }
   scratch.resize(M * H * 2);
   float* qf = scratch.data();
   float* acc = qf + M * H;
+  uint16_t* q16 = reinterpret_cast<uint16_t*>(qf);  // Amx: the group's bf16 vectors [M][H]
   const int64_t n_vec = (r1 - r0) * pb.g;
   std::vector<float> mean;  // filled on the first fully masked vector
   std::vector<const bool*> rows(pb.sources.size() * M);
@@ -265,31 +448,31 @@ void run_item(const Problem& pb, int64_t item, std::vector<PackedSource>& packed
       const int64_t vec = v0 + std::min(i, used - 1);
       const int64_t row = r0 + vec / pb.g, gi = vec % pb.g;
       offset[i] = (((b * pb.s + row) * pb.kh + head) * pb.g + gi) * H;
-      for (int d = 0; d < H; ++d) {
-        float x;
-        if constexpr (sizeof(T) == 2) x = bf16_to_f32(q[offset[i] + d]);
-        else x = q[offset[i] + d];
-        qf[i * H + d] = x * pb.scale;
+      if constexpr (Amx) {
+        std::memcpy(q16 + i * H, q + offset[i], H * sizeof(T));
+      } else {
+        for (int d = 0; d < H; ++d) {
+          float x;
+          if constexpr (sizeof(T) == 2) x = bf16_to_f32(q[offset[i] + d]);
+          else x = q[offset[i] + d];
+          qf[i * H + d] = x * pb.scale;
+        }
       }
       for (size_t si = 0; si < pb.sources.size(); ++si)
         rows[si * M + i] = pb.sources[si].mask + (b * pb.s + row) * pb.sources[si].t;
     }
     float l[M];
-    group_attend<NV, M>(qf, rows.data(), used, packed, blocks, gs, l, acc);
+#ifdef __AMX_BF16__
+    if constexpr (Amx)
+      group_attend_amx(q16, pb.scale, rows.data(), used, packed, blocks, gs, l, acc);
+    else
+#endif
+      group_attend<NV, M>(qf, rows.data(), used, packed, blocks, gs, l, acc);
     for (int i = 0; i < used; ++i) {
       const float* src = acc + i * H;
       float inv = 1.0f / l[i];
       if (!(l[i] > 0.0f)) {  // no key visible: the uniform average of all values, as XLA's
-        if (mean.empty()) {
-          mean.assign(H, 0.0f);
-          int64_t total = 0;
-          for (const PackedSource& ps : packed) {
-            for (int64_t j = 0; j < ps.t; ++j)
-              for (int d = 0; d < H; ++d) mean[d] += ps.v[j * H + d];
-            total += ps.t;
-          }
-          for (int d = 0; d < H; ++d) mean[d] /= static_cast<float>(std::max<int64_t>(1, total));
-        }
+        if (mean.empty()) value_mean<T>(pb, b, head, mean);
         src = mean.data();
         inv = 1.0f;
       }
@@ -302,18 +485,22 @@ void run_item(const Problem& pb, int64_t item, std::vector<PackedSource>& packed
   }
 }
 
-template <typename T, int NV>
+template <typename T, int NV, bool Amx = false>
 void run_items(const Problem& pb, int64_t begin, int64_t end) {
   thread_local std::vector<PackedSource> packed;
   thread_local std::vector<float> scratch;
   thread_local GroupScratch gs;
-  for (int64_t item = begin; item < end; ++item) run_item<T, NV>(pb, item, packed, scratch, gs);
+  for (int64_t item = begin; item < end; ++item)
+    run_item<T, NV, Amx>(pb, item, packed, scratch, gs);
 }
 
 using ItemRunner = void (*)(const Problem&, int64_t, int64_t);
 
 template <typename T>
 ItemRunner pick(int64_t h) {
+#ifdef __AMX_BF16__
+  if (sizeof(T) == 2 && h == 64 && amx_allowed()) return run_items<T, 4, true>;
+#endif
   switch (h) {
     case 32: return run_items<T, 2>;
     case 64: return run_items<T, 4>;
