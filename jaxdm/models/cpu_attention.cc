@@ -2,16 +2,17 @@
 //
 // Why: XLA:CPU has no fused attention; at head dim 64 the readout program spent ~58 % of its
 // bf16 time in attention, the fp32 logits crossing memory 3-4 times per block (dot + bias,
-// max, exp + cast, sum). Here each group of query vectors walks the keys in blocks of 16 with
-// an online softmax: logits live in registers, blocks whose 16 keys are masked for every
-// vector of the group are skipped, and probabilities never leave L1.
+// max, exp + cast, sum). Here a group of query vectors takes the keys in blocks of 16 in three
+// passes (logits and exact max; probabilities; weighted values) whose logits and
+// probabilities stay in L1/L2, and blocks masked for every vector of the group are skipped.
+// fp32 runs on AVX-512 FMAs, bf16 at head dim 64 on AMX tiles (where compiled for them).
 //
 // Operands (leading dims flattened to one batch):
 //   q [Bq, S, K, G, H] (f32 or bf16), then per source: k, v [Bk, T, K, H] (q's dtype) and
 //   mask [Bq, S, T] (pred, True = may attend). Bk divides Bq; query row b reads key row
 //   b / (Bq / Bk) (Bk = 1: a cache shared by all rows). One softmax spans all sources.
 // Attribute scale (f32): multiplies q.k. Result [Bq, S, K, G, H] in q's dtype, fp32 inside;
-// a query vector that may attend to no key at all gets zeros.
+// a query vector that may attend to no key at all gets the uniform average of the values.
 // Requires AVX-512 F/BW/VL (the Python side builds this file only where the CPU has them).
 
 #include <immintrin.h>

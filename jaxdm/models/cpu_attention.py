@@ -2,27 +2,29 @@
 
 XLA:CPU has no fused attention: at head dim 64 the packed readout spent ~58 % of its bf16
 time (~36 % fp32) in attention, its fp32 logits crossing memory 3-4 times per block (issue
-17). The kernel runs each group of query vectors over the keys in blocks of 16 with an online
-softmax (logits stay in registers), skips blocks masked for the whole group, and spreads its
-work over XLA's intra-op thread pool. It is still a pure jitted function: an XLA custom call,
-no host callback.
+17). The kernel takes a group of query vectors over the keys in blocks of 16: logits and
+each vector's exact max, then probabilities, then the weighted values, the group's logits
+and probabilities staying in L1/L2; blocks masked for the whole group are skipped. fp32 runs
+on AVX-512 FMAs; bf16 at head dim 64 on AMX tiles where the CPU has them. Work is spread over
+XLA's intra-op thread pool. It is still a pure jitted function: an XLA custom call, no host
+callback.
 
 - ``attend(q, sources, reference)`` is ``decoder.attend``'s fast path: on CPU the kernel, on
   every other platform ``reference`` (``lax.platform_dependent``). Differentiation runs
   ``reference`` (a custom JVP: the kernel is forward-only), so gradients are the XLA path's.
 - The kernel is compiled from its C++ source on first use (``g++`` or ``$CXX``, ``-O3
   -march=native``) into ``<jaxdm cache>/kernels`` (keyed by the source, the compiler, jaxlib
-  and the CPU), and registered with XLA. ``python -m jaxdm.models.cpu_attention --build`` does
-  it ahead of time (``make install`` runs it).
+  and the CPU), and registered with XLA. ``cpu_attention.main(["--build"])`` does it ahead of
+  time (``make test`` and ``make demo`` run it).
 - ``JAXDM_CPU_ATTENTION=0`` (or ``off``/``false``/``no``) turns it off. It is also off where
   it cannot run: not x86-64 with AVX-512 F/BW/VL, no compiler, a failed build (one warning
   names why). ``status()`` says which. Off means the XLA attention, same results to fp32
   rounding.
 
-Numbers: fp32 inside whatever the input dtype (bf16 inputs are widened, probabilities are
-not rounded to bf16 before the value product as the XLA path does), so kernel and XLA agree
-to ~1e-6 in fp32 and to bf16 output rounding in bf16. A query vector that may attend to no
-key gets zeros (the XLA path: the uniform average); such rows are padding nobody reads.
+Numbers: logits, softmax and accumulation in fp32. fp32 agrees with the XLA path to ~1e-6;
+bf16 rounds the probabilities to bf16 before the value product as the XLA path does (on the
+FMA path, without AMX, they stay fp32), so the two agree to bf16 output rounding. A query
+vector that may attend to no key gets the uniform average of the values, as in the XLA path.
 """
 from __future__ import annotations
 

@@ -1,0 +1,147 @@
+"""The fused CPU attention kernel (``jaxdm.models.cpu_attention``) vs XLA's attention (issue 17).
+
+Baseline = ``decoder.xla_attend`` (XLA operations); jaxdm = ``decoder.attend`` with the kernel
+(``JAXDM_CPU_ATTENTION`` unset). RESULT ratio > 1 = the kernel is faster.
+
+- ``blocks`` (in this process): the packed readout's attention blocks of SmolLM2-135M (9 query /
+  3 KV heads of 64): a causal trunk block (256 queries at the end of T keys) and a
+  continuation block (256 queries seeing all T context keys plus their own 30-token segment
+  among 256 window keys), fp32 and bf16, alternated calls, medians, and the max difference.
+- ``program`` (one process per variant, alternated rounds): the whole Hindsight+Progress
+  readout of 2 ALFWorld-shaped trajectories (``LocalReadout``, packed), s per batch, with the
+  kernel off (``JAXDM_CPU_ATTENTION=0``, which also keys the stored programs apart) and on.
+
+  python benchmarks/cpu_attention_bench.py --quick            # blocks only, < 60 s
+  python benchmarks/cpu_attention_bench.py --actions 30 --rounds 3 --dtype bfloat16
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+CHILD = """
+import json, statistics, sys, time
+import jax.numpy as jnp
+from jaxdm import roles
+from jaxdm.decision.local import LocalReadout
+from jaxdm.decision.synthetic import alfworld_like_trajectory
+from jaxdm.models import cpu_attention, smollm2
+dtype, n_act, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+model = LocalReadout(smollm2(getattr(jnp, dtype)))
+reqs = []
+for i in range(2):
+    reqs += roles.judge_requests(alfworld_like_trajectory(100 + i, n_act), "progress", "hindsight")
+scores = [r.score for r in model.score(reqs)]
+times = []
+for _ in range(calls):
+    t0 = time.perf_counter(); model.score(reqs); times.append(time.perf_counter() - t0)
+print("CHILD " + json.dumps({"s": statistics.median(times), "scores": scores,
+                             "kernel": cpu_attention.status()[1]}))
+"""
+
+
+def bench_blocks(dtypes: list[str], t: int, repeats: int) -> list[tuple]:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxdm.models import cpu_attention, decoder
+
+    on, why = cpu_attention.status()
+    if not on:
+        raise SystemExit(f"the fused CPU attention kernel is {why}")
+    rng = np.random.default_rng(0)
+    b, s, kh, g, hd, w = 1, 256, 3, 3, 64, 256
+    causal = np.arange(t)[None] <= (np.arange(s) + t - s)[:, None]
+    seg = np.arange(s) // 30
+    own = (seg[:, None] == seg[None]) & (np.arange(s)[:, None] >= np.arange(s)[None])
+    results = []
+    for dtype in dtypes:
+        dt = jnp.dtype(dtype)
+
+        def arr(*shape):
+            return jnp.asarray(rng.normal(size=shape), dt)
+
+        q = arr(b, s, kh, g, hd)
+        k, v, k2, v2 = arr(b, t, kh, hd), arr(b, t, kh, hd), arr(b, w, kh, hd), arr(b, w, kh, hd)
+        cases = {
+            "trunk": [(k, v, jnp.asarray(causal[None]))],
+            "continuation": [(k, v, jnp.ones((b, s, t), bool)), (k2, v2, jnp.asarray(own[None]))],
+        }
+        for name, sources in cases.items():
+            base_fn, ours_fn = jax.jit(decoder.xla_attend), jax.jit(decoder.attend)
+            want = base_fn(q, sources).block_until_ready()
+            got = ours_fn(q, sources).block_until_ready()
+            diff = float(jnp.max(jnp.abs(want.astype(jnp.float32) - got.astype(jnp.float32))))
+            tb, to = [], []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                base_fn(q, sources).block_until_ready()
+                tb.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                ours_fn(q, sources).block_until_ready()
+                to.append(time.perf_counter() - t0)
+            visible = sum(float(np.asarray(m).sum()) for _, _, m in sources)
+            flops = 4 * hd * kh * g * visible
+            mb, mo = statistics.median(tb) * 1e3, statistics.median(to) * 1e3
+            print(f"[blocks {name} {dtype} T={t}] XLA {mb:.2f} ms, kernel {mo:.2f} ms "
+                  f"({flops / mo / 1e6:.0f} GFLOP/s on visible keys), max |diff| {diff:.2e}",
+                  flush=True)
+            results.append((f"cpu_attention_{name}_{dtype}_T{t}", mb, mo, "ms"))
+    return results
+
+
+def bench_program(dtype: str, n_act: int, rounds: int, calls: int) -> list[tuple]:
+    variants = {"xla": {"JAXDM_CPU_ATTENTION": "0"}, "kernel": {}}
+    times = {k: [] for k in variants}
+    scores = {}
+    for r in range(rounds):
+        for name, extra in variants.items():
+            env = {k: v for k, v in os.environ.items() if k != "JAXDM_CPU_ATTENTION"}
+            env.update(extra)
+            proc = subprocess.run([sys.executable, "-c", CHILD, dtype, str(n_act), str(calls)],
+                                  env=env, capture_output=True, text=True, check=False)
+            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("CHILD ")), None)
+            if line is None:
+                raise SystemExit(f"{name} child failed:\n{proc.stderr[-3000:]}")
+            out = json.loads(line[6:])
+            times[name].append(out["s"])
+            scores[name] = out["scores"]
+            print(f"[program round {r} {name}] {out['s']:.3f} s per batch ({out['kernel']})",
+                  flush=True)
+    diff = max(abs(a - b) for a, b in zip(scores["xla"], scores["kernel"]))
+    base, ours = statistics.median(times["xla"]), statistics.median(times["kernel"])
+    print(f"[program {dtype}] Hindsight+Progress 2 x {n_act} actions: XLA attention "
+          f"{base:.3f} s, kernel {ours:.3f} s per batch; max |P(Yes) diff| {diff:.2e}",
+          flush=True)
+    return [(f"cpu_attention_program_{dtype}_hp{n_act}", base, ours, "s")]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="blocks only, few repeats")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or both (default)")
+    parser.add_argument("--keys", type=int, default=1920, help="context keys T of the blocks")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--actions", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--calls", type=int, default=2, help="timed calls per program child")
+    parser.add_argument("--no-program", action="store_true")
+    args = parser.parse_args()
+    dtypes = [args.dtype] if args.dtype else ["float32", "bfloat16"]
+    results = bench_blocks(dtypes, args.keys, args.repeats or (5 if args.quick else 15))
+    if not (args.quick or args.no_program):
+        for dtype in dtypes:
+            results += bench_program(dtype, args.actions, args.rounds, args.calls)
+    for name, base, ours, unit in results:
+        print(f"RESULT {name}: baseline {base:.3f} {unit}, jaxdm {ours:.3f} {unit}, "
+              f"ratio {base / ours:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
