@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include <sys/syscall.h>
@@ -93,6 +94,8 @@ struct Problem {
   float scale;
   std::vector<Source> sources;
   int64_t rows_per_item;
+  struct Packed* packs;  // one per (source, key row, kv head), packed by the first item needing it
+  std::vector<int64_t> pack_offset;  // per source: index of its (key row 0, head 0) in packs
 };
 
 // One source's keys for one (key row, kv head), ready for the kernel: K transposed per block
@@ -141,6 +144,14 @@ inline __mmask16 load_mask(const bool* row, int64_t t0, int64_t t) {
       : _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << n) - 1u), row + t0);
   return _mm_test_epi8_mask(bytes, bytes);
 }
+
+// The keys and values of one (source, key row, kv head), packed once per call by the first
+// work item that needs them (state 0 -> 1 -> 2); other items wait for it. A cache shared by
+// all rows (Bk = 1) is packed once per head, not once per row.
+struct Packed {
+  std::atomic<int> state{0};
+  PackedSource source;
+};
 
 // Per-thread working memory of one group of query vectors: logits then probabilities
 // [M][blocks * 16], each block's 16-key masks per vector, and which blocks any vector sees.
@@ -195,7 +206,7 @@ struct alignas(64) TileConfig {
 // each. Same passes as group_attend; probabilities are rounded to bf16 for P.V (as the XLA
 // path does), their sums are not.
 void group_attend_amx(const uint16_t* q, float scale, const bool* const* mask_rows, int used,
-                      const std::vector<PackedSource>& packed, int64_t blocks, GroupScratch& gs,
+                      const std::vector<const PackedSource*>& packed, int64_t blocks, GroupScratch& gs,
                       float* l, float* acc) {
   constexpr int M = 16, H = 64;
   const int64_t width = blocks * kBlock;
@@ -210,13 +221,16 @@ void group_attend_amx(const uint16_t* q, float scale, const bool* const* mask_ro
   _tile_loadd(1, q + 32, H * 2);
   int64_t base = 0;
   for (size_t si = 0; si < packed.size(); ++si) {
-    const PackedSource& ps = packed[si];
+    const PackedSource& ps = *packed[si];
     const int64_t nb = amx_blocks(ps.t);
     for (int64_t bi = 0; bi < nb; ++bi) {
       const int64_t t0 = bi * kBlock, gb = base + bi;
-      __mmask16 any = 0;
+      __mmask16 any = 0, last_km = 0;
+      const bool* last = nullptr;
       for (int i = 0; i < M; ++i) {
-        const __mmask16 km = i < used && t0 < ps.t ? load_mask(mask_rows[si * M + i], t0, ps.t) : 0;
+        const bool* row = mask_rows[si * M + i];  // the G vectors of a row share its mask
+        if (row != last) last = row, last_km = t0 < ps.t ? load_mask(row, t0, ps.t) : 0;
+        const __mmask16 km = i < used ? last_km : 0;
         gs.km[i * blocks + gb] = km;
         any |= km;
       }
@@ -270,7 +284,7 @@ void group_attend_amx(const uint16_t* q, float scale, const bool* const* mask_ro
   base = 0;
   size_t li = 0;
   for (size_t si = 0; si < packed.size(); ++si) {
-    const PackedSource& ps = packed[si];
+    const PackedSource& ps = *packed[si];
     const int64_t nb = amx_blocks(ps.t);
     for (int64_t bi = 0; bi < nb; bi += 2) {
       const int64_t gb = base + bi;
@@ -305,7 +319,7 @@ void group_attend_amx(const uint16_t* q, float scale, const bool* const* mask_ro
 // q: the group's scaled fp32 vectors [M][H].
 template <int NV, int M>
 void group_attend(const float* q, const bool* const* mask_rows, int used,
-                  const std::vector<PackedSource>& packed, int64_t blocks, GroupScratch& gs,
+                  const std::vector<const PackedSource*>& packed, int64_t blocks, GroupScratch& gs,
                   float* l, float* acc) {
   constexpr int H = NV * 16;
   const int64_t width = blocks * kBlock;
@@ -316,14 +330,17 @@ void group_attend(const float* q, const bool* const* mask_rows, int used,
   for (int i = 0; i < M; ++i) top[i] = _mm512_set1_ps(-INFINITY);
   int64_t base = 0;  // first global block of this source
   for (size_t si = 0; si < packed.size(); ++si) {
-    const PackedSource& ps = packed[si];
+    const PackedSource& ps = *packed[si];
     const int64_t nb = (ps.t + kBlock - 1) / kBlock;
     for (int64_t bi = 0; bi < nb; ++bi) {
       const int64_t t0 = bi * kBlock, gb = base + bi;
       __mmask16 km[M];
-      __mmask16 any = 0;
+      __mmask16 any = 0, last_km = 0;
+      const bool* last = nullptr;
       for (int i = 0; i < M; ++i) {
-        km[i] = i < used ? load_mask(mask_rows[si * M + i], t0, ps.t) : 0;
+        const bool* row = mask_rows[si * M + i];  // the G vectors of a row share its mask
+        if (row != last) last = row, last_km = load_mask(row, t0, ps.t);
+        km[i] = i < used ? last_km : 0;
         gs.km[i * blocks + gb] = km[i];
         any |= km[i];
       }
@@ -368,7 +385,7 @@ void group_attend(const float* q, const bool* const* mask_rows, int used,
   base = 0;
   size_t li = 0;
   for (size_t si = 0; si < packed.size(); ++si) {
-    const PackedSource& ps = packed[si];
+    const PackedSource& ps = *packed[si];
     const int64_t nb = (ps.t + kBlock - 1) / kBlock;
     for (; li < gs.live.size() && gs.live[li] < base + nb; ++li) {
       const int64_t gb = gs.live[li], t0 = (gb - base) * kBlock;
@@ -410,27 +427,40 @@ void value_mean(const Problem& pb, int64_t b, int64_t head, std::vector<float>& 
 // One work item: query rows [r0, r1) of one (batch row, kv head), in groups of M vectors.
 // Amx: bf16 at head dim 64 on AMX tiles (group_attend_amx), else fp32 FMAs (group_attend).
 template <typename T, int NV, bool Amx>
-void run_item(const Problem& pb, int64_t item, std::vector<PackedSource>& packed,
-              std::vector<float>& scratch, GroupScratch& gs) {
+void run_item(const Problem& pb, int64_t item, std::vector<float>& scratch, GroupScratch& gs) {
   constexpr int H = NV * 16;
   constexpr int M = Amx ? 16 : std::min(8, 24 / NV);
-  const int64_t row_chunks = (pb.s + pb.rows_per_item - 1) / pb.rows_per_item;
-  const int64_t b = item / (pb.kh * row_chunks);
-  const int64_t head = (item / row_chunks) % pb.kh;
-  const int64_t r0 = (item % row_chunks) * pb.rows_per_item;
+  // chunk-major order: the first bq * kh items each start a different (b, head)
+  const int64_t pair = item % (pb.bq * pb.kh), b = pair / pb.kh, head = pair % pb.kh;
+  const int64_t r0 = (item / (pb.bq * pb.kh)) * pb.rows_per_item;
   const int64_t r1 = std::min(pb.s, r0 + pb.rows_per_item);
-  packed.resize(pb.sources.size());
+  thread_local std::vector<const PackedSource*> packed;
+  packed.clear();
   int64_t blocks = 0;
   for (size_t i = 0; i < pb.sources.size(); ++i) {
     const Source& src = pb.sources[i];
+    const int64_t krow = b / (pb.bq / src.bk);
+    Packed& pk = pb.packs[pb.pack_offset[i] + krow * pb.kh + head];
+    int expected = 0;
+    if (pk.state.load(std::memory_order_acquire) != 2) {
+      if (pk.state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+#ifdef __AMX_BF16__
+        if constexpr (Amx) pack_source_amx(pb, src, krow, head, pk.source);
+        else
+#endif
+          pack_source<T>(pb, src, krow, head, pk.source);
+        pk.state.store(2, std::memory_order_release);
+      } else {
+        while (pk.state.load(std::memory_order_acquire) != 2) _mm_pause();
+      }
+    }
+    packed.push_back(&pk.source);
 #ifdef __AMX_BF16__
     if constexpr (Amx) {
-      pack_source_amx(pb, src, b / (pb.bq / src.bk), head, packed[i]);
       blocks += amx_blocks(src.t);
       continue;
     }
 #endif
-    pack_source<T>(pb, src, b / (pb.bq / src.bk), head, packed[i]);
     blocks += (src.t + kBlock - 1) / kBlock;
   }
   scratch.resize(M * H * 2);
@@ -488,11 +518,9 @@ void run_item(const Problem& pb, int64_t item, std::vector<PackedSource>& packed
 
 template <typename T, int NV, bool Amx = false>
 void run_items(const Problem& pb, int64_t begin, int64_t end) {
-  thread_local std::vector<PackedSource> packed;
   thread_local std::vector<float> scratch;
   thread_local GroupScratch gs;
-  for (int64_t item = begin; item < end; ++item)
-    run_item<T, NV, Amx>(pb, item, packed, scratch, gs);
+  for (int64_t item = begin; item < end; ++item) run_item<T, NV, Amx>(pb, item, scratch, gs);
 }
 
 using ItemRunner = void (*)(const Problem&, int64_t, int64_t);
@@ -509,6 +537,39 @@ ItemRunner pick(int64_t h) {
     case 256: return run_items<T, 16>;
     default: return nullptr;
   }
+}
+
+// Packed keys of earlier calls, reused (their buffers keep their capacity: no page faults
+// on every call). A call takes one workspace and gives it back when all its items are done.
+struct Workspace {
+  std::unique_ptr<Packed[]> packs;
+  int64_t size = 0;
+};
+
+std::mutex workspace_mutex;
+std::vector<std::unique_ptr<Workspace>> workspace_pool;
+
+std::unique_ptr<Workspace> take_workspace(int64_t pairs) {
+  std::unique_ptr<Workspace> ws;
+  {
+    std::lock_guard<std::mutex> lock(workspace_mutex);
+    if (!workspace_pool.empty()) {
+      ws = std::move(workspace_pool.back());
+      workspace_pool.pop_back();
+    }
+  }
+  if (!ws) ws = std::make_unique<Workspace>();
+  if (ws->size < pairs) {
+    ws->packs = std::make_unique<Packed[]>(pairs);
+    ws->size = pairs;
+  }
+  for (int64_t i = 0; i < pairs; ++i) ws->packs[i].state.store(0, std::memory_order_relaxed);
+  return ws;
+}
+
+void give_workspace(std::unique_ptr<Workspace> ws) {
+  std::lock_guard<std::mutex> lock(workspace_mutex);
+  workspace_pool.push_back(std::move(ws));
 }
 
 // Work items are claimed from a shared counter by the calling thread and by tasks on XLA's
@@ -580,18 +641,23 @@ ffi::Error Attend(ffi::ThreadPool pool, float scale, ffi::AnyBuffer q, ffi::Rema
   shared->runner = pb.bf16 ? pick<uint16_t>(pb.h) : pick<float>(pb.h);
   if (!shared->runner) return ffi::Error::InvalidArgument("head dim must be 32, 64, 128 or 256");
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
-  // Rows per item: enough items for every thread several times over, at least 8 rows each
-  // (each item packs its (key row, head)'s keys once).
+  // Rows per item: enough items for every thread several times over (the keys of a
+  // (b, head) are packed once, whatever the number of its items), at least 16 rows each.
   const int64_t heads = pb.bq * pb.kh;
-  int64_t chunks = std::max<int64_t>(1, (4 * threads + heads - 1) / heads);
-  pb.rows_per_item = std::max<int64_t>(8, (pb.s + chunks - 1) / chunks);
+  int64_t chunks = std::max<int64_t>(1, (8 * threads + heads - 1) / heads);
+  pb.rows_per_item = std::max<int64_t>(16, (pb.s + chunks - 1) / chunks);
   const int64_t row_chunks = (pb.s + pb.rows_per_item - 1) / pb.rows_per_item;
   shared->n_items = heads * row_chunks;
   if (shared->n_items == 0 || pb.s == 0) return ffi::Error::Success();
+  int64_t n_packs = 0;
+  for (const Source& src : pb.sources) pb.pack_offset.push_back(n_packs), n_packs += src.bk * pb.kh;
+  std::unique_ptr<Workspace> ws = take_workspace(n_packs);
+  pb.packs = ws->packs.get();
   const int64_t helpers = std::min<int64_t>(threads, shared->n_items) - 1;
   for (int64_t i = 0; i < helpers; ++i) pool.Schedule([shared] { shared->work(); });
   shared->work();
   while (shared->done.load(std::memory_order_acquire) < shared->n_items) _mm_pause();
+  give_workspace(std::move(ws));  // every item is done: no task touches it any more
   return ffi::Error::Success();
 }
 
