@@ -7,9 +7,11 @@ Baseline = ``decoder.xla_attend`` (XLA operations); jaxdm = ``decoder.attend`` w
   3 KV heads of 64): a causal trunk block (256 queries at the end of T keys) and a
   continuation block (256 queries seeing all T context keys plus their own 30-token segment
   among 256 window keys), fp32 and bf16, alternated calls, medians, and the max difference.
-- ``program`` (one process per variant, alternated rounds): the whole Hindsight+Progress
-  readout of 2 ALFWorld-shaped trajectories (``LocalReadout``, packed), s per batch, with the
-  kernel off (``JAXDM_CPU_ATTENTION=0``, which also keys the stored programs apart) and on.
+- ``program`` (one process per variant, alternated rounds), s per batch, with the kernel off
+  (``JAXDM_CPU_ATTENTION=0``, which also keys the stored programs apart) and on: the
+  Hindsight+Progress readout of 2 ALFWorld-shaped trajectories (``LocalReadout``, packed),
+  Actor option likelihood (4 states, 10-20 options, ``LocalLikelihood``), and greedy decoding
+  (16 prompts x 32 tokens, ``generate``: one query per row and step).
 
   python benchmarks/cpu_attention_bench.py --quick            # blocks only, < 60 s
   python benchmarks/cpu_attention_bench.py --actions 30 --rounds 3 --dtype bfloat16
@@ -26,24 +28,43 @@ import time
 
 CHILD = """
 import json, statistics, sys, time
+import numpy as np
 import jax.numpy as jnp
 from jaxdm import roles
-from jaxdm.decision.local import LocalReadout
-from jaxdm.decision.synthetic import alfworld_like_trajectory
-from jaxdm.models import cpu_attention, smollm2
-dtype, n_act, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-model = LocalReadout(smollm2(getattr(jnp, dtype)))
-reqs = []
-for i in range(2):
-    reqs += roles.judge_requests(alfworld_like_trajectory(100 + i, n_act), "progress", "hindsight")
-scores = [r.score for r in model.score(reqs)]
+from jaxdm.decision.local import LocalLikelihood, LocalReadout
+from jaxdm.decision.synthetic import admissible_actions, alfworld_like_trajectory
+from jaxdm.models import cpu_attention, generate, smollm2
+work, dtype, n_act, calls = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+pre = smollm2(getattr(jnp, dtype))
+trajs = [alfworld_like_trajectory(100 + i, n_act) for i in range(2)]
+if work == "readout":  # Hindsight+Progress judging of 2 trajectories
+    model = LocalReadout(pre)
+    reqs = [r for tr in trajs for r in roles.judge_requests(tr, "progress", "hindsight")]
+    run = lambda: [r.score for r in model.score(reqs)]
+elif work == "actor":  # option likelihood, 4 states with 10-20 options
+    model = LocalLikelihood(pre)
+    rng = np.random.default_rng(0)
+    reqs = []
+    for s in range(4):
+        tr = trajs[s % 2]
+        t = int(rng.integers(1, len(tr)))
+        reqs.append(roles.actor_request_at(
+            tr, t, admissible_actions(tr, t, int(rng.integers(10, 21)), seed=s)))
+    run = lambda: [float(p) for r in model.choose(reqs) for p in r.probs]
+else:  # greedy decoding, 16 prompts x 32 new tokens
+    tok = pre.tokenizer
+    prompts = [list(tok(tok.apply_chat_template([{"role": "user", "content": f"Question {i}?"}],
+                                              tokenize=False, add_generation_prompt=True),
+                        add_special_tokens=False)["input_ids"]) for i in range(16)]
+    run = lambda: np.asarray(generate(pre.params, pre.config, None, prompts, max_new_tokens=32,
+                                      greedy=True, eos_ids=()).tokens).ravel().tolist()
+scores = run()
 times = []
 for _ in range(calls):
-    t0 = time.perf_counter(); model.score(reqs); times.append(time.perf_counter() - t0)
+    t0 = time.perf_counter(); run(); times.append(time.perf_counter() - t0)
 print("CHILD " + json.dumps({"s": statistics.median(times), "scores": scores,
                              "kernel": cpu_attention.status()[1]}))
 """
-
 
 def bench_blocks(dtypes: list[str], t: int, repeats: int) -> list[tuple]:
     import jax
@@ -96,7 +117,7 @@ def bench_blocks(dtypes: list[str], t: int, repeats: int) -> list[tuple]:
     return results
 
 
-def bench_program(dtype: str, n_act: int, rounds: int, calls: int) -> list[tuple]:
+def bench_program(work: str, dtype: str, n_act: int, rounds: int, calls: int) -> list[tuple]:
     variants = {"xla": {"JAXDM_CPU_ATTENTION": "0"}, "kernel": {}}
     times = {k: [] for k in variants}
     scores = {}
@@ -104,7 +125,8 @@ def bench_program(dtype: str, n_act: int, rounds: int, calls: int) -> list[tuple
         for name, extra in variants.items():
             env = {k: v for k, v in os.environ.items() if k != "JAXDM_CPU_ATTENTION"}
             env.update(extra)
-            proc = subprocess.run([sys.executable, "-c", CHILD, dtype, str(n_act), str(calls)],
+            proc = subprocess.run([sys.executable, "-c", CHILD, work, dtype, str(n_act),
+                                   str(calls)],
                                   env=env, capture_output=True, text=True, check=False)
             line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("CHILD ")), None)
             if line is None:
@@ -112,14 +134,16 @@ def bench_program(dtype: str, n_act: int, rounds: int, calls: int) -> list[tuple
             out = json.loads(line[6:])
             times[name].append(out["s"])
             scores[name] = out["scores"]
-            print(f"[program round {r} {name}] {out['s']:.3f} s per batch ({out['kernel']})",
-                  flush=True)
+            print(f"[program {work} round {r} {name}] {out['s']:.3f} s per batch "
+                  f"({out['kernel']})", flush=True)
     diff = max(abs(a - b) for a, b in zip(scores["xla"], scores["kernel"]))
     base, ours = statistics.median(times["xla"]), statistics.median(times["kernel"])
-    print(f"[program {dtype}] Hindsight+Progress 2 x {n_act} actions: XLA attention "
-          f"{base:.3f} s, kernel {ours:.3f} s per batch; max |P(Yes) diff| {diff:.2e}",
-          flush=True)
-    return [(f"cpu_attention_program_{dtype}_hp{n_act}", base, ours, "s")]
+    what = "max |score diff|" if work != "decode" else "tokens differing"
+    if work == "decode":
+        diff = sum(a != b for a, b in zip(scores["xla"], scores["kernel"]))
+    print(f"[program {work} {dtype}] XLA attention {base:.3f} s, kernel {ours:.3f} s per batch; "
+          f"{what} {diff:.3g}", flush=True)
+    return [(f"cpu_attention_{work}_{dtype}", base, ours, "s")]
 
 
 def main() -> None:
@@ -132,12 +156,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--calls", type=int, default=2, help="timed calls per program child")
     parser.add_argument("--no-program", action="store_true")
+    parser.add_argument("--workloads", default="readout,actor,decode",
+                        help="whole-program workloads: readout (Hindsight+Progress, 2 "
+                             "trajectories), actor (4 states, 10-20 options), decode (16 x 32)")
     args = parser.parse_args()
     dtypes = [args.dtype] if args.dtype else ["float32", "bfloat16"]
     results = bench_blocks(dtypes, args.keys, args.repeats or (5 if args.quick else 15))
     if not (args.quick or args.no_program):
-        for dtype in dtypes:
-            results += bench_program(dtype, args.actions, args.rounds, args.calls)
+        for work in args.workloads.split(","):
+            for dtype in dtypes:
+                results += bench_program(work, dtype, args.actions, args.rounds, args.calls)
     for name, base, ours, unit in results:
         print(f"RESULT {name}: baseline {base:.3f} {unit}, jaxdm {ours:.3f} {unit}, "
               f"ratio {base / ours:.2f}x")

@@ -525,10 +525,12 @@ void run_items(const Problem& pb, int64_t begin, int64_t end) {
 
 using ItemRunner = void (*)(const Problem&, int64_t, int64_t);
 
+// AMX wants 16 query vectors per (row, head) to fill a tile: with fewer (a decoding step's
+// S * G = 3) the FMA path wastes less.
 template <typename T>
-ItemRunner pick(int64_t h) {
+ItemRunner pick(int64_t h, int64_t vectors) {
 #ifdef __AMX_BF16__
-  if (sizeof(T) == 2 && h == 64 && amx_allowed()) return run_items<T, 4, true>;
+  if (sizeof(T) == 2 && h == 64 && vectors >= 16 && amx_allowed()) return run_items<T, 4, true>;
 #endif
   switch (h) {
     case 32: return run_items<T, 2>;
@@ -638,7 +640,7 @@ ffi::Error Attend(ffi::ThreadPool pool, float scale, ffi::AnyBuffer q, ffi::Rema
   pb.q = q.untyped_data();
   pb.out = out->untyped_data();
   pb.scale = scale;
-  shared->runner = pb.bf16 ? pick<uint16_t>(pb.h) : pick<float>(pb.h);
+  shared->runner = pb.bf16 ? pick<uint16_t>(pb.h, pb.s * pb.g) : pick<float>(pb.h, pb.s * pb.g);
   if (!shared->runner) return ffi::Error::InvalidArgument("head dim must be 32, 64, 128 or 256");
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   // Rows per item: enough items for every thread several times over (the keys of a

@@ -37,8 +37,9 @@ def _operands(dtype, b=2, s=37, kh=3, g=3, hd=64, seed=0):
 
 
 @pytest.mark.parametrize("dtype,tol", [("float32", 2e-6), ("bfloat16", 1.6e-2)])
-def test_kernel_matches_xla_attention(kernel_on, dtype, tol):
-    q, sources = _operands(jnp.dtype(dtype))
+@pytest.mark.parametrize("s", [37, 1])  # bf16: AMX tiles where the CPU has them / FMAs
+def test_kernel_matches_xla_attention(kernel_on, dtype, tol, s):
+    q, sources = _operands(jnp.dtype(dtype), s=s)
     got = jax.jit(decoder.attend)(q, sources)
     want = jax.jit(decoder.xla_attend)(q, sources)
     assert got.dtype == want.dtype == jnp.dtype(dtype) and got.shape == want.shape
