@@ -83,3 +83,17 @@ def torch_logits(model, tokens: np.ndarray, positions: np.ndarray | None = None)
         if positions is not None:
             kwargs["position_ids"] = torch.tensor(positions)
         return model(torch.tensor(tokens), **kwargs).logits.float().numpy()
+
+
+def require_cpu_attention() -> None:
+    """Skips where the fused CPU attention kernel cannot run here (by choice or by CPU); fails
+    where it should run but is off (a failed build)."""
+    import pytest
+
+    from jaxdm.models import cpu_attention
+
+    on, why = cpu_attention.status()
+    if not on:
+        if cpu_attention.cannot_run_here(why):
+            pytest.skip(f"fused CPU attention {why}")
+        pytest.fail(f"fused CPU attention {why}")

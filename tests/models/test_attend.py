@@ -5,22 +5,16 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxdm.models import cpu_attention, decoder
-
-
-def _kernel_or_skip():
-    on, why = cpu_attention.status()
-    if not on:
-        # off only where it cannot run; a failed build on an AVX-512 x86-64 CPU is a failure
-        if cpu_attention.cannot_run_here(why):
-            pytest.skip(f"fused CPU attention {why}")
-        pytest.fail(f"fused CPU attention {why}")
-    return decoder.attend
+from jaxdm.models import decoder
+from tests.models.helpers_models import require_cpu_attention
 
 
 @pytest.fixture(params=["xla", "kernel"])
 def attend(request):
-    return decoder.xla_attend if request.param == "xla" else _kernel_or_skip()
+    if request.param == "xla":
+        return decoder.xla_attend
+    require_cpu_attention()
+    return decoder.attend
 
 
 def reference(q, sources):

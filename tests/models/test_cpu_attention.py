@@ -11,15 +11,12 @@ import numpy as np
 import pytest
 
 from jaxdm.models import cpu_attention, decoder
+from tests.models.helpers_models import require_cpu_attention
 
 
 @pytest.fixture(scope="module")
 def kernel_on():
-    on, why = cpu_attention.status()
-    if not on:
-        if cpu_attention.cannot_run_here(why):
-            pytest.skip(f"fused CPU attention {why}")
-        pytest.fail(f"fused CPU attention {why}")
+    require_cpu_attention()
 
 
 def _operands(dtype, b=2, s=37, kh=3, g=3, hd=64, seed=0):
@@ -102,6 +99,7 @@ _PROBE = """
     warnings.simplefilter("always")
     import jax, jax.numpy as jnp
     from jaxdm.models import cpu_attention, decoder
+from tests.models.helpers_models import require_cpu_attention
     q = jnp.ones((1, 4, 1, 2, 64)); k = jnp.ones((1, 4, 1, 64))
     m = jnp.ones((1, 4, 4), bool)
     hlo = jax.jit(decoder.attend).lower(q, [(k, k, m)]).as_text()
