@@ -158,15 +158,28 @@ def fingerprint() -> str:
     return "cpu_attention:" + ("on" if enabled() else "off")
 
 
+# Query vectors (S * G) per (row, KV head) below which XLA's attention is used: the kernel
+# packs each (row, head)'s keys once per call, which a decoding step (S = 1, G = 3) does not
+# amortise (whole-program A/B, 16 x 32 greedy tokens: bf16 0.92x, fp32 ~1x; issue 17).
+MIN_QUERY_VECTORS = 16
+
+
 def supports(q: jax.Array, sources: list[tuple[jax.Array, jax.Array, jax.Array]]) -> bool:
-    """Whether the kernel takes these operands (dtype, head dim, key batches)."""
+    """Whether the kernel takes these operands (dtype, head dim, key batches) and is used for
+    them: at least ``MIN_QUERY_VECTORS`` query vectors per (row, KV head), and in bf16 no cache
+    shared by several rows (XLA contracts all B * G * S rows against it in one AMX matmul;
+    Actor option scoring ran 0.94x with the kernel)."""
     if q.ndim != 5 or jnp.dtype(q.dtype) not in DTYPES or q.shape[-1] not in HEAD_DIMS:
         return False
-    b = q.shape[0]
+    b, s, _, g, _ = q.shape
+    if s * g < MIN_QUERY_VECTORS:
+        return False
     for k, v, mask in sources:
         if k.dtype != q.dtype or v.dtype != q.dtype or k.shape != v.shape or k.ndim != 4:
             return False
-        if k.shape[0] not in (1, b) or mask.shape != (b, q.shape[1], k.shape[1]):
+        if k.shape[0] not in (1, b) or mask.shape != (b, s, k.shape[1]):
+            return False
+        if k.shape[0] == 1 < b and q.dtype == jnp.bfloat16:
             return False
     return True
 

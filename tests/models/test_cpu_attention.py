@@ -19,6 +19,10 @@ def kernel_on():
     require_cpu_attention()
 
 
+# The kernel on CPU whatever the operands (decoder.attend picks it only where it pays).
+fused = cpu_attention.make_attend(decoder.xla_attend)
+
+
 def _operands(dtype, b=2, s=37, kh=3, g=3, hd=64, seed=0):
     """A shared cache (Bk = 1, T = 83: not a multiple of 16) and each row's own keys, random
     masks with whole 16-key blocks masked for some rows, one fully masked row."""
@@ -37,7 +41,7 @@ def _operands(dtype, b=2, s=37, kh=3, g=3, hd=64, seed=0):
 @pytest.mark.parametrize("s", [37, 1])  # bf16: AMX tiles where the CPU has them / FMAs
 def test_kernel_matches_xla_attention(kernel_on, dtype, tol, s):
     q, sources = _operands(jnp.dtype(dtype), s=s)
-    got = jax.jit(decoder.attend)(q, sources)
+    got = jax.jit(fused)(q, sources)
     want = jax.jit(decoder.xla_attend)(q, sources)
     assert got.dtype == want.dtype == jnp.dtype(dtype) and got.shape == want.shape
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
@@ -45,17 +49,26 @@ def test_kernel_matches_xla_attention(kernel_on, dtype, tol, s):
 
 
 def test_kernel_is_the_compiled_attention_and_vmaps(kernel_on):
+    def uses_kernel(fn, q, sources):
+        return cpu_attention.TARGET in jax.jit(fn).lower(q, sources).as_text()
+
     q, sources = _operands(jnp.float32, b=2, s=20)
-    hlo = jax.jit(decoder.attend).lower(q, sources).as_text()
-    assert cpu_attention.TARGET in hlo
-    assert cpu_attention.TARGET not in jax.jit(decoder.xla_attend).lower(q, sources).as_text()
+    assert uses_kernel(decoder.attend, q, sources)
+    assert not uses_kernel(decoder.xla_attend, q, sources)
+    # decoder.attend's policy: XLA for a decoding step (S * G = 3 query vectors per head) and
+    # for bf16 against a cache shared by several rows
+    assert not uses_kernel(decoder.attend, *_operands(jnp.float32, s=1))
+    assert not uses_kernel(decoder.attend, *_operands(jnp.bfloat16, s=20))
+    (kc, vc, mc), own = _operands(jnp.bfloat16, s=20)[1]
+    per_row = [(jnp.repeat(kc, 2, 0), jnp.repeat(vc, 2, 0), mc), own]
+    assert uses_kernel(decoder.attend, q.astype(jnp.bfloat16), per_row)
     # vmap over an extra leading axis (the shared_prefix groups): each slice on its own
     qs = jnp.stack([q, q[::-1]])
     srcs = [(jnp.stack([k, k]), jnp.stack([v, v]), jnp.stack([m, m[::-1]]))
             for k, v, m in sources]
-    batched = jax.jit(jax.vmap(decoder.attend))(qs, srcs)
+    batched = jax.jit(jax.vmap(fused))(qs, srcs)
     for i in range(2):
-        one = decoder.attend(qs[i], [(k[i], v[i], m[i]) for k, v, m in srcs])
+        one = fused(qs[i], [(k[i], v[i], m[i]) for k, v, m in srcs])
         np.testing.assert_allclose(batched[i], one, atol=1e-6)
 
 
@@ -79,8 +92,9 @@ def test_derivatives_are_the_xla_attention_s(kernel_on):
 
 
 def test_supports_only_what_the_kernel_takes():
-    q, sources = _operands(jnp.float32, b=2, s=4)
+    q, sources = _operands(jnp.float32, b=2, s=8)
     assert cpu_attention.supports(q, sources)
+    assert not cpu_attention.supports(q[:, :5], [(k, v, m[:, :5]) for k, v, m in sources])
     assert not cpu_attention.supports(q.astype(jnp.float16), sources)  # dtype
     assert not cpu_attention.supports(q[..., :48], [(k[..., :48], v[..., :48], m)
                                                     for k, v, m in sources])  # head dim 48
@@ -99,9 +113,8 @@ _PROBE = """
     warnings.simplefilter("always")
     import jax, jax.numpy as jnp
     from jaxdm.models import cpu_attention, decoder
-from tests.models.helpers_models import require_cpu_attention
-    q = jnp.ones((1, 4, 1, 2, 64)); k = jnp.ones((1, 4, 1, 64))
-    m = jnp.ones((1, 4, 4), bool)
+    q = jnp.ones((1, 8, 1, 2, 64)); k = jnp.ones((1, 8, 1, 64))
+    m = jnp.ones((1, 8, 8), bool)
     hlo = jax.jit(decoder.attend).lower(q, [(k, k, m)]).as_text()
     print("STATUS", cpu_attention.status(), cpu_attention.TARGET in hlo,
           float(decoder.attend(q, [(k, k, m)]).sum()))
@@ -112,7 +125,7 @@ def test_env_var_turns_it_off():
     proc = _run(_PROBE, JAXDM_CPU_ATTENTION="off")
     assert proc.returncode == 0, proc.stderr[-2000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("STATUS"))
-    assert "(False, 'off: JAXDM_CPU_ATTENTION=off') False 512.0" in line
+    assert "(False, 'off: JAXDM_CPU_ATTENTION=off') False 1024.0" in line
 
 
 def test_a_failed_build_warns_and_falls_back_to_xla(tmp_path, kernel_on):
@@ -123,7 +136,7 @@ def test_a_failed_build_warns_and_falls_back_to_xla(tmp_path, kernel_on):
     assert proc.returncode == 0, proc.stderr[-2000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("STATUS"))
     assert "(False, 'off: " in line and "failed (exit 3)" in line and line.endswith(
-        "False 512.0")
+        "False 1024.0")
     assert "fused CPU attention kernel is off" in proc.stderr
     assert "broken-cxx: cannot compile" in proc.stderr
     assert not list((tmp_path / "cache" / "kernels").glob("*.so"))  # nothing half-built kept
