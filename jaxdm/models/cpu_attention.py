@@ -16,7 +16,8 @@ callback.
   -march=native``) into ``<jaxdm cache>/kernels`` (keyed by the source, the compiler, jaxlib
   and the CPU), and registered with XLA. ``cpu_attention.main(["--build"])`` does it ahead of
   time (``make test`` and ``make demo`` run it).
-- ``JAXDM_CPU_ATTENTION=0`` (or ``off``/``false``/``no``) turns it off. It is also off where
+- ``JAXDM_CPU_ATTENTION=0`` (or ``off``/``false``/``no``) turns it off (``1``/``on``/``true``/
+  ``yes`` or unset: on; anything else is an error naming the variable). It is also off where
   it cannot run: not x86-64 with AVX-512 F/BW/VL, no compiler, a failed build (one warning
   names why). ``status()`` says which. Off means the XLA attention, same results to fp32
   rounding.
@@ -48,6 +49,7 @@ import numpy as np
 
 ENV_VAR = "JAXDM_CPU_ATTENTION"
 OFF_VALUES = ("0", "off", "false", "no")
+ON_VALUES = ("", "1", "on", "true", "yes")
 TARGET = "jaxdm_cpu_attention"
 SOURCE = Path(__file__).with_name("cpu_attention.cc")
 HEAD_DIMS = (32, 64, 128, 256)
@@ -120,8 +122,12 @@ def build() -> Path:
 
 def _load() -> tuple[bool, str]:
     global _library
-    if os.environ.get(ENV_VAR, "").strip().lower() in OFF_VALUES:
+    value = os.environ.get(ENV_VAR, "").strip().lower()
+    if value in OFF_VALUES:
         return False, f"off: {ENV_VAR}={os.environ[ENV_VAR]}"
+    if value not in ON_VALUES:
+        raise ValueError(f"{ENV_VAR}={os.environ[ENV_VAR]!r}: expected one of "
+                         f"{', '.join(repr(v) for v in OFF_VALUES + ON_VALUES[1:])} (or unset)")
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False, f"off: {platform.machine()} is not x86-64"
     missing = [f for f in _CPU_FLAGS if f not in _cpu_flags()]

@@ -128,6 +128,12 @@ def test_env_var_turns_it_off():
     assert "(False, 'off: JAXDM_CPU_ATTENTION=off') False 1024.0" in line
 
 
+def test_a_bad_env_value_is_an_error():
+    proc = _run(_PROBE, JAXDM_CPU_ATTENTION="maybe")
+    assert proc.returncode != 0
+    assert "JAXDM_CPU_ATTENTION='maybe': expected one of" in proc.stderr
+
+
 def test_a_failed_build_warns_and_falls_back_to_xla(tmp_path, kernel_on):
     fake = tmp_path / "broken-cxx"
     fake.write_text("#!/bin/sh\necho 'broken-cxx: cannot compile' >&2\nexit 3\n")
