@@ -98,17 +98,16 @@ struct Problem {
   std::vector<int64_t> pack_offset;  // per source: index of its (key row 0, head 0) in packs
 };
 
-// One source's keys for one (key row, kv head), ready for the kernel: K transposed per block
-// of 16 keys ([blocks][H][16], zero padded) and V as fp32 rows ([T][H]).
+// One source's keys for one (key row, kv head), ready for the kernel.
 struct PackedSource {
-  std::vector<float> kt, v;  // K^T per block [blocks][H][16] (zero padded), V [T][H], fp32
-  // bf16 for AMX, keys padded to a multiple of 32 with zeros: K as pairs of dims
-  // [blocks][H/2][16 keys] (a tile's B operand per 16 dims-pairs), V as pairs of keys
-  // [T/2][H] (lanes (V[2j][d], V[2j+1][d]))
+  // FMA path, fp32: K transposed per block of 16 keys [blocks][H][16] (zero padded), V [T][H]
+  std::vector<float> kt, v;
+  // AMX path, bf16 pairs, keys padded to a multiple of 32 with zeros: K [blocks][H/2][16 keys]
+  // (lanes (K[key][2e], K[key][2e+1]): a tile's B operand), V [T/2][H] (lanes (V[2j][d],
+  // V[2j+1][d]))
   std::vector<uint32_t> kp, vp;
   int64_t t = 0;
 };
-
 
 template <typename T>
 void pack_source(const Problem& pb, const Source& src, int64_t krow, int64_t head,
