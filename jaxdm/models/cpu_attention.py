@@ -224,8 +224,10 @@ def make_attend(reference: Callable) -> Callable:
 
 
 def cannot_run_here(why: str) -> bool:
-    """Whether an off ``status()`` reason is by choice or by CPU (not a failed build)."""
-    return why.startswith((f"off: {ENV_VAR}=", "off: the CPU lacks")) or "x86-64" in why
+    """Whether an off ``status()`` reason is by choice, by CPU or by a missing compiler (the
+    kernel is optional: XLA's attention is used), not a failed build."""
+    return why.startswith((f"off: {ENV_VAR}=", "off: the CPU lacks", "off: no C++ compiler")) \
+        or "x86-64" in why
 
 
 def main(argv: list[str] | None = None) -> int:
