@@ -30,7 +30,6 @@ vector that may attend to no key gets the uniform average of the values, as in t
 from __future__ import annotations
 
 import ctypes
-import functools
 import hashlib
 import os
 import platform
