@@ -15,5 +15,5 @@ def _packages():
 setup(
     packages=_packages(),
     package_dir=_MAPPED,
-    package_data={"": ["*.yaml", "*.json", "*.txt", "*.md", "*.safetensors", "*.cc"]},
+    package_data={"": ["*.yaml", "*.json", "*.txt", "*.md", "*.safetensors", "*.cc", "*.h"]},
 )

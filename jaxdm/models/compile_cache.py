@@ -31,7 +31,7 @@ of the jaxdm package and of the function's own module, the static arguments' ``r
 other arguments' tree structure, shapes, dtypes and shardings, the versions of jax, jaxlib,
 numpy, ml_dtypes and opt_einsum, the devices, every ``jax.config`` value, the ``XLA_*`` /
 ``JAX_*`` / ``JAXDM_*`` environment variables (not the cache locations) and whether the fused
-CPU attention kernel is on (``cpu_attention.fingerprint``). A program is stored
+CPU kernels are on (``cpu_kernels.fingerprint``). A program is stored
 only when XLA compiled it in this process (see ``FRESH_COMPILE_OPTIONS``). Code outside those
 sources that changes what the function traces to (another package's source edited in place
 without a version change) is not seen: set ``JAXDM_COMPILATION_CACHE=0`` while editing such
@@ -178,13 +178,13 @@ class _Stored:
     def _key(self, static: dict, dynamic) -> str:
         import jax
 
-        from jaxdm.models import cpu_attention
+        from jaxdm.models import cpu_kernels
 
         leaves, tree = jax.tree.flatten(dynamic)
-        # the fingerprint also builds and registers the kernel a loaded program may call
+        # the fingerprint also builds and registers the kernels a loaded program may call
         parts = [_PROGRAMS_FORMAT, self._name, _sources_digest(self._jitted), str(tree),
                  sorted((k, repr(v)) for k, v in static.items()),
-                 [_leaf_key(x) for x in leaves], _environment(), cpu_attention.fingerprint()]
+                 [_leaf_key(x) for x in leaves], _environment(), cpu_kernels.fingerprint()]
         return hashlib.sha256(repr(parts).encode()).hexdigest()[:40]
 
 

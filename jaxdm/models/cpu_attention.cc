@@ -29,6 +29,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "cpu_kernels.h"
 #include "xla/ffi/api/ffi.h"
 
 #if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__)
@@ -184,21 +185,8 @@ void pack_source_amx(const Problem& pb, const Source& src, int64_t krow, int64_t
   }
 }
 
-// Linux hands AMX tile state to a process only on request (once per process).
-bool amx_allowed() {
-  static const bool ok = [] {
-    constexpr int kReqXcompPerm = 0x1023, kXtileData = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
-  }();
-  return ok;
-}
-
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
+using jaxdm::amx_allowed;
+using jaxdm::TileConfig;
 
 // 16 query vectors (bf16, unscaled [16][64]) of head dim 64 against all sources on AMX tiles.
 // Tiles 0-1: Q (dims 0-31, 32-63), then P; 2: K or V; 3: logits; 4-7: the output, 16 dims
@@ -573,26 +561,9 @@ void give_workspace(std::unique_ptr<Workspace> ws) {
   workspace_pool.push_back(std::move(ws));
 }
 
-// Work items are claimed from a shared counter by the calling thread and by tasks on XLA's
-// intra-op pool; the caller returns once every item is done (a task that starts late finds
-// none left: the shared state outlives the call).
-struct Shared {
-  Problem pb;
-  ItemRunner runner;
-  int64_t n_items;
-  std::atomic<int64_t> next{0}, done{0};
-  void work() {
-    for (int64_t i; (i = next.fetch_add(1)) < n_items;) {
-      runner(pb, i, i + 1);
-      done.fetch_add(1, std::memory_order_release);
-    }
-  }
-};
-
 ffi::Error Attend(ffi::ThreadPool pool, float scale, ffi::AnyBuffer q, ffi::RemainingArgs rest,
                   ffi::Result<ffi::AnyBuffer> out) {
-  auto shared = std::make_shared<Shared>();
-  Problem& pb = shared->pb;
+  Problem pb;
   const auto qd = q.dimensions();
   if (qd.size() < 5) return ffi::Error::InvalidArgument("q must have rank >= 5 [..., S, K, G, H]");
   const int r = static_cast<int>(qd.size());
@@ -639,8 +610,8 @@ ffi::Error Attend(ffi::ThreadPool pool, float scale, ffi::AnyBuffer q, ffi::Rema
   pb.q = q.untyped_data();
   pb.out = out->untyped_data();
   pb.scale = scale;
-  shared->runner = pb.bf16 ? pick<uint16_t>(pb.h, pb.s * pb.g) : pick<float>(pb.h, pb.s * pb.g);
-  if (!shared->runner) return ffi::Error::InvalidArgument("head dim must be 32, 64, 128 or 256");
+  const ItemRunner runner = pb.bf16 ? pick<uint16_t>(pb.h, pb.s * pb.g) : pick<float>(pb.h, pb.s * pb.g);
+  if (!runner) return ffi::Error::InvalidArgument("head dim must be 32, 64, 128 or 256");
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   // Rows per item: enough items for every thread several times over (the keys of a
   // (b, head) are packed once, whatever the number of its items), at least 16 rows each.
@@ -648,16 +619,13 @@ ffi::Error Attend(ffi::ThreadPool pool, float scale, ffi::AnyBuffer q, ffi::Rema
   int64_t chunks = std::max<int64_t>(1, (8 * threads + heads - 1) / heads);
   pb.rows_per_item = std::max<int64_t>(16, (pb.s + chunks - 1) / chunks);
   const int64_t row_chunks = (pb.s + pb.rows_per_item - 1) / pb.rows_per_item;
-  shared->n_items = heads * row_chunks;
-  if (shared->n_items == 0 || pb.s == 0) return ffi::Error::Success();
+  const int64_t n_items = heads * row_chunks;
+  if (n_items == 0 || pb.s == 0) return ffi::Error::Success();
   int64_t n_packs = 0;
   for (const Source& src : pb.sources) pb.pack_offset.push_back(n_packs), n_packs += src.bk * pb.kh;
   std::unique_ptr<Workspace> ws = take_workspace(n_packs);
   pb.packs = ws->packs.get();
-  const int64_t helpers = std::min<int64_t>(threads, shared->n_items) - 1;
-  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([shared] { shared->work(); });
-  shared->work();
-  while (shared->done.load(std::memory_order_acquire) < shared->n_items) _mm_pause();
+  jaxdm::run_items(pool, n_items, [&pb, runner](int64_t i) { runner(pb, i, i + 1); });
   give_workspace(std::move(ws));  // every item is done: no task touches it any more
   return ffi::Error::Success();
 }

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdm.models import cpu_attention
+from jaxdm.models import cpu_attention, cpu_matmul
 from jaxdm.models.config import ModelConfig
 
 Params = dict[str, Any]
@@ -145,8 +145,32 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 def _mm(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
     """einsum of activations x with a weight w: x is cast to w's dtype and the products are
-    accumulated and returned in fp32 (a no-op change for fp32 weights; see _embed)."""
-    return jnp.einsum(spec, x.astype(w.dtype), w, preferred_element_type=jnp.float32)
+    accumulated and returned in fp32 (a no-op change for fp32 weights; see _embed).
+
+    A spec that is one matmul (x's trailing dims contracted with w's leading ones, the rest in
+    order) runs as ``cpu_matmul.matmul`` where that kernel is on and takes the operands (bf16
+    on CPUs with AMX)."""
+    x = x.astype(w.dtype)
+    plan = _as_matmul(spec, x, w)
+    if plan is not None and cpu_matmul.supports(plan[0], plan[1]) and cpu_matmul.enabled():
+        x2, w2, out_shape = plan
+        return cpu_matmul.matmul(x2, w2).reshape(out_shape)
+    return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32)
+
+
+def _as_matmul(spec: str, x: jax.Array, w: jax.Array
+               ) -> tuple[jax.Array, jax.Array, tuple[int, ...]] | None:
+    """(x [..., K], w [K, N], the einsum's output shape) when ``spec`` contracts x's trailing
+    dims with w's leading ones in the same order and keeps the rest in order (every projection
+    of this decoder); else None."""
+    inputs, out = spec.split("->")
+    xs, ws = inputs.split(",")
+    c = len(set(xs) & set(ws))
+    if c == 0 or xs[len(xs) - c:] != ws[:c] or out != xs[:len(xs) - c] + ws[c:]:
+        return None
+    k = math.prod(w.shape[:c])
+    return (x.reshape(x.shape[:x.ndim - c] + (k,)), w.reshape(k, -1),
+            x.shape[:x.ndim - c] + w.shape[c:])
 
 
 def _qkv(lp: Params, config: ModelConfig, h: jax.Array, cos: jax.Array, sin: jax.Array):

@@ -1,20 +1,25 @@
-"""The fused CPU attention kernel (``jaxdm.models.cpu_attention``) vs XLA's attention (issue 17).
+"""jaxdm's CPU kernels vs XLA (issue 17): the fused attention (``jaxdm.models.cpu_attention``)
+and the AMX bf16 matmul (``jaxdm.models.cpu_matmul``), chosen by ``--kernel``.
 
-Baseline = ``decoder.xla_attend`` (XLA operations); jaxdm = ``decoder.attend`` with the kernel
-(``JAXDM_CPU_ATTENTION`` unset). RESULT ratio > 1 = the kernel is faster.
+Baseline = XLA's operations (``decoder.xla_attend``; ``cpu_matmul.reference``, XLA's dot);
+jaxdm = the kernel. RESULT ratio > 1 = the kernel is faster.
 
-- ``blocks`` (in this process): the packed readout's attention blocks of SmolLM2-135M (9 query /
-  3 KV heads of 64): a causal trunk block (256 queries at the end of T keys) and a
-  continuation block (256 queries seeing all T context keys plus their own 30-token segment
-  among 256 window keys), fp32 and bf16, alternated calls, medians, and the max difference.
+- ``blocks`` (in this process, alternated calls, medians, max difference):
+  attention: the packed readout's attention blocks of SmolLM2-135M (9 query / 3 KV heads of
+  64): a causal trunk block (256 queries at the end of T keys) and a continuation block (256
+  queries seeing all T context keys plus their own 30-token segment among 256 window keys),
+  fp32 and bf16. matmul: SmolLM2-135M's bf16 projections at the readout's row count (q/o
+  576x576, k/v 576x192, gate/up 576x1536, down 1536x576), with torch's bf16 matmul (oneDNN)
+  beside them where the ``[ref]`` extra is installed.
 - ``program`` (one process per variant, alternated rounds), s per batch, with the kernel off
-  (``JAXDM_CPU_ATTENTION=0``, which also keys the stored programs apart) and on: the
+  (its environment variable ``=0``, which also keys the stored programs apart) and on: the
   Hindsight+Progress readout of 2 ALFWorld-shaped trajectories (``LocalReadout``, packed),
   Actor option likelihood (4 states, 10-20 options, ``LocalLikelihood``), and greedy decoding
   (16 prompts x 32 tokens, ``generate``: one query per row and step).
 
-  python benchmarks/cpu_attention_bench.py --quick            # blocks only, < 60 s
-  python benchmarks/cpu_attention_bench.py --actions 30 --rounds 3 --dtype bfloat16
+  python benchmarks/cpu_kernels_bench.py --quick                      # attention blocks, < 60 s
+  python benchmarks/cpu_kernels_bench.py --kernel matmul --quick      # matmul blocks
+  python benchmarks/cpu_kernels_bench.py --kernel matmul --dtype bfloat16 --workloads readout
 """
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ import jax.numpy as jnp
 from jaxdm import roles
 from jaxdm.decision.local import LocalLikelihood, LocalReadout
 from jaxdm.decision.synthetic import admissible_actions, alfworld_like_trajectory
-from jaxdm.models import cpu_attention, generate, smollm2
+from jaxdm.models import cpu_kernels, generate, smollm2
 work, dtype, n_act, calls = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 pre = smollm2(getattr(jnp, dtype))
 trajs = [alfworld_like_trajectory(100 + i, n_act) for i in range(2)]
@@ -63,10 +68,13 @@ times = []
 for _ in range(calls):
     t0 = time.perf_counter(); run(); times.append(time.perf_counter() - t0)
 print("CHILD " + json.dumps({"s": statistics.median(times), "scores": scores,
-                             "kernel": cpu_attention.status()[1]}))
+                             "kernels": cpu_kernels.fingerprint()}))
 """
 
-def bench_blocks(dtypes: list[str], t: int, repeats: int) -> list[tuple]:
+ENV_VARS = {"attention": "JAXDM_CPU_ATTENTION", "matmul": "JAXDM_CPU_MATMUL"}
+
+
+def bench_attention_blocks(dtypes: list[str], t: int, repeats: int) -> list[tuple]:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -117,13 +125,70 @@ def bench_blocks(dtypes: list[str], t: int, repeats: int) -> list[tuple]:
     return results
 
 
-def bench_program(work: str, dtype: str, n_act: int, rounds: int, calls: int) -> list[tuple]:
-    variants = {"xla": {"JAXDM_CPU_ATTENTION": "0"}, "kernel": {}}
+def bench_matmul_blocks(rows: int, repeats: int) -> list[tuple]:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxdm.models import cpu_matmul
+
+    on, why = cpu_matmul.status()
+    if not on:
+        raise SystemExit(f"the AMX bf16 matmul kernel is {why}")
+    try:
+        import torch
+
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
+    except ImportError:
+        torch = None
+    rng = np.random.default_rng(0)
+    base_fn, ours_fn = jax.jit(cpu_matmul.reference), jax.jit(cpu_matmul.matmul)
+    results = []
+    for name, k, n in [("q_o", 576, 576), ("k_v", 576, 192), ("gate_up", 576, 1536),
+                       ("down", 1536, 576)]:
+        x = jnp.asarray(rng.normal(size=(rows, k)), jnp.bfloat16)
+        w = jnp.asarray(rng.normal(size=(k, n)) / np.sqrt(k), jnp.bfloat16)
+        want = base_fn(x, w).block_until_ready()
+        got = ours_fn(x, w).block_until_ready()
+        diff = float(jnp.max(jnp.abs(want - got)))
+        tx = tw = None
+        if torch is not None:
+            tx = torch.from_numpy(np.asarray(x.astype(jnp.float32))).bfloat16()
+            tw = torch.from_numpy(np.asarray(w.astype(jnp.float32))).bfloat16()
+        tb, to, tt = [], [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            base_fn(x, w).block_until_ready()
+            tb.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            ours_fn(x, w).block_until_ready()
+            to.append(time.perf_counter() - t0)
+            if torch is not None:
+                t0 = time.perf_counter()
+                torch.matmul(tx, tw)
+                tt.append(time.perf_counter() - t0)
+        flops = 2 * rows * k * n
+        mb, mo = statistics.median(tb) * 1e3, statistics.median(to) * 1e3
+        extra = ""
+        if tt:
+            mt = statistics.median(tt) * 1e3
+            extra = f", torch/oneDNN (bf16 out) {mt:.2f} ms ({flops / mt / 1e6:.0f} GFLOP/s)"
+        print(f"[blocks matmul {name} {rows}x{k}x{n}] XLA {mb:.2f} ms ({flops / mb / 1e6:.0f} "
+              f"GFLOP/s), kernel {mo:.2f} ms ({flops / mo / 1e6:.0f} GFLOP/s){extra}, "
+              f"max |diff| {diff:.2e}", flush=True)
+        results.append((f"cpu_matmul_{name}_bf16_M{rows}", mb, mo, "ms"))
+    return results
+
+
+def bench_program(kernel: str, work: str, dtype: str, n_act: int, rounds: int,
+                  calls: int) -> list[tuple]:
+    var = ENV_VARS[kernel]
+    variants = {"xla": {var: "0"}, "kernel": {}}
     times = {k: [] for k in variants}
     scores = {}
     for r in range(rounds):
         for name, extra in variants.items():
-            env = {k: v for k, v in os.environ.items() if k != "JAXDM_CPU_ATTENTION"}
+            env = {k: v for k, v in os.environ.items() if k != var}
             env.update(extra)
             proc = subprocess.run([sys.executable, "-c", CHILD, work, dtype, str(n_act),
                                    str(calls)],
@@ -135,22 +200,26 @@ def bench_program(work: str, dtype: str, n_act: int, rounds: int, calls: int) ->
             times[name].append(out["s"])
             scores[name] = out["scores"]
             print(f"[program {work} round {r} {name}] {out['s']:.3f} s per batch "
-                  f"({out['kernel']})", flush=True)
+                  f"({out['kernels']})", flush=True)
     diff = max(abs(a - b) for a, b in zip(scores["xla"], scores["kernel"]))
     base, ours = statistics.median(times["xla"]), statistics.median(times["kernel"])
     what = "max |score diff|" if work != "decode" else "tokens differing"
     if work == "decode":
         diff = sum(a != b for a, b in zip(scores["xla"], scores["kernel"]))
-    print(f"[program {work} {dtype}] XLA attention {base:.3f} s, kernel {ours:.3f} s per batch; "
+    print(f"[program {work} {dtype}] {kernel}: XLA {base:.3f} s, kernel {ours:.3f} s per batch; "
           f"{what} {diff:.3g}", flush=True)
-    return [(f"cpu_attention_{work}_{dtype}", base, ours, "s")]
+    return [(f"cpu_{kernel}_{work}_{dtype}", base, ours, "s")]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernel", choices=sorted(ENV_VARS), default="attention")
     parser.add_argument("--quick", action="store_true", help="blocks only, few repeats")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16 or both (default)")
-    parser.add_argument("--keys", type=int, default=1920, help="context keys T of the blocks")
+    parser.add_argument("--keys", type=int, default=1920,
+                        help="attention: context keys T of the blocks")
+    parser.add_argument("--rows", type=int, default=2432,
+                        help="matmul: rows of the blocks (the packed readout's 2 x 1,216)")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--actions", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=2)
@@ -160,12 +229,20 @@ def main() -> None:
                         help="whole-program workloads: readout (Hindsight+Progress, 2 "
                              "trajectories), actor (4 states, 10-20 options), decode (16 x 32)")
     args = parser.parse_args()
-    dtypes = [args.dtype] if args.dtype else ["float32", "bfloat16"]
-    results = bench_blocks(dtypes, args.keys, args.repeats or (5 if args.quick else 15))
+    repeats = args.repeats or (5 if args.quick else 15)
+    if args.kernel == "attention":
+        dtypes = [args.dtype] if args.dtype else ["float32", "bfloat16"]
+        results = bench_attention_blocks(dtypes, args.keys, repeats)
+    else:  # the kernel is bf16 only
+        if args.dtype not in (None, "bfloat16"):
+            parser.error("--kernel matmul runs in bfloat16 only")
+        dtypes = ["bfloat16"]
+        results = bench_matmul_blocks(args.rows, repeats)
     if not (args.quick or args.no_program):
         for work in args.workloads.split(","):
             for dtype in dtypes:
-                results += bench_program(work, dtype, args.actions, args.rounds, args.calls)
+                results += bench_program(args.kernel, work, dtype, args.actions, args.rounds,
+                                         args.calls)
     for name, base, ours, unit in results:
         print(f"RESULT {name}: baseline {base:.3f} {unit}, jaxdm {ours:.3f} {unit}, "
               f"ratio {base / ours:.2f}x")

@@ -1,0 +1,208 @@
+"""jaxdm's XLA:CPU kernels: C++ called through XLA's FFI (``cpu_attention``, ``cpu_matmul``).
+
+The sources beside this file (``cpu_attention.cc``, ``cpu_matmul.cc`` and the header they
+share) are compiled on first use into one shared library (``g++`` or ``$CXX``, ``-O3
+-march=native``) under ``<jaxdm cache>/kernels``, keyed by the sources, the compiler, jax and
+the CPU; ``cpu_kernels.main(["--build"])`` does it ahead of time (``make test`` and ``make
+demo`` run it). Each kernel is a ``Kernel`` here: its own environment variable
+turns it off, it is off where the CPU lacks what it needs, and a failed build turns it off
+with one warning naming why (XLA's operations are used instead: same results to rounding).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+import jax
+
+HERE = Path(__file__).parent
+SOURCES = (HERE / "cpu_attention.cc", HERE / "cpu_matmul.cc")
+HEADERS = (HERE / "cpu_kernels.h",)
+CXXFLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
+OFF_VALUES = ("0", "off", "false", "no")
+ON_VALUES = ("", "1", "on", "true", "yes")
+
+_lock = threading.Lock()
+_library: Any = None  # the loaded library (kept alive: XLA holds its handlers)
+_library_file: Path | None = None
+_library_error: Exception | None = None
+
+
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+def library_path(cxx: str) -> Path:
+    from jaxdm.models.smollm2 import cache_root
+
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True,
+                             check=False).stdout.splitlines()[:1]
+    model = ""
+    try:
+        model = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                      if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    key = hashlib.sha256()
+    for part in (*(p.read_bytes() for p in SOURCES + HEADERS), repr(version).encode(),
+                 " ".join(CXXFLAGS).encode(), jax.__version__.encode(), model.encode(),
+                 " ".join(sorted(cpu_flags())).encode()):
+        key.update(part)
+        key.update(b"\0")
+    return cache_root() / "kernels" / f"cpu_kernels-{key.hexdigest()[:16]}.so"
+
+
+def build() -> Path:
+    """Compiles the library (if not already built for these sources, compiler, jax and CPU)
+    and returns its path. Raises RuntimeError naming what failed."""
+    cxx = compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler (g++, c++ or $CXX) on PATH")
+    path = library_path(cxx)
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Built beside its final name and renamed: processes building at once never load a
+    # half-written library.
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
+    os.close(fd)
+    cmd = [cxx, *CXXFLAGS, f"-I{jax.ffi.include_dir()}", f"-I{HERE}", *map(str, SOURCES),
+           "-o", tmp]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        os.unlink(tmp)
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-12:])
+        raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{tail}")
+    os.replace(tmp, path)
+    return path
+
+
+def library() -> Any:
+    """The loaded library, built if needed (once per process; a failure is remembered and
+    raised again)."""
+    global _library, _library_error, _library_file
+    with _lock:
+        if _library is None and _library_error is None:
+            try:
+                _library_file = build()
+                _library = ctypes.cdll.LoadLibrary(str(_library_file))
+            except (RuntimeError, OSError) as exc:
+                _library_error = exc
+        if _library_error is not None:
+            raise _library_error
+        return _library
+
+
+class Kernel:
+    """One FFI handler of the library: ``status()`` is (on, why), computed once."""
+
+    def __init__(self, name: str, env_var: str, target: str, symbol: str,
+                 needs: tuple[str, ...], what: str, instead: str):
+        self.name, self.env_var, self.target, self.symbol = name, env_var, target, symbol
+        self.needs, self.what, self.instead = needs, what, instead
+        self._state: tuple[bool, str] | None = None
+        self._lock = threading.Lock()
+
+    def _load(self) -> tuple[bool, str]:
+        value = os.environ.get(self.env_var, "").strip().lower()
+        if value in OFF_VALUES:
+            return False, f"off: {self.env_var}={os.environ[self.env_var]}"
+        if value not in ON_VALUES:
+            raise ValueError(f"{self.env_var}={os.environ[self.env_var]!r}: expected one of "
+                             f"{', '.join(repr(v) for v in OFF_VALUES + ON_VALUES[1:])} "
+                             f"(or unset)")
+        if platform.machine().lower() not in ("x86_64", "amd64"):
+            return False, f"off: {platform.machine()} is not x86-64"
+        missing = [f for f in self.needs if f not in cpu_flags()]
+        if missing:
+            return False, f"off: the CPU lacks {', '.join(missing)}"
+        try:
+            lib = library()
+            jax.ffi.register_ffi_target(self.target, jax.ffi.pycapsule(getattr(lib, self.symbol)),
+                                        platform="cpu")
+        except (RuntimeError, OSError, AttributeError) as exc:
+            warnings.warn(f"jaxdm: the {self.what} is off, {self.instead} is used instead: "
+                          f"{exc}", RuntimeWarning, stacklevel=4)
+            return False, f"off: {exc}".splitlines()[0]
+        return True, f"on: {self.target} in {_library_file.name}"
+
+    def status(self) -> tuple[bool, str]:
+        """(on, why): whether the kernel is used, after building and registering it if
+        needed. A bad value of its environment variable raises ValueError naming it."""
+        with self._lock:
+            if self._state is None:
+                self._state = self._load()
+            return self._state
+
+    def enabled(self) -> bool:
+        return self.status()[0]
+
+    def cannot_run_here(self, why: str) -> bool:
+        """Whether an off ``status()`` reason is by choice, by CPU or by a missing compiler
+        (the kernels are optional: XLA's operations are used), not a failed build."""
+        return why.startswith((f"off: {self.env_var}=", "off: the CPU lacks",
+                               "off: no C++ compiler")) or "x86-64" in why
+
+
+KERNELS: dict[str, Kernel] = {}
+
+
+def register(kernel: Kernel) -> Kernel:
+    KERNELS[kernel.name] = kernel
+    return kernel
+
+
+def fingerprint() -> str:
+    """What programs traced in this process depend on (for keys of stored programs): which
+    kernels are on; a program that calls one needs it registered before it runs."""
+    _import_all()
+    return ",".join(f"{name}:{'on' if k.enabled() else 'off'}"
+                    for name, k in sorted(KERNELS.items()))
+
+
+def _import_all() -> None:
+    from jaxdm.models import cpu_attention, cpu_matmul  # noqa: F401  (they register)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--build", action="store_true",
+                        help="build and register the kernels now (exit 1 if that fails)")
+    args = parser.parse_args(argv)
+    # the package's module, not ``__main__``: the kernels register there when imported
+    from jaxdm.models import cpu_kernels as registry
+
+    registry._import_all()
+    failed = False
+    for name, kernel in sorted(registry.KERNELS.items()):
+        on, why = kernel.status()
+        print(f"jaxdm {name}: {why}")
+        failed |= not on and not kernel.cannot_run_here(why)
+    return 1 if args.build and failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""The AMX bf16 matmul kernel (jaxdm.models.cpu_matmul): numbers against XLA's dot, where the
+decoder uses it, vmap, derivatives, and how it is off."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxdm.models import cpu_kernels, cpu_matmul, decoder
+from jaxdm.models.config import ModelConfig
+
+
+@pytest.fixture(scope="module")
+def kernel_on():
+    on, why = cpu_matmul.status()
+    if not on:
+        if cpu_matmul.cannot_run_here(why):
+            pytest.skip(f"AMX bf16 matmul {why}")
+        pytest.fail(f"AMX bf16 matmul {why}")
+
+
+def _operands(m, k, n, seed=0, lead=()):
+    rng = np.random.default_rng(seed)
+    x = jnp.asarray(rng.normal(size=(*lead, m, k)), jnp.bfloat16)
+    w = jnp.asarray(rng.normal(size=(k, n)) / np.sqrt(k), jnp.bfloat16)
+    return x, w
+
+
+def _exact(x, w):
+    return np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+
+
+# rows not a multiple of 32 (the last strip through the tail buffer), one strip, many strips;
+# N = 32 (one block: one thread's range), K = 32 (one tile step) and the decoder's shapes
+@pytest.mark.parametrize("m,k,n", [(64, 32, 32), (97, 64, 96), (300, 576, 192),
+                                   (1000, 1536, 576)])
+def test_kernel_matches_exact_products(kernel_on, m, k, n):
+    x, w = _operands(m, k, n)
+    got = jax.jit(cpu_matmul.matmul)(x, w)
+    xla = jax.jit(cpu_matmul.reference)(x, w)
+    assert got.dtype == jnp.float32 and got.shape == (m, n)
+    exact = _exact(x, w)
+    # bf16 products are exact in fp32; only the fp32 summation order differs from XLA's
+    scale = np.abs(np.asarray(x, np.float64)) @ np.abs(np.asarray(w, np.float64))
+    assert np.all(np.abs(np.asarray(got) - exact) <= 1e-6 * scale + 1e-7)
+    np.testing.assert_allclose(got, xla, rtol=1e-5, atol=1e-5 * float(scale.max()))
+
+
+def test_the_kernel_is_what_runs_and_vmaps(kernel_on):
+    x, w = _operands(80, 64, 64, lead=(3,))
+    hlo = jax.jit(cpu_matmul.matmul).lower(x, w).as_text()
+    assert cpu_matmul.TARGET in hlo
+    np.testing.assert_allclose(jax.jit(cpu_matmul.matmul)(x, w), _exact(x, w), rtol=1e-5,
+                               atol=1e-4)
+    # vmap over x: the batch is more rows for one kernel call (no loop)
+    batched = jax.jit(jax.vmap(cpu_matmul.matmul, in_axes=(0, None)))
+    assert batched.lower(x, w).as_text().count(cpu_matmul.TARGET) == 1
+    np.testing.assert_allclose(batched(x, w), _exact(x, w), rtol=1e-5, atol=1e-4)
+    # vmap over both: one weight per slice (XLA's batched dot)
+    ws = jnp.stack([w, -w, 2 * w])
+    both = jax.jit(jax.vmap(cpu_matmul.matmul))(x, ws)
+    for i in range(3):
+        np.testing.assert_allclose(both[i], _exact(x[i], ws[i]), rtol=1e-5, atol=1e-4)
+
+
+def test_derivatives_are_xla_s(kernel_on):
+    x, w = _operands(64, 64, 32)
+    f = lambda x, w: jnp.sum(jnp.sin(cpu_matmul.matmul(x, w)))  # noqa: E731
+    g = lambda x, w: jnp.sum(jnp.sin(cpu_matmul.reference(x, w)))  # noqa: E731
+    for a, b in zip(jax.grad(f, argnums=(0, 1))(x, w), jax.grad(g, argnums=(0, 1))(x, w)):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                                   rtol=2e-2, atol=2e-2)
+
+
+def test_supports_only_what_the_kernel_takes():
+    x, w = _operands(64, 64, 64)
+    assert cpu_matmul.supports(x, w)
+    assert not cpu_matmul.supports(x.astype(jnp.float32), w.astype(jnp.float32))  # dtype
+    assert not cpu_matmul.supports(x[: cpu_matmul.MIN_ROWS - 1], w)  # a decoding step's rows
+    assert not cpu_matmul.supports(x[:, :48], w[:48])  # K not a multiple of 32
+    assert not cpu_matmul.supports(x, w[:, :48])  # N not a multiple of 32
+    assert not cpu_matmul.supports(x, w[None])  # a weight of rank 3
+
+
+def _tiny(dtype):
+    return ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2,
+                       num_heads=4, num_kv_heads=2, head_dim=16, dtype=dtype)
+
+
+def test_the_decoder_s_bf16_projections_run_on_it(kernel_on):
+    cfg = _tiny("bfloat16")
+    params = decoder.init_params(cfg, jax.random.key(0))
+    tokens = jax.random.randint(jax.random.key(1), (2, 48), 0, cfg.vocab_size)
+    positions = jnp.broadcast_to(jnp.arange(48), (2, 48))
+    hlo = jax.jit(lambda p, t, q: decoder.forward(p, cfg, t, q)).lower(
+        params, tokens, positions).as_text()
+    # q, k, v, o, gate, up, down in the layer scan's body
+    assert hlo.count(cpu_matmul.TARGET) == 7
+    got = decoder.forward(params, cfg, tokens, positions)
+    f32 = jax.tree.map(lambda a: a.astype(jnp.float32), params)
+    want = decoder.forward(f32, _tiny("float32"), tokens, positions)
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), atol=0.1)
+    # fp32 weights: XLA's dots
+    assert cpu_matmul.TARGET not in jax.jit(lambda p, t, q: decoder.forward(
+        p, _tiny("float32"), t, q)).lower(f32, tokens, positions).as_text()
+
+
+def test_as_matmul_reads_the_decoder_s_specs():
+    x = jnp.zeros((2, 3, 8))
+    w = jnp.zeros((8, 4, 5))
+    x2, w2, shape = decoder._as_matmul("BSD,DNH->BSNH", x, w)
+    assert (x2.shape, w2.shape, shape) == ((2, 3, 8), (8, 20), (2, 3, 4, 5))
+    x2, w2, shape = decoder._as_matmul("BSNH,NHD->BSD", jnp.zeros((2, 3, 4, 5)), w.T)
+    assert (x2.shape, w2.shape, shape) == ((2, 3, 20), (20, 8), (2, 3, 8))
+    assert decoder._as_matmul("BSD,VD->BSV", x, jnp.zeros((9, 8))) is None  # w transposed
+    assert decoder._as_matmul("BSD,DF->BFS", x, jnp.zeros((8, 6))) is None  # reordered out
+
+
+def _run(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env={**os.environ, **env}, timeout=300)
+
+
+_PROBE = """
+    import jax, jax.numpy as jnp
+    from jaxdm.models import cpu_matmul, decoder
+    x = jnp.ones((64, 32), jnp.bfloat16); w = jnp.ones((32, 32), jnp.bfloat16)
+    hlo = jax.jit(lambda x, w: decoder._mm("MK,KN->MN", x, w)).lower(x, w).as_text()
+    print("STATUS", cpu_matmul.status(), cpu_matmul.TARGET in hlo,
+          float(decoder._mm("MK,KN->MN", x, w).sum()))
+"""
+
+
+def test_env_var_turns_it_off():
+    proc = _run(_PROBE, JAXDM_CPU_MATMUL="0")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("STATUS"))
+    assert line == "STATUS (False, 'off: JAXDM_CPU_MATMUL=0') False 65536.0"
+
+
+def test_a_bad_env_value_is_an_error():
+    proc = _run(_PROBE, JAXDM_CPU_MATMUL="fast")
+    assert proc.returncode != 0
+    assert "JAXDM_CPU_MATMUL='fast': expected one of" in proc.stderr
+
+
+def test_fingerprint_names_every_kernel():
+    fp = cpu_kernels.fingerprint()
+    assert fp.startswith("cpu_attention:") and ",cpu_matmul:" in fp
