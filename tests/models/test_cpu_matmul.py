@@ -77,10 +77,10 @@ def test_derivatives_are_xla_s(kernel_on):
 
 
 def test_supports_only_what_the_kernel_takes():
-    x, w = _operands(64, 64, 64)
+    x, w = _operands(cpu_matmul.MIN_ROWS, 64, 64)
     assert cpu_matmul.supports(x, w)
     assert not cpu_matmul.supports(x.astype(jnp.float32), w.astype(jnp.float32))  # dtype
-    assert not cpu_matmul.supports(x[: cpu_matmul.MIN_ROWS - 1], w)  # a decoding step's rows
+    assert not cpu_matmul.supports(x[: cpu_matmul.MIN_ROWS - 1], w)  # few rows
     assert not cpu_matmul.supports(x[:, :48], w[:48])  # K not a multiple of 32
     assert not cpu_matmul.supports(x, w[:, :48])  # N not a multiple of 32
     assert not cpu_matmul.supports(x, w[None])  # a weight of rank 3
@@ -94,8 +94,9 @@ def _tiny(dtype):
 def test_the_decoder_s_bf16_projections_run_on_it(kernel_on):
     cfg = _tiny("bfloat16")
     params = decoder.init_params(cfg, jax.random.key(0))
-    tokens = jax.random.randint(jax.random.key(1), (2, 48), 0, cfg.vocab_size)
-    positions = jnp.broadcast_to(jnp.arange(48), (2, 48))
+    s = cpu_matmul.MIN_ROWS // 2  # 2 rows of s tokens: MIN_ROWS rows for the kernel
+    tokens = jax.random.randint(jax.random.key(1), (2, s), 0, cfg.vocab_size)
+    positions = jnp.broadcast_to(jnp.arange(s), (2, s))
     hlo = jax.jit(lambda p, t, q: decoder.forward(p, cfg, t, q)).lower(
         params, tokens, positions).as_text()
     # q, k, v, o, gate, up, down in the layer scan's body
@@ -128,7 +129,7 @@ def _run(code: str, **env) -> subprocess.CompletedProcess:
 _PROBE = """
     import jax, jax.numpy as jnp
     from jaxdm.models import cpu_matmul, decoder
-    x = jnp.ones((64, 32), jnp.bfloat16); w = jnp.ones((32, 32), jnp.bfloat16)
+    x = jnp.ones((cpu_matmul.MIN_ROWS, 32), jnp.bfloat16); w = jnp.ones((32, 32), jnp.bfloat16)
     hlo = jax.jit(lambda x, w: decoder._mm("MK,KN->MN", x, w)).lower(x, w).as_text()
     print("STATUS", cpu_matmul.status(), cpu_matmul.TARGET in hlo,
           float(decoder._mm("MK,KN->MN", x, w).sum()))
@@ -139,7 +140,7 @@ def test_env_var_turns_it_off():
     proc = _run(_PROBE, JAXDM_CPU_MATMUL="0")
     assert proc.returncode == 0, proc.stderr[-2000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("STATUS"))
-    assert line == "STATUS (False, 'off: JAXDM_CPU_MATMUL=0') False 65536.0"
+    assert line == "STATUS (False, 'off: JAXDM_CPU_MATMUL=0') False 262144.0"
 
 
 def test_a_bad_env_value_is_an_error():
