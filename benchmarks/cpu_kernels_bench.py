@@ -153,8 +153,8 @@ def bench_matmul_blocks(rows: int, repeats: int) -> list[tuple]:
         diff = float(jnp.max(jnp.abs(want - got)))
         tx = tw = None
         if torch is not None:
-            tx = torch.from_numpy(np.asarray(x.astype(jnp.float32))).bfloat16()
-            tw = torch.from_numpy(np.asarray(w.astype(jnp.float32))).bfloat16()
+            tx = torch.from_numpy(np.array(x.astype(jnp.float32))).bfloat16()
+            tw = torch.from_numpy(np.array(w.astype(jnp.float32))).bfloat16()
         tb, to, tt = [], [], []
         for _ in range(repeats):
             t0 = time.perf_counter()
