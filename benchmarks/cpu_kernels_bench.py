@@ -181,16 +181,21 @@ def bench_matmul_blocks(rows: int, repeats: int) -> list[tuple]:
 
 
 def bench_program(kernel: str, work: str, dtype: str, n_act: int, rounds: int,
-                  calls: int) -> list[tuple]:
+                  calls: int, vs_fp32: bool = False) -> list[tuple]:
+    """One child per variant, alternated: XLA (the kernel's variable = 0), the kernel, and
+    with ``vs_fp32`` the same job in fp32 (a third child) as the precision and speed
+    reference of a bf16 run."""
     var = ENV_VARS[kernel]
-    variants = {"xla": {var: "0"}, "kernel": {}}
+    variants = {"xla": (dtype, {var: "0"}), "kernel": (dtype, {})}
+    if vs_fp32:
+        variants["fp32"] = ("float32", {})
     times = {k: [] for k in variants}
     scores = {}
     for r in range(rounds):
-        for name, extra in variants.items():
+        for name, (child_dtype, extra) in variants.items():
             env = {k: v for k, v in os.environ.items() if k != var}
             env.update(extra)
-            proc = subprocess.run([sys.executable, "-c", CHILD, work, dtype, str(n_act),
+            proc = subprocess.run([sys.executable, "-c", CHILD, work, child_dtype, str(n_act),
                                    str(calls)],
                                   env=env, capture_output=True, text=True, check=False)
             line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("CHILD ")), None)
@@ -200,15 +205,24 @@ def bench_program(kernel: str, work: str, dtype: str, n_act: int, rounds: int,
             times[name].append(out["s"])
             scores[name] = out["scores"]
             print(f"[program {work} round {r} {name}] {out['s']:.3f} s per batch "
-                  f"({out['kernels']})", flush=True)
-    diff = max(abs(a - b) for a, b in zip(scores["xla"], scores["kernel"]))
-    base, ours = statistics.median(times["xla"]), statistics.median(times["kernel"])
+                  f"({child_dtype}; {out['kernels']})", flush=True)
+
+    def diff(a: str, b: str) -> float:
+        if work == "decode":
+            return sum(x != y for x, y in zip(scores[a], scores[b]))
+        return max(abs(x - y) for x, y in zip(scores[a], scores[b]))
+
     what = "max |score diff|" if work != "decode" else "tokens differing"
-    if work == "decode":
-        diff = sum(a != b for a, b in zip(scores["xla"], scores["kernel"]))
+    base, ours = statistics.median(times["xla"]), statistics.median(times["kernel"])
     print(f"[program {work} {dtype}] {kernel}: XLA {base:.3f} s, kernel {ours:.3f} s per batch; "
-          f"{what} {diff:.3g}", flush=True)
-    return [(f"cpu_{kernel}_{work}_{dtype}", base, ours, "s")]
+          f"{what} {diff('xla', 'kernel'):.3g}", flush=True)
+    results = [(f"cpu_{kernel}_{work}_{dtype}", base, ours, "s")]
+    if vs_fp32:
+        ref = statistics.median(times["fp32"])
+        print(f"[program {work}] fp32 {ref:.3f} s per batch; {what} vs fp32: XLA "
+              f"{diff('xla', 'fp32'):.3g}, kernel {diff('kernel', 'fp32'):.3g}", flush=True)
+        results.append((f"cpu_{kernel}_{work}_{dtype}_vs_fp32", ref, ours, "s"))
+    return results
 
 
 def main() -> None:
@@ -225,6 +239,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--calls", type=int, default=2, help="timed calls per program child")
     parser.add_argument("--no-program", action="store_true")
+    parser.add_argument("--vs-fp32", action="store_true",
+                        help="programs: also run each job in fp32 (speed and score reference)")
     parser.add_argument("--workloads", default="readout,actor,decode",
                         help="whole-program workloads: readout (Hindsight+Progress, 2 "
                              "trajectories), actor (4 states, 10-20 options), decode (16 x 32)")
@@ -242,7 +258,7 @@ def main() -> None:
         for work in args.workloads.split(","):
             for dtype in dtypes:
                 results += bench_program(args.kernel, work, dtype, args.actions, args.rounds,
-                                         args.calls)
+                                         args.calls, vs_fp32=args.vs_fp32 and dtype != "float32")
     for name, base, ours, unit in results:
         print(f"RESULT {name}: baseline {base:.3f} {unit}, jaxdm {ours:.3f} {unit}, "
               f"ratio {base / ours:.2f}x")
