@@ -36,14 +36,11 @@ import numpy as np
 
 from jaxdm.models import cpu_kernels
 
-ENV_VAR = "JAXDM_CPU_ATTENTION"
-TARGET = "jaxdm_cpu_attention"
+KERNEL = cpu_kernels.ATTENTION
+ENV_VAR = KERNEL.env_var
+TARGET = KERNEL.target
 HEAD_DIMS = (32, 64, 128, 256)
 DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
-
-KERNEL = cpu_kernels.register(cpu_kernels.Kernel(
-    "cpu_attention", ENV_VAR, TARGET, "JaxdmCpuAttention", ("avx512f", "avx512bw", "avx512vl"),
-    what="fused CPU attention kernel", instead="XLA's attention"))
 status = KERNEL.status
 enabled = KERNEL.enabled
 cannot_run_here = KERNEL.cannot_run_here

@@ -165,24 +165,21 @@ class Kernel:
                                "off: no C++ compiler")) or "x86-64" in why
 
 
-KERNELS: dict[str, Kernel] = {}
-
-
-def register(kernel: Kernel) -> Kernel:
-    KERNELS[kernel.name] = kernel
-    return kernel
+# The library's kernels (their modules, cpu_attention and cpu_matmul, hold the Python sides).
+ATTENTION = Kernel("cpu_attention", "JAXDM_CPU_ATTENTION", "jaxdm_cpu_attention",
+                   "JaxdmCpuAttention", ("avx512f", "avx512bw", "avx512vl"),
+                   what="fused CPU attention kernel", instead="XLA's attention")
+MATMUL = Kernel("cpu_matmul", "JAXDM_CPU_MATMUL", "jaxdm_cpu_matmul", "JaxdmCpuMatmul",
+                ("avx512f", "avx512bw", "avx512vl", "amx_tile", "amx_bf16"),
+                what="AMX bf16 matmul kernel", instead="XLA's dot")
+KERNELS: dict[str, Kernel] = {k.name: k for k in (ATTENTION, MATMUL)}
 
 
 def fingerprint() -> str:
     """What programs traced in this process depend on (for keys of stored programs): which
     kernels are on; a program that calls one needs it registered before it runs."""
-    _import_all()
     return ",".join(f"{name}:{'on' if k.enabled() else 'off'}"
                     for name, k in sorted(KERNELS.items()))
-
-
-def _import_all() -> None:
-    from jaxdm.models import cpu_attention, cpu_matmul  # noqa: F401  (they register)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,12 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--build", action="store_true",
                         help="build and register the kernels now (exit 1 if that fails)")
     args = parser.parse_args(argv)
-    # the package's module, not ``__main__``: the kernels register there when imported
-    from jaxdm.models import cpu_kernels as registry
-
-    registry._import_all()
     failed = False
-    for name, kernel in sorted(registry.KERNELS.items()):
+    for name, kernel in sorted(KERNELS.items()):
         on, why = kernel.status()
         print(f"jaxdm {name}: {why}")
         failed |= not on and not kernel.cannot_run_here(why)

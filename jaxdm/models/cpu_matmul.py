@@ -24,16 +24,13 @@ import jax.numpy as jnp
 
 from jaxdm.models import cpu_kernels
 
-ENV_VAR = "JAXDM_CPU_MATMUL"
-TARGET = "jaxdm_cpu_matmul"
+KERNEL = cpu_kernels.MATMUL
+ENV_VAR = KERNEL.env_var
+TARGET = KERNEL.target
 # Rows (x's leading dims) below which XLA's dot is used: at 64-128 rows packing w on every call
 # costs more than the tiles save (0.66-1.17x at 64 rows; 1.02-1.66x at 256; 2026-12-03).
 MIN_ROWS = 256
 
-KERNEL = cpu_kernels.register(cpu_kernels.Kernel(
-    "cpu_matmul", ENV_VAR, TARGET, "JaxdmCpuMatmul",
-    ("avx512f", "avx512bw", "avx512vl", "amx_tile", "amx_bf16"),
-    what="AMX bf16 matmul kernel", instead="XLA's dot"))
 status = KERNEL.status
 enabled = KERNEL.enabled
 cannot_run_here = KERNEL.cannot_run_here
