@@ -1,7 +1,7 @@
 // bf16 matmul on AMX tiles for XLA:CPU, called through XLA's FFI (jaxdm.models.cpu_matmul).
 //
-// Why: XLA:CPU's bf16 dots ran 1.7-3.3x slower than oneDNN's at the readout's shapes on this
-// CPU (issue 17), and slower than its own fp32 dots, so jaxdm's bf16 was slower than its fp32.
+// Why: XLA:CPU's bf16 dots (fp32 results) ran 1.7-3.3x slower than oneDNN's at the readout's
+// shapes on this CPU (issue 17).
 //
 // Operands: x [..., K] bf16 (leading dims flattened to M rows), w [K, N] bf16, row major;
 // K and N multiples of 32. Result [..., N] f32: products of bf16 pairs accumulated in f32.

@@ -1,8 +1,7 @@
 """bf16 matmuls on AMX tiles for XLA:CPU (``cpu_matmul.cc``), called through XLA's FFI.
 
-XLA:CPU's bf16 dots ran 1.7-3.3x slower than oneDNN's at the decoder's shapes on this CPU
-(issue 17), and slower than its own fp32 dots, so a bf16 model scored slower than an fp32 one.
-The kernel computes ``x [..., K] @ w [K, N]`` from bf16 operands into fp32 (products of bf16
+XLA:CPU's bf16 dots (fp32 results) ran 1.7-3.3x slower than oneDNN's at the decoder's shapes
+on this CPU (issue 17). The kernel computes ``x [..., K] @ w [K, N]`` from bf16 operands into fp32 (products of bf16
 pairs, fp32 accumulation: what ``jnp.einsum(..., preferred_element_type=float32)`` computes,
 to summation order) on the AMX tiles of x86-64 CPUs that have them (``amx_bf16``).
 
