@@ -1,9 +1,10 @@
 """bf16 matmuls on AMX tiles for XLA:CPU (``cpu_matmul.cc``), called through XLA's FFI.
 
 XLA:CPU's bf16 dots (fp32 results) ran 1.7-3.3x slower than oneDNN's at the decoder's shapes
-on this CPU (issue 17). The kernel computes ``x [..., K] @ w [K, N]`` from bf16 operands into fp32 (products of bf16
-pairs, fp32 accumulation: what ``jnp.einsum(..., preferred_element_type=float32)`` computes,
-to summation order) on the AMX tiles of x86-64 CPUs that have them (``amx_bf16``).
+on this CPU (issue 17). The kernel computes ``x [..., K] @ w [K, N]`` from bf16 operands into
+fp32 (products of bf16 pairs, fp32 accumulation: what ``jnp.einsum(...,
+preferred_element_type=float32)`` computes, to summation order) on the AMX tiles of x86-64
+CPUs that have them (``amx_bf16``).
 
 - ``matmul(x, w)`` is the decoder's bf16 projection path: on CPU the kernel, elsewhere and
   under differentiation the einsum (a custom JVP: the kernel is forward-only), so gradients
