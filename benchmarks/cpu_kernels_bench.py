@@ -74,6 +74,17 @@ print("CHILD " + json.dumps({"s": statistics.median(times), "scores": scores,
 ENV_VARS = {"attention": "JAXDM_CPU_ATTENTION", "matmul": "JAXDM_CPU_MATMUL"}
 
 
+def alternated_ms(calls: list, repeats: int) -> list[float]:
+    """Median ms of each call, the calls alternated ``repeats`` times."""
+    times: list[list[float]] = [[] for _ in calls]
+    for _ in range(repeats):
+        for fn, ts in zip(calls, times):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+    return [statistics.median(ts) * 1e3 for ts in times]
+
+
 def bench_attention_blocks(dtypes: list[str], t: int, repeats: int) -> list[tuple]:
     import jax
     import jax.numpy as jnp
@@ -107,17 +118,10 @@ def bench_attention_blocks(dtypes: list[str], t: int, repeats: int) -> list[tupl
             want = base_fn(q, sources).block_until_ready()
             got = ours_fn(q, sources).block_until_ready()
             diff = float(jnp.max(jnp.abs(want.astype(jnp.float32) - got.astype(jnp.float32))))
-            tb, to = [], []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                base_fn(q, sources).block_until_ready()
-                tb.append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                ours_fn(q, sources).block_until_ready()
-                to.append(time.perf_counter() - t0)
+            mb, mo = alternated_ms([lambda: base_fn(q, sources).block_until_ready(),
+                                    lambda: ours_fn(q, sources).block_until_ready()], repeats)
             visible = sum(float(np.asarray(m).sum()) for _, _, m in sources)
             flops = 4 * hd * kh * g * visible
-            mb, mo = statistics.median(tb) * 1e3, statistics.median(to) * 1e3
             print(f"[blocks {name} {dtype} T={t}] XLA {mb:.2f} ms, kernel {mo:.2f} ms "
                   f"({flops / mo / 1e6:.0f} GFLOP/s on visible keys), max |diff| {diff:.2e}",
                   flush=True)
@@ -155,23 +159,15 @@ def bench_matmul_blocks(rows: int, repeats: int) -> list[tuple]:
         if torch is not None:
             tx = torch.from_numpy(np.array(x.astype(jnp.float32))).bfloat16()
             tw = torch.from_numpy(np.array(w.astype(jnp.float32))).bfloat16()
-        tb, to, tt = [], [], []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            base_fn(x, w).block_until_ready()
-            tb.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            ours_fn(x, w).block_until_ready()
-            to.append(time.perf_counter() - t0)
-            if torch is not None:
-                t0 = time.perf_counter()
-                torch.matmul(tx, tw)
-                tt.append(time.perf_counter() - t0)
+        calls = [lambda: base_fn(x, w).block_until_ready(),
+                 lambda: ours_fn(x, w).block_until_ready()]
+        if torch is not None:
+            calls.append(lambda: torch.matmul(tx, tw))
+        mb, mo, *mt = alternated_ms(calls, repeats)
         flops = 2 * rows * k * n
-        mb, mo = statistics.median(tb) * 1e3, statistics.median(to) * 1e3
         extra = ""
-        if tt:
-            mt = statistics.median(tt) * 1e3
+        if mt:
+            mt = mt[0]
             extra = f", torch/oneDNN (bf16 out) {mt:.2f} ms ({flops / mt / 1e6:.0f} GFLOP/s)"
         print(f"[blocks matmul {name} {rows}x{k}x{n}] XLA {mb:.2f} ms ({flops / mb / 1e6:.0f} "
               f"GFLOP/s), kernel {mo:.2f} ms ({flops / mo / 1e6:.0f} GFLOP/s){extra}, "
