@@ -1,5 +1,5 @@
 """jaxdm's CPU kernels vs XLA (issue 17): the fused attention (``jaxdm.models.cpu_attention``)
-and the AMX bf16 matmul (``jaxdm.models.cpu_matmul``), chosen by ``--kernel``.
+and the bf16 matmul (``jaxdm.models.cpu_matmul``), chosen by ``--kernel``.
 
 Baseline = XLA's operations (``decoder.xla_attend``; ``cpu_matmul.reference``, XLA's dot);
 jaxdm = the kernel. RESULT ratio > 1 = the kernel is faster.
@@ -138,7 +138,7 @@ def bench_matmul_blocks(rows: int, repeats: int) -> list[tuple]:
 
     on, why = cpu_matmul.status()
     if not on:
-        raise SystemExit(f"the AMX bf16 matmul kernel is {why}")
+        raise SystemExit(f"the bf16 matmul kernel is {why}")
     try:
         import torch
 

@@ -170,8 +170,8 @@ ATTENTION = Kernel("cpu_attention", "JAXDM_CPU_ATTENTION", "jaxdm_cpu_attention"
                    "JaxdmCpuAttention", ("avx512f", "avx512bw", "avx512vl"),
                    what="fused CPU attention kernel", instead="XLA's attention")
 MATMUL = Kernel("cpu_matmul", "JAXDM_CPU_MATMUL", "jaxdm_cpu_matmul", "JaxdmCpuMatmul",
-                ("avx512f", "avx512bw", "avx512vl", "amx_tile", "amx_bf16"),
-                what="AMX bf16 matmul kernel", instead="XLA's dot")
+                ("avx512f", "avx512bw", "avx512vl", "avx512_bf16"),
+                what="bf16 matmul kernel", instead="XLA's dot")
 KERNELS: dict[str, Kernel] = {k.name: k for k in (ATTENTION, MATMUL)}
 
 

@@ -1,15 +1,19 @@
-// bf16 matmul on AMX tiles for XLA:CPU, called through XLA's FFI (jaxdm.models.cpu_matmul).
+// bf16 matmul for XLA:CPU, called through XLA's FFI (jaxdm.models.cpu_matmul): on AMX tiles where
+// the CPU has them, else on AVX-512 BF16 pair dot products (vdpbf16ps).
 //
 // Why: XLA:CPU's bf16 dots (fp32 results) ran 1.7-3.3x slower than oneDNN's at the readout's
-// shapes on this CPU (issue 17).
+// shapes on an AMX CPU (issue 17).
 //
 // Operands: x [..., K] bf16 (leading dims flattened to M rows), w [K, N] bf16, row major;
 // K and N multiples of 32. Result [..., N] f32: products of bf16 pairs accumulated in f32.
 //
-// Work: w is packed into 16-column panels of bf16 pairs (a tile's B operand, [K/2][16][2]),
-// split over the threads. Then each item takes 128 rows of x and one of the threads' column
-// ranges: 32 rows at a time, it packs x's rows into 16 x 32 tiles (contiguous 1 KB loads) and
-// computes 32 x 32 blocks of the result in four accumulator tiles over the whole of K.
+// Work: w is packed into 16-column panels of bf16 pairs ([K/2][16][2]: a tile's B operand, and
+// one vdpbf16ps operand per pair of rows), split over the threads. Then each item takes a chunk
+// of x's rows and one of the threads' column ranges.
+// - AMX: 32 rows at a time, x's rows are packed into 16 x 32 tiles (contiguous 1 KB loads) and
+//   32 x 32 blocks of the result computed in four accumulator tiles over the whole of K.
+// - AVX-512 BF16: 6 rows x 64 columns of the result in 24 registers over the whole of K, x's
+//   pairs broadcast from x in place (no packing), w's four panels read in step.
 
 #include <immintrin.h>
 
@@ -24,7 +28,7 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-#ifdef __AMX_BF16__
+#if defined(__AMX_BF16__) || defined(__AVX512BF16__)
 // w [K, N] columns [j0, j0 + cols) -> panels of 16 columns, each [K/2][16][2].
 void pack_w(const uint16_t* w, int64_t k, int64_t n, int64_t j0, int64_t cols, uint16_t* out) {
   for (int64_t p = 0; p < cols / 16; ++p) {
@@ -45,6 +49,9 @@ void pack_w(const uint16_t* w, int64_t k, int64_t n, int64_t j0, int64_t cols, u
   }
 }
 
+#endif
+
+#ifdef __AMX_BF16__
 // x rows [i0, i0 + rows) -> tiles [rows/16][K/32][16][32]; rows past m are zeros.
 void pack_x(const uint16_t* x, int64_t m, int64_t k, int64_t i0, int64_t rows, uint16_t* out) {
   for (int64_t s = 0; s < rows / 16; ++s)
@@ -60,6 +67,9 @@ void pack_x(const uint16_t* x, int64_t m, int64_t k, int64_t i0, int64_t rows, u
     }
 }
 
+#endif
+
+#if defined(__AMX_BF16__) || defined(__AVX512BF16__)
 struct Problem {
   const uint16_t* x;
   const uint16_t* w;
@@ -68,7 +78,9 @@ struct Problem {
   int64_t m, k, n;
   int64_t n_ranges, chunks;
 };
+#endif
 
+#ifdef __AMX_BF16__
 constexpr int64_t kStripsPerChunk = 4;  // 32-row strips of x per work item
 
 // Item i: rows chunk i / n_ranges, columns range i % n_ranges.
@@ -144,12 +156,76 @@ void compute_item(const Problem& pb, int64_t item) {
 }
 #endif  // __AMX_BF16__
 
+#ifdef __AVX512BF16__
+constexpr int kRows = 6;                // result rows per register block
+constexpr int64_t kRowsPerChunk = 96;   // x rows per work item (16 blocks)
+constexpr int64_t kWBytesPerPass = 256 << 10;  // packed w per pass over a chunk's rows
+
+// out[0:kRows, 0:16 * NP] = x[0:kRows, :] @ (NP panels from wp), every row valid (x has kRows
+// rows at stride ldx). Accumulators stay in registers over the whole of K.
+template <int NP>
+inline void dot_block(const uint16_t* x, int64_t ldx, const uint16_t* wp, int64_t k, float* out,
+                      int64_t ldo, int valid, bool stream) {
+  __m512 acc[kRows][NP];
+  for (int r = 0; r < kRows; ++r)
+    for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_ps();
+  const int64_t panel = k * 16;
+  for (int64_t kk = 0; kk < k; kk += 2) {
+    __m512bh b[NP];
+    for (int p = 0; p < NP; ++p)
+      b[p] = (__m512bh)_mm512_loadu_si512(wp + p * panel + kk * 16);
+    for (int r = 0; r < kRows; ++r) {
+      int32_t pair;  // (x[r][kk], x[r][kk + 1])
+      std::memcpy(&pair, x + r * ldx + kk, sizeof pair);
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(pair);
+      for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_dpbf16_ps(acc[r][p], a, b[p]);
+    }
+  }
+  for (int r = 0; r < valid; ++r)
+    for (int p = 0; p < NP; ++p) {
+      if (stream) _mm512_stream_ps(out + r * ldo + p * 16, acc[r][p]);
+      else _mm512_storeu_ps(out + r * ldo + p * 16, acc[r][p]);
+    }
+}
+
+// Item i: rows chunk i / n_ranges, columns range i % n_ranges (in 32-column blocks).
+void compute_item_dp(const Problem& pb, int64_t item) {
+  const int64_t blocks = pb.n / 32;
+  const int64_t nr = item % pb.n_ranges, chunk = item / pb.n_ranges;
+  const int64_t j_lo = blocks * nr / pb.n_ranges * 32, j_hi = blocks * (nr + 1) / pb.n_ranges * 32;
+  const int64_t r_lo = chunk * kRowsPerChunk, r_hi = std::min(pb.m, r_lo + kRowsPerChunk);
+  const int64_t k = pb.k, n = pb.n;
+  // result rows start 64-byte aligned when the buffer does (N is a multiple of 32)
+  const bool stream = reinterpret_cast<uintptr_t>(pb.out) % 64 == 0;
+  thread_local std::vector<uint16_t> tail;  // the last rows, padded with zeros to kRows
+  // Columns in sub-ranges whose packed w fits in L2 beside the chunk of x: each sub-range of w
+  // (L2) meets every row block of the chunk (x's block in L1).
+  const int64_t sub = std::max<int64_t>(64, kWBytesPerPass / (2 * k) / 64 * 64);
+  for (int64_t c_lo = j_lo; c_lo < j_hi; c_lo += sub) {
+    const int64_t c_hi = std::min(j_hi, c_lo + sub);
+    for (int64_t row = r_lo; row < r_hi; row += kRows) {
+      const int valid = static_cast<int>(std::min<int64_t>(kRows, r_hi - row));
+      const uint16_t* xs = pb.x + row * k;
+      if (valid < kRows) {
+        tail.assign(kRows * k, 0);
+        std::memcpy(tail.data(), xs, valid * k * sizeof(uint16_t));
+        xs = tail.data();
+      }
+      int64_t j = c_lo;
+      for (; j + 64 <= c_hi; j += 64)
+        dot_block<4>(xs, k, pb.wp + j * k, k, pb.out + row * n + j, n, valid, stream);
+      if (j < c_hi) dot_block<2>(xs, k, pb.wp + j * k, k, pb.out + row * n + j, n, valid, stream);
+    }
+  }
+  if (stream) _mm_sfence();  // the streamed stores are visible before the item counts as done
+}
+#endif  // __AVX512BF16__
+
 ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::BF16> w,
                   ffi::ResultBuffer<ffi::F32> out) {
-#ifndef __AMX_BF16__
-  return ffi::Error::Internal("jaxdm cpu_matmul was built without AMX");
+#if !defined(__AMX_BF16__) && !defined(__AVX512BF16__)
+  return ffi::Error::Internal("jaxdm cpu_matmul was built without AMX or AVX-512 BF16");
 #else
-  if (!jaxdm::amx_allowed()) return ffi::Error::Internal("the kernel refused AMX tile state");
   const auto xd = x.dimensions(), wd = w.dimensions();
   if (xd.size() < 1 || wd.size() != 2) return ffi::Error::InvalidArgument("x must be [..., K], w [K, N]");
   Problem pb;
@@ -166,6 +242,14 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ff
     std::memset(out->typed_data(), 0, pb.m * pb.n * sizeof(float));
     return ffi::Error::Success();
   }
+#ifdef __AMX_BF16__
+  const bool amx = jaxdm::amx_allowed();
+#else
+  const bool amx = false;
+#endif
+#ifndef __AVX512BF16__
+  if (!amx) return ffi::Error::Internal("the kernel refused AMX tile state");
+#endif
   pb.x = reinterpret_cast<const uint16_t*>(x.typed_data());
   pb.w = reinterpret_cast<const uint16_t*>(w.typed_data());
   pb.out = out->typed_data();
@@ -182,8 +266,17 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ff
   // Items claimed in order: the threads share a chunk of rows, each on its own columns
   // (w's range stays in its L2); a thread slowed by another process takes fewer items.
   pb.n_ranges = std::min<int64_t>(threads, pb.n / 32);
-  pb.chunks = ((pb.m + 31) / 32 + kStripsPerChunk - 1) / kStripsPerChunk;
-  jaxdm::run_items(pool, pb.chunks * pb.n_ranges, [&pb](int64_t i) { compute_item(pb, i); });
+#ifdef __AMX_BF16__
+  if (amx) {
+    pb.chunks = ((pb.m + 31) / 32 + kStripsPerChunk - 1) / kStripsPerChunk;
+    jaxdm::run_items(pool, pb.chunks * pb.n_ranges, [&pb](int64_t i) { compute_item(pb, i); });
+    return ffi::Error::Success();
+  }
+#endif
+#ifdef __AVX512BF16__
+  pb.chunks = (pb.m + kRowsPerChunk - 1) / kRowsPerChunk;
+  jaxdm::run_items(pool, pb.chunks * pb.n_ranges, [&pb](int64_t i) { compute_item_dp(pb, i); });
+#endif
   return ffi::Error::Success();
 #endif
 }

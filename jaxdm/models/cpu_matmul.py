@@ -1,10 +1,11 @@
-"""bf16 matmuls on AMX tiles for XLA:CPU (``cpu_matmul.cc``), called through XLA's FFI.
+"""bf16 matmuls for XLA:CPU (``cpu_matmul.cc``), called through XLA's FFI.
 
 XLA:CPU's bf16 dots (fp32 results) ran 1.7-3.3x slower than oneDNN's at the decoder's shapes
-on this CPU (issue 17). The kernel computes ``x [..., K] @ w [K, N]`` from bf16 operands into
+on an AMX CPU (issue 17). The kernel computes ``x [..., K] @ w [K, N]`` from bf16 operands into
 fp32 (products of bf16 pairs, fp32 accumulation: what ``jnp.einsum(...,
 preferred_element_type=float32)`` computes, to summation order) on the AMX tiles of x86-64
-CPUs that have them (``amx_bf16``).
+CPUs that have them (``amx_bf16``), else with AVX-512 BF16 pair dot products
+(``avx512_bf16``, e.g. AMD Zen 4).
 
 - ``matmul(x, w)`` is the decoder's bf16 projection path: on CPU the kernel, elsewhere and
   under differentiation the einsum (a custom JVP: the kernel is forward-only), so gradients
@@ -12,7 +13,7 @@ CPUs that have them (``amx_bf16``).
 - ``supports(x, w)`` says where it is used: bf16 operands, K and N multiples of 32, at least
   ``MIN_ROWS`` rows (a decoding step's few rows leave the tiles mostly empty).
 - ``JAXDM_CPU_MATMUL=0`` (or ``off``/``false``/``no``) turns it off; it is off where it cannot
-  run (no AMX, no compiler, a failed build: one warning names why). ``status()`` says which.
+  run (no AVX-512 BF16, no compiler, a failed build: one warning names why). ``status()`` says which.
   The kernel is built with jaxdm's other CPU kernels (``jaxdm.models.cpu_kernels``).
 """
 from __future__ import annotations
@@ -55,7 +56,7 @@ def reference(x: jax.Array, w: jax.Array) -> jax.Array:
 def _kernel(x: jax.Array, w: jax.Array) -> jax.Array:
     on, why = status()
     if not on:
-        raise RuntimeError(f"the AMX bf16 matmul kernel is {why}")
+        raise RuntimeError(f"the bf16 matmul kernel is {why}")
     call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(x.shape[:-1] + w.shape[1:],
                                                          jnp.float32))
     return call(x, w)

@@ -149,7 +149,7 @@ def _mm(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
 
     A spec that is one matmul (x's trailing dims contracted with w's leading ones, the rest in
     order) runs as ``cpu_matmul.matmul`` where that kernel is on and takes the operands (bf16
-    on CPUs with AMX)."""
+    on CPUs with AMX or AVX-512 BF16)."""
     x = x.astype(w.dtype)
     plan = _as_matmul(spec, x, w)
     if plan is not None and cpu_matmul.supports(plan[0], plan[1]) and cpu_matmul.enabled():

@@ -1,4 +1,4 @@
-"""The AMX bf16 matmul kernel (jaxdm.models.cpu_matmul): numbers against XLA's dot, where the
+"""The bf16 matmul kernel (jaxdm.models.cpu_matmul): numbers against XLA's dot, where the
 decoder uses it, vmap, derivatives, and how it is off."""
 import os
 import subprocess
@@ -19,8 +19,8 @@ def kernel_on():
     on, why = cpu_matmul.status()
     if not on:
         if cpu_matmul.cannot_run_here(why):
-            pytest.skip(f"AMX bf16 matmul {why}")
-        pytest.fail(f"AMX bf16 matmul {why}")
+            pytest.skip(f"bf16 matmul {why}")
+        pytest.fail(f"bf16 matmul {why}")
 
 
 def _operands(m, k, n, seed=0, lead=()):
