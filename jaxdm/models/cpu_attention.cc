@@ -5,7 +5,8 @@
 // max, exp + cast, sum). Here a group of query vectors takes the keys in blocks of 16 in three
 // passes (logits and exact max; probabilities; weighted values) whose logits and
 // probabilities stay in L1/L2, and blocks masked for every vector of the group are skipped.
-// fp32 runs on AVX-512 FMAs, bf16 at head dim 64 on AMX tiles (where compiled for them).
+// fp32 runs on AVX-512 FMAs; bf16 at head dim 64 on AMX tiles where the CPU has them, else on
+// AVX-512 BF16 pair dot products (vdpbf16ps) where it has those, else on fp32 FMAs.
 //
 // Operands (leading dims flattened to one batch):
 //   q [Bq, S, K, G, H] (f32 or bf16), then per source: k, v [Bk, T, K, H] (q's dtype) and
@@ -103,9 +104,9 @@ struct Problem {
 struct PackedSource {
   // FMA path, fp32: K transposed per block of 16 keys [blocks][H][16] (zero padded), V [T][H]
   std::vector<float> kt, v;
-  // AMX path, bf16 pairs, keys padded to a multiple of 32 with zeros: K [blocks][H/2][16 keys]
-  // (lanes (K[key][2e], K[key][2e+1]): a tile's B operand), V [T/2][H] (lanes (V[2j][d],
-  // V[2j+1][d]))
+  // Pair paths (AMX, AVX-512 BF16), bf16 pairs, keys padded to a multiple of 32 with zeros:
+  // K [blocks][H/2][16 keys] (lanes (K[key][2e], K[key][2e+1]): a tile's B operand, one zmm per
+  // e), V [T/2][H] (lanes (V[2j][d], V[2j+1][d]))
   std::vector<uint32_t> kp, vp;
   int64_t t = 0;
 };
@@ -157,19 +158,21 @@ struct Packed {
 // [M][blocks * 16], each block's 16-key masks per vector, and which blocks any vector sees.
 struct GroupScratch {
   std::vector<float> p;
-  std::vector<uint16_t> p16;  // bf16 probabilities (AMX)
+  std::vector<uint16_t> p16;  // bf16 probabilities (pair paths)
   std::vector<__mmask16> km;
   std::vector<int32_t> live;  // global block indices some vector of the group sees
+  std::vector<const uint32_t*> kblock;  // AVX-512 BF16 path: each live block's packed keys
 };
 
-#ifdef __AMX_BF16__
-constexpr int kChunk = 32;  // keys per AMX step of P.V (one tile row of bf16 pairs)
+#if defined(__AMX_BF16__) || defined(__AVX512BF16__)
+#define JAXDM_PAIRS 1
+constexpr int kChunk = 32;  // keys per step of P.V (one tile row of bf16 pairs)
 
-inline int64_t amx_blocks(int64_t t) { return (t + kChunk - 1) / kChunk * (kChunk / kBlock); }
+inline int64_t pair_blocks(int64_t t) { return (t + kChunk - 1) / kChunk * (kChunk / kBlock); }
 
-void pack_source_amx(const Problem& pb, const Source& src, int64_t krow, int64_t head,
-                     PackedSource& out) {
-  const int64_t t = src.t, h = pb.h, stride = pb.kh * h, blocks = amx_blocks(t);
+void pack_source_pairs(const Problem& pb, const Source& src, int64_t krow, int64_t head,
+                       PackedSource& out) {
+  const int64_t t = src.t, h = pb.h, stride = pb.kh * h, blocks = pair_blocks(t);
   out.t = t;
   out.kp.assign(blocks * (h / 2) * kBlock, 0u);
   out.vp.assign(blocks * (kBlock / 2) * h, 0u);
@@ -185,6 +188,80 @@ void pack_source_amx(const Problem& pb, const Source& src, int64_t krow, int64_t
   }
 }
 
+// Pass 2 of the pair paths: the M vectors' unscaled logits in gs.p (blocks gs.live) ->
+// probabilities rounded to bf16 in gs.p16 (whole 32-key chunks: a dead half is zeros) and
+// their fp32 sums in l.
+template <int M>
+void probabilities_bf16(float scale, int64_t blocks, GroupScratch& gs, float* l) {
+  const int64_t width = blocks * kBlock;
+  const __m512 sv = _mm512_set1_ps(scale);
+  const int32_t* live = gs.live.data();
+  const int64_t n_live = static_cast<int64_t>(gs.live.size());
+  for (int i = 0; i < M; ++i) {
+    const float* row = gs.p.data() + i * width;
+    const __mmask16* km = gs.km.data() + i * blocks;
+    __m512 top = _mm512_set1_ps(-INFINITY), top2 = top;  // two chains: max's latency
+    int64_t n = 0;
+    for (; n + 1 < n_live; n += 2) {
+      top = _mm512_mask_max_ps(top, km[live[n]], top, _mm512_loadu_ps(row + live[n] * kBlock));
+      top2 = _mm512_mask_max_ps(top2, km[live[n + 1]], top2,
+                                _mm512_loadu_ps(row + live[n + 1] * kBlock));
+    }
+    if (n < n_live)
+      top = _mm512_mask_max_ps(top, km[live[n]], top, _mm512_loadu_ps(row + live[n] * kBlock));
+    // max of the scaled logits = scale * max of the logits (scale > 0)
+    const float m = _mm512_reduce_max_ps(_mm512_max_ps(top, top2)) * scale;
+    const __m512 mv = _mm512_set1_ps(m == -INFINITY ? 0.0f : m);
+    __m512 sum = _mm512_setzero_ps(), sum2 = sum;
+    uint16_t* p16 = gs.p16.data() + i * width;
+    for (n = 0; n < n_live; ++n) {
+      const int64_t gb = live[n];
+      const __m512 e = _mm512_maskz_mov_ps(
+          km[gb], exp512(_mm512_fmsub_ps(_mm512_loadu_ps(row + gb * kBlock), sv, mv)));
+      if (n % 2) sum2 = _mm512_add_ps(sum2, e);
+      else sum = _mm512_add_ps(sum, e);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p16 + gb * kBlock),
+                          (__m256i)_mm512_cvtneps_pbh(e));
+      // P.V reads whole 32-key chunks: the other half of a chunk with one live block is zeros
+      const int64_t other = gb ^ 1;
+      const bool other_live = gb % 2 ? n > 0 && live[n - 1] == other
+                                     : n + 1 < n_live && live[n + 1] == other;
+      if (!other_live) std::memset(p16 + other * kBlock, 0, kBlock * sizeof(uint16_t));
+    }
+    l[i] = _mm512_reduce_add_ps(_mm512_add_ps(sum, sum2));
+  }
+}
+
+// Pass 1 of the pair paths, the masks: which of the group's M vectors see each block of the
+// sources (gs.km) and which blocks any of them sees (gs.live, ascending).
+template <int M>
+void block_masks(const bool* const* mask_rows, int used,
+                 const std::vector<const PackedSource*>& packed, int64_t blocks, GroupScratch& gs) {
+  gs.km.resize(M * blocks);
+  gs.live.clear();
+  int64_t base = 0;
+  for (size_t si = 0; si < packed.size(); ++si) {
+    const PackedSource& ps = *packed[si];
+    const int64_t nb = pair_blocks(ps.t);
+    for (int64_t bi = 0; bi < nb; ++bi) {
+      const int64_t t0 = bi * kBlock, gb = base + bi;
+      __mmask16 any = 0, last_km = 0;
+      const bool* last = nullptr;
+      for (int i = 0; i < M; ++i) {
+        const bool* row = mask_rows[si * M + i];  // the G vectors of a row share its mask
+        if (row != last) last = row, last_km = t0 < ps.t ? load_mask(row, t0, ps.t) : 0;
+        const __mmask16 km = i < used ? last_km : 0;
+        gs.km[i * blocks + gb] = km;
+        any |= km;
+      }
+      if (any) gs.live.push_back(static_cast<int32_t>(gb));
+    }
+    base += nb;
+  }
+}
+#endif
+
+#ifdef __AMX_BF16__
 using jaxdm::amx_allowed;
 using jaxdm::TileConfig;
 
@@ -199,30 +276,19 @@ void group_attend_amx(const uint16_t* q, float scale, const bool* const* mask_ro
   const int64_t width = blocks * kBlock;
   gs.p.resize(M * width);
   gs.p16.resize(M * width);
-  gs.km.resize(M * blocks);
-  gs.live.clear();
+  block_masks<M>(mask_rows, used, packed, blocks, gs);
   TileConfig cfg;
   for (int i = 0; i < 8; ++i) cfg.colsb[i] = 64, cfg.rows[i] = 16;
   _tile_loadconfig(&cfg);
   _tile_loadd(0, q, H * 2);
   _tile_loadd(1, q + 32, H * 2);
   int64_t base = 0;
+  size_t li = 0;
   for (size_t si = 0; si < packed.size(); ++si) {
     const PackedSource& ps = *packed[si];
-    const int64_t nb = amx_blocks(ps.t);
-    for (int64_t bi = 0; bi < nb; ++bi) {
-      const int64_t t0 = bi * kBlock, gb = base + bi;
-      __mmask16 any = 0, last_km = 0;
-      const bool* last = nullptr;
-      for (int i = 0; i < M; ++i) {
-        const bool* row = mask_rows[si * M + i];  // the G vectors of a row share its mask
-        if (row != last) last = row, last_km = t0 < ps.t ? load_mask(row, t0, ps.t) : 0;
-        const __mmask16 km = i < used ? last_km : 0;
-        gs.km[i * blocks + gb] = km;
-        any |= km;
-      }
-      if (!any) continue;
-      gs.live.push_back(static_cast<int32_t>(gb));
+    const int64_t nb = pair_blocks(ps.t);
+    for (; li < gs.live.size() && gs.live[li] < base + nb; ++li) {
+      const int64_t gb = gs.live[li], bi = gb - base;
       const uint32_t* kp = ps.kp.data() + bi * (H / 2) * kBlock;
       _tile_zero(3);
       _tile_loadd(2, kp, 64);
@@ -233,46 +299,16 @@ void group_attend_amx(const uint16_t* q, float scale, const bool* const* mask_ro
     }
     base += nb;
   }
-  const __m512 sv = _mm512_set1_ps(scale);
-  for (int i = 0; i < M; ++i) {
-    float* row = gs.p.data() + i * width;
-    __m512 top = _mm512_set1_ps(-INFINITY);
-    for (int32_t gb : gs.live)
-      top = _mm512_mask_max_ps(top, gs.km[i * blocks + gb], top,
-                               _mm512_mul_ps(_mm512_loadu_ps(row + gb * kBlock), sv));
-    const float m = _mm512_reduce_max_ps(top);
-    const __m512 mv = _mm512_set1_ps(m == -INFINITY ? 0.0f : m);
-    __m512 sum = _mm512_setzero_ps();
-    uint16_t* p16 = gs.p16.data() + i * width;
-    size_t li = 0;
-    for (int64_t gb = 0; gb < blocks; gb += 2) {  // each 32-key chunk with a live block
-      const bool live0 = li < gs.live.size() && gs.live[li] == gb;
-      li += live0;
-      const bool live1 = li < gs.live.size() && gs.live[li] == gb + 1;
-      li += live1;
-      if (!live0 && !live1) continue;
-      for (int half = 0; half < 2; ++half) {
-        const int64_t b2 = gb + half;
-        __m512 e = _mm512_setzero_ps();
-        if (half ? live1 : live0)
-          e = _mm512_maskz_mov_ps(gs.km[i * blocks + b2],
-                                  exp512(_mm512_fmsub_ps(_mm512_loadu_ps(row + b2 * kBlock), sv, mv)));
-        sum = _mm512_add_ps(sum, e);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p16 + b2 * kBlock),
-                            (__m256i)_mm512_cvtneps_pbh(e));
-      }
-    }
-    l[i] = _mm512_reduce_add_ps(sum);
-  }
+  probabilities_bf16<M>(scale, blocks, gs, l);
   _tile_zero(4);
   _tile_zero(5);
   _tile_zero(6);
   _tile_zero(7);
   base = 0;
-  size_t li = 0;
+  li = 0;
   for (size_t si = 0; si < packed.size(); ++si) {
     const PackedSource& ps = *packed[si];
-    const int64_t nb = amx_blocks(ps.t);
+    const int64_t nb = pair_blocks(ps.t);
     for (int64_t bi = 0; bi < nb; bi += 2) {
       const int64_t gb = base + bi;
       bool live = false;
@@ -296,6 +332,109 @@ void group_attend_amx(const uint16_t* q, float scale, const bool* const* mask_ro
   _tile_stored(6, acc + 32, H * 4);
   _tile_stored(7, acc + 48, H * 4);
   _tile_release();
+}
+#endif
+
+#ifdef __AVX512BF16__
+// The AMX path's passes on AVX-512 BF16 pair dot products (CPUs without AMX, e.g. AMD Zen 4),
+// for 16 query vectors (bf16, unscaled [16][64]) of head dim 64. Blocks of R vectors x B
+// operands keep R * B accumulators in registers, so that each broadcast pair of a vector
+// feeds B dot products (a broadcast per dot product left Q.K at half speed).
+inline __m512bh pair_broadcast(const uint16_t* at) {
+  int32_t pair;
+  std::memcpy(&pair, at, sizeof pair);
+  return (__m512bh)_mm512_set1_epi32(pair);
+}
+
+// Logits of R vectors (q [R][64]) against B blocks of 16 packed keys -> out[r] + 16 * col[b].
+template <int R, int B>
+inline void qk_block(const uint16_t* q, const uint32_t* const* kp, const int32_t* col, float* out,
+                     int64_t width) {
+  constexpr int H = 64;
+  __m512 sc[R][B];
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) sc[r][b] = _mm512_setzero_ps();
+  for (int e = 0; e < H / 2; ++e) {
+    __m512bh kr[B];
+    for (int b = 0; b < B; ++b) kr[b] = (__m512bh)_mm512_loadu_si512(kp[b] + e * kBlock);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh qr = pair_broadcast(q + r * H + 2 * e);
+      for (int b = 0; b < B; ++b) sc[r][b] = _mm512_dpbf16_ps(sc[r][b], qr, kr[b]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) _mm512_storeu_ps(out + r * width + col[b] * kBlock, sc[r][b]);
+}
+
+// acc[R][64] = bf16 probabilities p (rows at stride width) . values, over the 32-key chunks
+// with a live block.
+template <int R>
+inline void pv_rows(const uint16_t* p, int64_t width, const std::vector<const PackedSource*>& packed,
+                    const std::vector<int32_t>& live, float* acc) {
+  constexpr int H = 64, C = H / 16;
+  __m512 o[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) o[r][c] = _mm512_setzero_ps();
+  int64_t base = 0;
+  size_t li = 0;
+  for (const PackedSource* ps : packed) {
+    const int64_t nb = pair_blocks(ps->t);
+    while (li < live.size() && live[li] < base + nb) {
+      const int64_t gb = live[li] & ~1, bi = gb - base;  // the live block's 32-key chunk
+      while (li < live.size() && live[li] < gb + 2) ++li;
+      const uint32_t* vp = ps->vp.data() + (bi * kBlock / 2) * H;
+      const uint16_t* pp = p + gb * kBlock;
+      for (int j = 0; j < kChunk / 2; ++j) {  // key pairs (2j, 2j + 1) of the chunk
+        __m512bh v[C];
+        for (int c = 0; c < C; ++c) v[c] = (__m512bh)_mm512_loadu_si512(vp + j * H + 16 * c);
+        for (int r = 0; r < R; ++r) {
+          const __m512bh pr = pair_broadcast(pp + r * width + 2 * j);
+          for (int c = 0; c < C; ++c) o[r][c] = _mm512_dpbf16_ps(o[r][c], pr, v[c]);
+        }
+      }
+    }
+    base += nb;
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + r * H + 16 * c, o[r][c]);
+}
+
+void group_attend_dp(const uint16_t* q, float scale, const bool* const* mask_rows, int used,
+                     const std::vector<const PackedSource*>& packed, int64_t blocks,
+                     GroupScratch& gs, float* l, float* acc) {
+  constexpr int M = 16, H = 64;
+  const int64_t width = blocks * kBlock;
+  gs.p.resize(M * width);
+  gs.p16.resize(M * width);
+  block_masks<M>(mask_rows, used, packed, blocks, gs);
+  // each live block's packed keys
+  gs.kblock.clear();
+  int64_t base = 0;
+  size_t li = 0;
+  for (const PackedSource* ps : packed) {
+    const int64_t nb = pair_blocks(ps->t);
+    for (; li < gs.live.size() && gs.live[li] < base + nb; ++li)
+      gs.kblock.push_back(ps->kp.data() + (gs.live[li] - base) * (H / 2) * kBlock);
+    base += nb;
+  }
+  // Q.K: 8 vectors x 3 blocks at a time (vectors past `used` are never read)
+  const int64_t n_live = static_cast<int64_t>(gs.live.size());
+  const uint32_t* const* kb = gs.kblock.data();
+  const int32_t* live = gs.live.data();
+  for (int i0 = 0; i0 < used; i0 += 8) {
+    float* out = gs.p.data() + i0 * width;
+    const uint16_t* qi = q + i0 * H;
+    int64_t n = 0;
+    for (; n + 3 <= n_live; n += 3) qk_block<8, 3>(qi, kb + n, live + n, out, width);
+    if (n_live - n == 2) qk_block<8, 2>(qi, kb + n, live + n, out, width);
+    else if (n_live - n == 1) qk_block<8, 1>(qi, kb + n, live + n, out, width);
+  }
+  probabilities_bf16<M>(scale, blocks, gs, l);
+  // P.V: 6 + 6 + 4 vectors
+  const uint16_t* p16 = gs.p16.data();
+  pv_rows<6>(p16, width, packed, gs.live, acc);
+  if (used > 6) pv_rows<6>(p16 + 6 * width, width, packed, gs.live, acc + 6 * H);
+  if (used > 12) pv_rows<4>(p16 + 12 * width, width, packed, gs.live, acc + 12 * H);
 }
 #endif
 
@@ -411,12 +550,17 @@ void value_mean(const Problem& pb, int64_t b, int64_t head, std::vector<float>& 
   for (int64_t d = 0; d < h; ++d) mean[d] /= static_cast<float>(std::max<int64_t>(1, total));
 }
 
-// One work item: query rows [r0, r1) of one (batch row, kv head), in groups of M vectors.
-// Amx: bf16 at head dim 64 on AMX tiles (group_attend_amx), else fp32 FMAs (group_attend).
-template <typename T, int NV, bool Amx>
+// Path: how a group of vectors is computed (bf16 pairs need head dim 64).
+enum class Path { kFma, kAmx, kBf16Dot };
+
+// One work item: query rows [r0, r1) of one (batch row, kv head), in groups of M vectors,
+// by fp32 FMAs (group_attend), AMX tiles (group_attend_amx) or AVX-512 BF16 pair dot products
+// (group_attend_dp).
+template <typename T, int NV, Path P>
 void run_item(const Problem& pb, int64_t item, std::vector<float>& scratch, GroupScratch& gs) {
   constexpr int H = NV * 16;
-  constexpr int M = Amx ? 16 : std::min(8, 24 / NV);
+  constexpr bool pairs = P != Path::kFma;
+  constexpr int M = pairs ? 16 : std::min(8, 24 / NV);
   // chunk-major order: the first bq * kh items each start a different (b, head)
   const int64_t pair = item % (pb.bq * pb.kh), b = pair / pb.kh, head = pair % pb.kh;
   const int64_t r0 = (item / (pb.bq * pb.kh)) * pb.rows_per_item;
@@ -431,8 +575,8 @@ void run_item(const Problem& pb, int64_t item, std::vector<float>& scratch, Grou
     int expected = 0;
     if (pk.state.load(std::memory_order_acquire) != 2) {
       if (pk.state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
-#ifdef __AMX_BF16__
-        if constexpr (Amx) pack_source_amx(pb, src, krow, head, pk.source);
+#ifdef JAXDM_PAIRS
+        if constexpr (pairs) pack_source_pairs(pb, src, krow, head, pk.source);
         else
 #endif
           pack_source<T>(pb, src, krow, head, pk.source);
@@ -442,9 +586,9 @@ void run_item(const Problem& pb, int64_t item, std::vector<float>& scratch, Grou
       }
     }
     packed.push_back(&pk.source);
-#ifdef __AMX_BF16__
-    if constexpr (Amx) {
-      blocks += amx_blocks(src.t);
+#ifdef JAXDM_PAIRS
+    if constexpr (pairs) {
+      blocks += pair_blocks(src.t);
       continue;
     }
 #endif
@@ -453,7 +597,7 @@ void run_item(const Problem& pb, int64_t item, std::vector<float>& scratch, Grou
   scratch.resize(M * H * 2);
   float* qf = scratch.data();
   float* acc = qf + M * H;
-  uint16_t* q16 = reinterpret_cast<uint16_t*>(qf);  // Amx: the group's bf16 vectors [M][H]
+  uint16_t* q16 = reinterpret_cast<uint16_t*>(qf);  // pair paths: the group's bf16 vectors [M][H]
   const int64_t n_vec = (r1 - r0) * pb.g;
   std::vector<float> mean;  // filled on the first fully masked vector
   std::vector<const bool*> rows(pb.sources.size() * M);
@@ -466,7 +610,7 @@ void run_item(const Problem& pb, int64_t item, std::vector<float>& scratch, Grou
       const int64_t vec = v0 + std::min(i, used - 1);
       const int64_t row = r0 + vec / pb.g, gi = vec % pb.g;
       offset[i] = (((b * pb.s + row) * pb.kh + head) * pb.g + gi) * H;
-      if constexpr (Amx) {
+      if constexpr (pairs) {
         std::memcpy(q16 + i * H, q + offset[i], H * sizeof(T));
       } else {
         for (int d = 0; d < H; ++d) {
@@ -481,8 +625,13 @@ void run_item(const Problem& pb, int64_t item, std::vector<float>& scratch, Grou
     }
     float l[M];
 #ifdef __AMX_BF16__
-    if constexpr (Amx)
+    if constexpr (P == Path::kAmx)
       group_attend_amx(q16, pb.scale, rows.data(), used, packed, blocks, gs, l, acc);
+    else
+#endif
+#ifdef __AVX512BF16__
+    if constexpr (P == Path::kBf16Dot)
+      group_attend_dp(q16, pb.scale, rows.data(), used, packed, blocks, gs, l, acc);
     else
 #endif
       group_attend<NV, M>(qf, rows.data(), used, packed, blocks, gs, l, acc);
@@ -503,21 +652,25 @@ void run_item(const Problem& pb, int64_t item, std::vector<float>& scratch, Grou
   }
 }
 
-template <typename T, int NV, bool Amx = false>
+template <typename T, int NV, Path P = Path::kFma>
 void run_items(const Problem& pb, int64_t begin, int64_t end) {
   thread_local std::vector<float> scratch;
   thread_local GroupScratch gs;
-  for (int64_t item = begin; item < end; ++item) run_item<T, NV, Amx>(pb, item, scratch, gs);
+  for (int64_t item = begin; item < end; ++item) run_item<T, NV, P>(pb, item, scratch, gs);
 }
 
 using ItemRunner = void (*)(const Problem&, int64_t, int64_t);
 
-// AMX wants 16 query vectors per (row, head) to fill a tile: with fewer (a decoding step's
-// S * G = 3) the FMA path wastes less.
+// The pair paths take 16 query vectors per (row, head) at a time (an AMX tile's rows): with
+// fewer (a decoding step's S * G = 3) the FMA path wastes less.
 template <typename T>
 ItemRunner pick(int64_t h, int64_t vectors) {
 #ifdef __AMX_BF16__
-  if (sizeof(T) == 2 && h == 64 && vectors >= 16 && amx_allowed()) return run_items<T, 4, true>;
+  if (sizeof(T) == 2 && h == 64 && vectors >= 16 && amx_allowed())
+    return run_items<T, 4, Path::kAmx>;
+#endif
+#ifdef __AVX512BF16__
+  if (sizeof(T) == 2 && h == 64 && vectors >= 16) return run_items<T, 4, Path::kBf16Dot>;
 #endif
   switch (h) {
     case 32: return run_items<T, 2>;
