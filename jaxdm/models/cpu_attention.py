@@ -5,7 +5,8 @@ time (~36 % fp32) in attention, its fp32 logits crossing memory 3-4 times per bl
 17). The kernel takes a group of query vectors over the keys in blocks of 16: logits and
 each vector's exact max, then probabilities, then the weighted values, the group's logits
 and probabilities staying in L1/L2; blocks masked for the whole group are skipped. fp32 runs
-on AVX-512 FMAs; bf16 at head dim 64 on AMX tiles where the CPU has them. Work is spread over
+on AVX-512 FMAs; bf16 at head dim 64 on AMX tiles where the CPU has them, else on AVX-512
+BF16 pair dot products (``vdpbf16ps``, e.g. AMD Zen 4) where it has those. Work is spread over
 XLA's intra-op thread pool. It is still a pure jitted function: an XLA custom call, no host
 callback.
 
@@ -23,7 +24,7 @@ callback.
 
 Numbers: logits, softmax and accumulation in fp32. fp32 agrees with the XLA path to ~1e-6;
 bf16 rounds the probabilities to bf16 before the value product as the XLA path does (on the
-FMA path, without AMX, they stay fp32), so the two agree to bf16 output rounding. A query
+fp32 FMA path, a CPU without AMX and AVX-512 BF16 or fewer than 16 vectors, they stay fp32), so the two agree to bf16 output rounding. A query
 vector that may attend to no key gets the uniform average of the values, as in the XLA path.
 """
 from __future__ import annotations
