@@ -80,6 +80,24 @@ def _jitted_matmul():
     return jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32))
 
 
+def attention_flops(prompts: list[list[int]], num_layers: int, num_heads: int,
+                    head_dim: int) -> int:
+    """FLOPs of the causal attention the prompts' unique tokens need, shared prefixes counted
+    once (what a prefix cache or jaxdm's packed scorer must run at least): a token at position
+    p attends to p + 1 keys, 4 x head dim FLOPs per key (q.k and p.v) per query head and layer.
+    The machine floor leaves attention out (issue 17); this is reported beside it."""
+    trie: dict = {}
+    pairs = 0
+    for ids in prompts:
+        node = trie
+        for pos, tok in enumerate(ids):
+            if tok not in node:
+                node[tok] = {}
+                pairs += pos + 1
+            node = node[tok]
+    return 4 * num_layers * num_heads * head_dim * pairs
+
+
 def xla_matmul_rate_gflops(dtype: str = "float32", repeats: int = 7) -> float:
     """XLA's rate on a [1300 x 576] @ [576 x 1536] matmul in ``dtype`` (bf16: bf16 inputs,
     f32 accumulation), GFLOP/s, median.
@@ -362,6 +380,9 @@ def main_vllm(args) -> None:
             reqs = [r for st in flat for r in likelihoods["float32"].option_requests(st)]
             n_head, head_w = sum(len(r.answer_positions) for r in reqs), v
         info[name, "head_flops"] = 2 * d * head_w * n_head
+        info[name, "attention_flops"] = attention_flops(
+            vllm_cmd(kind, flat, "ids", False)["prompts"], cfg.num_layers, cfg.num_heads,
+            cfg.head_dim)
     rates = {}
     for prec in models:
         rates[prec] = {"xla": xla_matmul_rate_gflops(prec),
@@ -409,6 +430,7 @@ def main_vllm(args) -> None:
                 rate = max(rates[prec].values())
                 floor = (2 * non_embed * info[name, prec]["unique"]
                          + info[name, "head_flops"]) / (rate * 1e9)
+                att = info[name, "attention_flops"]
                 unit = "trajectory" if kind == "readout" else "state"
                 print(f"[vllm {cname} / {name}] engine start {worker.start_s:.1f} s; vLLM batch "
                       f"{vt['batch']} s, per {unit} {[round(x, 3) for x in vt['unit']]} s, "
@@ -417,7 +439,9 @@ def main_vllm(args) -> None:
                       f"{[round(x, 3) for x in jt['unit']]} s, {info[name, prec]['unique']} "
                       f"tokens; max |vLLM - jaxdm fp32| {max(diffs):.2e}; Yes/No outside "
                       f"vLLM's log-probs: {missing}; jaxdm {jb / floor:.2f}x the machine floor "
-                      f"({floor:.2f} s at {rate:.1f} GFLOP/s, {prec})", flush=True)
+                      f"({floor:.2f} s at {rate:.1f} GFLOP/s, {prec}); attention "
+                      f"{att / 1e9:.0f} GFLOP more ({att / (rate * 1e9):.2f} s at that rate: "
+                      f"{jb / (floor + att / (rate * 1e9)):.2f}x the floor with it)", flush=True)
                 results.append((f"vllm_{cname}_{name}_batch", len(flat) / vb, len(flat) / jb,
                                 "items/s"))
                 results.append((f"vllm_{cname}_{name}_per_{unit}", 1 / vu, 1 / ju,
