@@ -60,7 +60,8 @@ def test_lvopd_run_with_local_teacher(tmp_path):
     tr.close()
     assert rec["iteration"] == 1 and rec["ppo/updates"] >= 1
     assert rec["teacher_topk/failures"] == 0.0 and rec["teacher_topk/tokens"] > 0
-    # pure gate: every action distilled, so the KL term is present, finite and non-negative
-    assert np.isfinite(rec["loss/lvopd"]) and rec["loss/lvopd"] >= 0.0
+    # pure gate: every action distilled, so the KL term is present, finite and non-negative;
+    # the teacher is the student's own initial weights, so it is ~0 and may round to -4e-9
+    assert np.isfinite(rec["loss/lvopd"]) and rec["loss/lvopd"] >= -1e-6
     assert rec["lvopd/gate_mean"] == pytest.approx(1.0)
     assert np.isfinite(rec["loss/total"])
