@@ -16,13 +16,20 @@
 
 namespace jaxdm {
 
+// Whether the kernels may use AMX tiles where compiled for them (JAXDM_CPU_AMX, set from
+// Python through JaxdmSetAmx): off, they take their AVX-512 BF16 paths, as on CPUs without AMX.
+inline std::atomic<bool>& amx_wanted() {
+  static std::atomic<bool> wanted{true};
+  return wanted;
+}
+
 // Linux hands AMX tile state to a process only on request (once per process).
 inline bool amx_allowed() {
   static const bool ok = [] {
     constexpr int kReqXcompPerm = 0x1023, kXtileData = 18;
     return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
   }();
-  return ok;
+  return amx_wanted().load(std::memory_order_relaxed) && ok;
 }
 
 struct alignas(64) TileConfig {

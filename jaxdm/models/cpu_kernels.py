@@ -7,6 +7,8 @@ the CPU; ``cpu_kernels.main(["--build"])`` does it ahead of time (``make test`` 
 demo`` run it). Each kernel is a ``Kernel`` here: its own environment variable
 turns it off, it is off where the CPU lacks what it needs, and a failed build turns it off
 with one warning naming why (XLA's operations are used instead: same results to rounding).
+``JAXDM_CPU_AMX=0`` keeps both kernels off AMX tiles on CPUs that have them (they take the
+AVX-512 BF16 paths CPUs without AMX run, e.g. to compare or test those).
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ SOURCES = (HERE / "cpu_attention.cc", HERE / "cpu_matmul.cc")
 HEADERS = (HERE / "cpu_kernels.h",)
 CXXFLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
 OFF_VALUES = ("0", "off", "false", "no")
+AMX_ENV_VAR = "JAXDM_CPU_AMX"  # both kernels: off = their AVX-512 BF16 paths on AMX CPUs
 ON_VALUES = ("", "1", "on", "true", "yes")
 
 _lock = threading.Lock()
@@ -98,16 +101,31 @@ def build() -> Path:
     return path
 
 
+def env_switch(name: str) -> bool:
+    """An on/off environment variable (unset: on); any other value raises ValueError naming
+    it."""
+    value = os.environ.get(name, "").strip().lower()
+    if value in OFF_VALUES:
+        return False
+    if value not in ON_VALUES:
+        raise ValueError(f"{name}={os.environ[name]!r}: expected one of "
+                         f"{', '.join(repr(v) for v in OFF_VALUES + ON_VALUES[1:])} (or unset)")
+    return True
+
+
 def library() -> Any:
     """The loaded library, built if needed (once per process; a failure is remembered and
-    raised again)."""
+    raised again). ``JAXDM_CPU_AMX=0`` keeps its kernels off AMX tiles (their AVX-512 BF16
+    paths, as on CPUs without AMX: to compare or test those on an AMX machine)."""
     global _library, _library_error, _library_file
+    amx = env_switch(AMX_ENV_VAR)  # a bad value is an error, not a failed build
     with _lock:
         if _library is None and _library_error is None:
             try:
                 _library_file = build()
                 _library = ctypes.cdll.LoadLibrary(str(_library_file))
-            except (RuntimeError, OSError) as exc:
+                _library.JaxdmSetAmx(ctypes.c_int(int(amx)))
+            except (RuntimeError, OSError, AttributeError) as exc:
                 _library_error = exc
         if _library_error is not None:
             raise _library_error
@@ -125,13 +143,9 @@ class Kernel:
         self._lock = threading.Lock()
 
     def _load(self) -> tuple[bool, str]:
-        value = os.environ.get(self.env_var, "").strip().lower()
-        if value in OFF_VALUES:
+        if not env_switch(self.env_var):
             return False, f"off: {self.env_var}={os.environ[self.env_var]}"
-        if value not in ON_VALUES:
-            raise ValueError(f"{self.env_var}={os.environ[self.env_var]!r}: expected one of "
-                             f"{', '.join(repr(v) for v in OFF_VALUES + ON_VALUES[1:])} "
-                             f"(or unset)")
+        env_switch(AMX_ENV_VAR)  # checked before any build: a bad value is an error
         if platform.machine().lower() not in ("x86_64", "amd64"):
             return False, f"off: {platform.machine()} is not x86-64"
         missing = [f for f in self.needs if f not in cpu_flags()]

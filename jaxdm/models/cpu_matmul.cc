@@ -283,6 +283,9 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ff
 
 }  // namespace
 
+// Both kernels' AMX switch (cpu_kernels.h), called once after loading the library.
+extern "C" void JaxdmSetAmx(int on) { jaxdm::amx_wanted().store(on != 0); }
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxdmCpuMatmul, Matmul,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()

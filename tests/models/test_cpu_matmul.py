@@ -152,3 +152,36 @@ def test_a_bad_env_value_is_an_error():
 def test_fingerprint_names_every_kernel():
     fp = cpu_kernels.fingerprint()
     assert fp.startswith("cpu_attention:") and ",cpu_matmul:" in fp
+
+
+_BF16_PATHS = """
+    import numpy as np, jax, jax.numpy as jnp
+    from jaxdm.models import cpu_attention, cpu_matmul, decoder
+    from tests.models.test_cpu_attention import _operands
+    print("ON", cpu_matmul.enabled(), cpu_attention.enabled())
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(301, 576)), jnp.bfloat16)
+    w = jnp.asarray(rng.normal(size=(576, 96)) / 24, jnp.bfloat16)
+    exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+    scale = np.abs(np.asarray(x, np.float64)) @ np.abs(np.asarray(w, np.float64))
+    got = np.asarray(jax.jit(cpu_matmul.matmul)(x, w))
+    print("MATMUL", bool(np.all(np.abs(got - exact) <= 1e-6 * scale + 1e-7)))
+    q, sources = _operands(jnp.bfloat16, s=37)
+    fused = cpu_attention.make_attend(decoder.xla_attend)
+    a = np.asarray(jax.jit(fused)(q, sources), np.float32)
+    b = np.asarray(jax.jit(decoder.xla_attend)(q, sources), np.float32)
+    print("ATTEND", float(np.max(np.abs(a - b))))
+"""
+
+
+def test_amx_off_runs_the_avx512_bf16_paths(kernel_on):
+    # JAXDM_CPU_AMX=0: on an AMX CPU both kernels take the paths CPUs without AMX run (on
+    # others it changes nothing); the numbers hold either way
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = _run(_BF16_PATHS, JAXDM_CPU_AMX="0", PYTHONPATH=root)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = dict(ln.split(" ", 1) for ln in proc.stdout.splitlines() if " " in ln)
+    assert out["ON"] == "True True" and out["MATMUL"] == "True"
+    assert float(out["ATTEND"]) < 1.6e-2
+    bad = _run(_PROBE, JAXDM_CPU_AMX="tiles")
+    assert bad.returncode != 0 and "JAXDM_CPU_AMX='tiles': expected one of" in bad.stderr
