@@ -170,21 +170,61 @@ constexpr int kChunk = 32;  // keys per step of P.V (one tile row of bf16 pairs)
 
 inline int64_t pair_blocks(int64_t t) { return (t + kChunk - 1) / kChunk * (kChunk / kBlock); }
 
+// Rows r[0..16) of 32-bit lanes -> their transpose, in four stages that each swap the
+// off-diagonal s x s blocks of every 2s x 2s block (s = 8, 4, 2, 1).
+inline void transpose16x16(__m512i r[16]) {
+  for (int s = 8; s >= 1; s /= 2) {
+    alignas(64) int32_t lo[16], hi[16];
+    for (int c = 0; c < 16; ++c) {
+      lo[c] = (c & s) ? 16 + c - s : c;  // row i: its own low half, then row i + s's
+      hi[c] = (c & s) ? 16 + c : c + s;  // row i + s: row i's high half, then its own
+    }
+    const __m512i il = _mm512_load_si512(lo), ih = _mm512_load_si512(hi);
+    for (int i = 0; i < 16; ++i) {
+      if (i & s) continue;
+      const __m512i a = r[i], b = r[i + s];
+      r[i] = _mm512_permutex2var_epi32(a, il, b);
+      r[i + s] = _mm512_permutex2var_epi32(a, ih, b);
+    }
+  }
+}
+
+// Head dim 64 (the pair paths' only one): K's 16-key blocks transposed to [32 pairs][16 keys],
+// V's rows interleaved in pairs; keys past t stay zeros.
 void pack_source_pairs(const Problem& pb, const Source& src, int64_t krow, int64_t head,
                        PackedSource& out) {
-  const int64_t t = src.t, h = pb.h, stride = pb.kh * h, blocks = pair_blocks(t);
+  constexpr int64_t h = 64;
+  const int64_t t = src.t, stride = pb.kh * h, blocks = pair_blocks(t);
   out.t = t;
   out.kp.assign(blocks * (h / 2) * kBlock, 0u);
   out.vp.assign(blocks * (kBlock / 2) * h, 0u);
   const uint16_t* k = static_cast<const uint16_t*>(src.k) + (krow * t * pb.kh + head) * h;
   const uint16_t* v = static_cast<const uint16_t*>(src.v) + (krow * t * pb.kh + head) * h;
-  for (int64_t j = 0; j < t; ++j) {
-    const uint32_t* kj = reinterpret_cast<const uint32_t*>(k + j * stride);
-    uint32_t* kp = out.kp.data() + (j / kBlock) * (h / 2) * kBlock + (j % kBlock);
-    for (int64_t e = 0; e < h / 2; ++e) kp[e * kBlock] = kj[e];
-    const uint16_t* vj = v + j * stride;
-    uint16_t* vp = reinterpret_cast<uint16_t*>(out.vp.data() + (j / 2) * h) + (j % 2);
-    for (int64_t d = 0; d < h; ++d) vp[2 * d] = vj[d];
+  for (int64_t bi = 0; bi * kBlock < t; ++bi) {
+    const int64_t j0 = bi * kBlock, n = std::min<int64_t>(kBlock, t - j0);
+    uint32_t* kp = out.kp.data() + bi * (h / 2) * kBlock;
+    for (int half = 0; half < 2; ++half) {  // pairs [16 * half, 16 * half + 16)
+      __m512i r[16];
+      for (int jj = 0; jj < 16; ++jj)
+        r[jj] = jj < n ? _mm512_loadu_si512(k + (j0 + jj) * stride + 32 * half)
+                       : _mm512_setzero_si512();
+      transpose16x16(r);
+      for (int e = 0; e < 16; ++e) _mm512_storeu_si512(kp + (16 * half + e) * kBlock, r[e]);
+    }
+  }
+  // lanes (V[j][d], V[j + 1][d]) for d in [0, 32) and [32, 64) of each 32-dim half
+  alignas(64) uint16_t lo[32], hi[32];
+  for (int c = 0; c < 32; ++c) lo[c] = (c / 2) + 32 * (c % 2), hi[c] = 16 + (c / 2) + 32 * (c % 2);
+  const __m512i il = _mm512_load_si512(lo), ih = _mm512_load_si512(hi);
+  for (int64_t j = 0; j < t; j += 2) {
+    uint32_t* vp = out.vp.data() + (j / 2) * h;
+    for (int half = 0; half < 2; ++half) {
+      const __m512i a = _mm512_loadu_si512(v + j * stride + 32 * half);
+      const __m512i b = j + 1 < t ? _mm512_loadu_si512(v + (j + 1) * stride + 32 * half)
+                                  : _mm512_setzero_si512();
+      _mm512_storeu_si512(vp + 32 * half, _mm512_permutex2var_epi16(a, il, b));
+      _mm512_storeu_si512(vp + 32 * half + 16, _mm512_permutex2var_epi16(a, ih, b));
+    }
   }
 }
 
