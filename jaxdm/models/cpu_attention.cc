@@ -161,6 +161,7 @@ struct GroupScratch {
   std::vector<uint16_t> p16;  // bf16 probabilities (pair paths)
   std::vector<__mmask16> km;
   std::vector<int32_t> live;  // global block indices some vector of the group sees
+  std::vector<__mmask16> any;  // pair paths: per block, the keys some vector sees
   std::vector<const uint32_t*> kblock;  // AVX-512 BF16 path: each live block's packed keys
 };
 
@@ -277,25 +278,35 @@ void probabilities_bf16(float scale, int64_t blocks, GroupScratch& gs, float* l)
 template <int M>
 void block_masks(const bool* const* mask_rows, int used,
                  const std::vector<const PackedSource*>& packed, int64_t blocks, GroupScratch& gs) {
-  gs.km.resize(M * blocks);
+  gs.km.assign(M * blocks, 0);  // vectors past `used` see nothing
+  gs.any.assign(blocks, 0);
   gs.live.clear();
   int64_t base = 0;
   for (size_t si = 0; si < packed.size(); ++si) {
     const PackedSource& ps = *packed[si];
     const int64_t nb = pair_blocks(ps.t);
-    for (int64_t bi = 0; bi < nb; ++bi) {
-      const int64_t t0 = bi * kBlock, gb = base + bi;
-      __mmask16 any = 0, last_km = 0;
-      const bool* last = nullptr;
-      for (int i = 0; i < M; ++i) {
-        const bool* row = mask_rows[si * M + i];  // the G vectors of a row share its mask
-        if (row != last) last = row, last_km = t0 < ps.t ? load_mask(row, t0, ps.t) : 0;
-        const __mmask16 km = i < used ? last_km : 0;
-        gs.km[i * blocks + gb] = km;
-        any |= km;
+    // each run of vectors sharing a mask row (the G vectors of a query row): its row's masks
+    // 64 keys at a time, copied to the run's vectors
+    for (int i = 0; i < used;) {
+      const bool* row = mask_rows[si * M + i];
+      int i1 = i + 1;
+      while (i1 < used && mask_rows[si * M + i1] == row) ++i1;
+      for (int64_t t0 = 0; t0 < ps.t; t0 += 64) {
+        const int64_t n = std::min<int64_t>(64, ps.t - t0);
+        const __m512i bytes = _mm512_maskz_loadu_epi8(
+            n == 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1, row + t0);
+        const __mmask64 m = _mm512_test_epi8_mask(bytes, bytes);
+        const int64_t b0 = base + t0 / kBlock;
+        for (int q = 0; q < 4 && t0 + q * kBlock < ps.t; ++q) {
+          const __mmask16 km = static_cast<__mmask16>(m >> (16 * q));
+          gs.any[b0 + q] |= km;
+          for (int v = i; v < i1; ++v) gs.km[v * blocks + b0 + q] = km;
+        }
       }
-      if (any) gs.live.push_back(static_cast<int32_t>(gb));
+      i = i1;
     }
+    for (int64_t bi = 0; bi < nb; ++bi)
+      if (gs.any[base + bi]) gs.live.push_back(static_cast<int32_t>(base + bi));
     base += nb;
   }
 }
