@@ -24,8 +24,9 @@ callback.
 
 Numbers: logits, softmax and accumulation in fp32. fp32 agrees with the XLA path to ~1e-6;
 bf16 rounds the probabilities to bf16 before the value product as the XLA path does (on the
-fp32 FMA path, a CPU without AMX and AVX-512 BF16 or fewer than 16 vectors, they stay fp32), so the two agree to bf16 output rounding. A query
-vector that may attend to no key gets the uniform average of the values, as in the XLA path.
+fp32 FMA path, a CPU without AMX and AVX-512 BF16 or fewer than 16 vectors, they stay fp32),
+so the two agree to bf16 output rounding. A query vector that may attend to no key gets the
+uniform average of the values, as in the XLA path.
 """
 from __future__ import annotations
 

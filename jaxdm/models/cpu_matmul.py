@@ -13,8 +13,8 @@ CPUs that have them (``amx_bf16``), else with AVX-512 BF16 pair dot products
 - ``supports(x, w)`` says where it is used: bf16 operands, K and N multiples of 32, at least
   ``MIN_ROWS`` rows (a decoding step's few rows leave the tiles mostly empty).
 - ``JAXDM_CPU_MATMUL=0`` (or ``off``/``false``/``no``) turns it off; it is off where it cannot
-  run (no AVX-512 BF16, no compiler, a failed build: one warning names why). ``status()`` says which.
-  The kernel is built with jaxdm's other CPU kernels (``jaxdm.models.cpu_kernels``).
+  run (no AVX-512 BF16, no compiler, a failed build: one warning names why). ``status()`` says
+  which. The kernel is built with jaxdm's other CPU kernels (``jaxdm.models.cpu_kernels``).
 """
 from __future__ import annotations
 
