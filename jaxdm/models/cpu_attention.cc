@@ -161,10 +161,48 @@ struct GroupScratch {
   std::vector<uint16_t> p16;  // bf16 probabilities (pair paths)
   std::vector<__mmask16> km;
   std::vector<int32_t> live;  // global block indices some vector of the group sees
-  std::vector<__mmask16> any;  // pair paths: per block, the keys some vector sees
+  std::vector<__mmask16> any;  // per block, the keys some vector of the group sees
   std::vector<const uint32_t*> kblock;  // AVX-512 BF16 path: each live block's packed keys
 };
 
+// Pass 1, the masks: which of the group's M vectors see each 16-key block of the sources
+// (gs.km) and which blocks any of them sees (gs.live, ascending). Each source spans its blocks
+// rounded up to a multiple of Align (the pair paths take keys 32 at a time).
+template <int M, int Align>
+void block_masks(const bool* const* mask_rows, int used,
+                 const std::vector<const PackedSource*>& packed, int64_t blocks, GroupScratch& gs) {
+  gs.km.assign(M * blocks, 0);  // vectors past `used` see nothing
+  gs.any.assign(blocks, 0);
+  gs.live.clear();
+  int64_t base = 0;
+  for (size_t si = 0; si < packed.size(); ++si) {
+    const PackedSource& ps = *packed[si];
+    const int64_t nb = ((ps.t + kBlock - 1) / kBlock + Align - 1) / Align * Align;
+    // each run of vectors sharing a mask row (the G vectors of a query row): its row's masks
+    // 64 keys at a time, copied to the run's vectors
+    for (int i = 0; i < used;) {
+      const bool* row = mask_rows[si * M + i];
+      int i1 = i + 1;
+      while (i1 < used && mask_rows[si * M + i1] == row) ++i1;
+      for (int64_t t0 = 0; t0 < ps.t; t0 += 64) {
+        const int64_t n = std::min<int64_t>(64, ps.t - t0);
+        const __m512i bytes = _mm512_maskz_loadu_epi8(
+            n == 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1, row + t0);
+        const __mmask64 m = _mm512_test_epi8_mask(bytes, bytes);
+        const int64_t b0 = base + t0 / kBlock;
+        for (int q = 0; q < 4 && t0 + q * kBlock < ps.t; ++q) {
+          const __mmask16 km = static_cast<__mmask16>(m >> (16 * q));
+          gs.any[b0 + q] |= km;
+          for (int v = i; v < i1; ++v) gs.km[v * blocks + b0 + q] = km;
+        }
+      }
+      i = i1;
+    }
+    for (int64_t bi = 0; bi < nb; ++bi)
+      if (gs.any[base + bi]) gs.live.push_back(static_cast<int32_t>(base + bi));
+    base += nb;
+  }
+}
 #if defined(__AMX_BF16__) || defined(__AVX512BF16__)
 #define JAXDM_PAIRS 1
 constexpr int kChunk = 32;  // keys per step of P.V (one tile row of bf16 pairs)
@@ -273,43 +311,6 @@ void probabilities_bf16(float scale, int64_t blocks, GroupScratch& gs, float* l)
   }
 }
 
-// Pass 1 of the pair paths, the masks: which of the group's M vectors see each block of the
-// sources (gs.km) and which blocks any of them sees (gs.live, ascending).
-template <int M>
-void block_masks(const bool* const* mask_rows, int used,
-                 const std::vector<const PackedSource*>& packed, int64_t blocks, GroupScratch& gs) {
-  gs.km.assign(M * blocks, 0);  // vectors past `used` see nothing
-  gs.any.assign(blocks, 0);
-  gs.live.clear();
-  int64_t base = 0;
-  for (size_t si = 0; si < packed.size(); ++si) {
-    const PackedSource& ps = *packed[si];
-    const int64_t nb = pair_blocks(ps.t);
-    // each run of vectors sharing a mask row (the G vectors of a query row): its row's masks
-    // 64 keys at a time, copied to the run's vectors
-    for (int i = 0; i < used;) {
-      const bool* row = mask_rows[si * M + i];
-      int i1 = i + 1;
-      while (i1 < used && mask_rows[si * M + i1] == row) ++i1;
-      for (int64_t t0 = 0; t0 < ps.t; t0 += 64) {
-        const int64_t n = std::min<int64_t>(64, ps.t - t0);
-        const __m512i bytes = _mm512_maskz_loadu_epi8(
-            n == 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1, row + t0);
-        const __mmask64 m = _mm512_test_epi8_mask(bytes, bytes);
-        const int64_t b0 = base + t0 / kBlock;
-        for (int q = 0; q < 4 && t0 + q * kBlock < ps.t; ++q) {
-          const __mmask16 km = static_cast<__mmask16>(m >> (16 * q));
-          gs.any[b0 + q] |= km;
-          for (int v = i; v < i1; ++v) gs.km[v * blocks + b0 + q] = km;
-        }
-      }
-      i = i1;
-    }
-    for (int64_t bi = 0; bi < nb; ++bi)
-      if (gs.any[base + bi]) gs.live.push_back(static_cast<int32_t>(base + bi));
-    base += nb;
-  }
-}
 #endif
 
 #ifdef __AMX_BF16__
@@ -327,7 +328,7 @@ void group_attend_amx(const uint16_t* q, float scale, const bool* const* mask_ro
   const int64_t width = blocks * kBlock;
   gs.p.resize(M * width);
   gs.p16.resize(M * width);
-  block_masks<M>(mask_rows, used, packed, blocks, gs);
+  block_masks<M, 2>(mask_rows, used, packed, blocks, gs);
   TileConfig cfg;
   for (int i = 0; i < 8; ++i) cfg.colsb[i] = 64, cfg.rows[i] = 16;
   _tile_loadconfig(&cfg);
@@ -457,7 +458,7 @@ void group_attend_dp(const uint16_t* q, float scale, const bool* const* mask_row
   const int64_t width = blocks * kBlock;
   gs.p.resize(M * width);
   gs.p16.resize(M * width);
-  block_masks<M>(mask_rows, used, packed, blocks, gs);
+  block_masks<M, 2>(mask_rows, used, packed, blocks, gs);
   // each live block's packed keys
   gs.kblock.clear();
   int64_t base = 0;
@@ -501,28 +502,18 @@ void group_attend(const float* q, const bool* const* mask_rows, int used,
   constexpr int H = NV * 16;
   const int64_t width = blocks * kBlock;
   gs.p.resize(M * width);
-  gs.km.resize(M * blocks);
-  gs.live.clear();
+  block_masks<M, 1>(mask_rows, used, packed, blocks, gs);
   __m512 top[M];
   for (int i = 0; i < M; ++i) top[i] = _mm512_set1_ps(-INFINITY);
   int64_t base = 0;  // first global block of this source
+  size_t li = 0;
   for (size_t si = 0; si < packed.size(); ++si) {
     const PackedSource& ps = *packed[si];
     const int64_t nb = (ps.t + kBlock - 1) / kBlock;
-    for (int64_t bi = 0; bi < nb; ++bi) {
-      const int64_t t0 = bi * kBlock, gb = base + bi;
+    for (; li < gs.live.size() && gs.live[li] < base + nb; ++li) {
+      const int64_t gb = gs.live[li], bi = gb - base;
       __mmask16 km[M];
-      __mmask16 any = 0, last_km = 0;
-      const bool* last = nullptr;
-      for (int i = 0; i < M; ++i) {
-        const bool* row = mask_rows[si * M + i];  // the G vectors of a row share its mask
-        if (row != last) last = row, last_km = load_mask(row, t0, ps.t);
-        km[i] = i < used ? last_km : 0;
-        gs.km[i * blocks + gb] = km[i];
-        any |= km[i];
-      }
-      if (!any) continue;  // every vector of the group is masked off these 16 keys
-      gs.live.push_back(static_cast<int32_t>(gb));
+      for (int i = 0; i < M; ++i) km[i] = gs.km[i * blocks + gb];
       // two accumulators per vector: 2M independent FMA chains hide the FMA latency
       __m512 sc[M], sc2[M];
       for (int i = 0; i < M; ++i) sc[i] = sc2[i] = _mm512_setzero_ps();
@@ -560,7 +551,7 @@ void group_attend(const float* q, const bool* const* mask_rows, int used,
   for (int i = 0; i < M; ++i)
     for (int c = 0; c < NV; ++c) o[i][c] = _mm512_setzero_ps();
   base = 0;
-  size_t li = 0;
+  li = 0;
   for (size_t si = 0; si < packed.size(); ++si) {
     const PackedSource& ps = *packed[si];
     const int64_t nb = (ps.t + kBlock - 1) / kBlock;
