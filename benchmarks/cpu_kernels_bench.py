@@ -1,5 +1,5 @@
 """jaxdm's CPU kernels vs XLA (issue 17): the fused attention (``jaxdm.models.cpu_attention``)
-and the bf16 matmul (``jaxdm.models.cpu_matmul``), chosen by ``--kernel``.
+and the matmul (``jaxdm.models.cpu_matmul``, bf16 and fp32), chosen by ``--kernel``.
 
 Baseline = XLA's operations (``decoder.xla_attend``; ``cpu_matmul.reference``, XLA's dot);
 jaxdm = the kernel. RESULT ratio > 1 = the kernel is faster.
@@ -8,8 +8,8 @@ jaxdm = the kernel. RESULT ratio > 1 = the kernel is faster.
   attention: the packed readout's attention blocks of SmolLM2-135M (9 query / 3 KV heads of
   64): a causal trunk block (256 queries at the end of T keys) and a continuation block (256
   queries seeing all T context keys plus their own 30-token segment among 256 window keys),
-  fp32 and bf16. matmul: SmolLM2-135M's bf16 projections at the readout's row count (q/o
-  576x576, k/v 576x192, gate/up 576x1536, down 1536x576), with torch's bf16 matmul (oneDNN)
+  fp32 and bf16. matmul: SmolLM2-135M's projections at the readout's row count (q/o 576x576,
+  k/v 576x192, gate/up 576x1536, down 1536x576), fp32 and bf16, with torch's matmul (oneDNN)
   beside them where the ``[ref]`` extra is installed.
 - ``program`` (one process per variant, alternated rounds), s per batch, with the kernel off
   (its environment variable ``=0``, which also keys the stored programs apart) and on: the
@@ -129,16 +129,17 @@ def bench_attention_blocks(dtypes: list[str], t: int, repeats: int) -> list[tupl
     return results
 
 
-def bench_matmul_blocks(rows: int, repeats: int) -> list[tuple]:
+def bench_matmul_blocks(dtypes: list[str], rows: int, repeats: int) -> list[tuple]:
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     from jaxdm.models import cpu_matmul
 
-    on, why = cpu_matmul.status()
-    if not on:
-        raise SystemExit(f"the bf16 matmul kernel is {why}")
+    for dtype in dtypes:
+        on, why = cpu_matmul.status(dtype)
+        if not on:
+            raise SystemExit(f"the {dtype} matmul kernel is {why}")
     try:
         import torch
 
@@ -148,17 +149,19 @@ def bench_matmul_blocks(rows: int, repeats: int) -> list[tuple]:
     rng = np.random.default_rng(0)
     base_fn, ours_fn = jax.jit(cpu_matmul.reference), jax.jit(cpu_matmul.matmul)
     results = []
-    for name, k, n in [("q_o", 576, 576), ("k_v", 576, 192), ("gate_up", 576, 1536),
-                       ("down", 1536, 576)]:
-        x = jnp.asarray(rng.normal(size=(rows, k)), jnp.bfloat16)
-        w = jnp.asarray(rng.normal(size=(k, n)) / np.sqrt(k), jnp.bfloat16)
+    shapes = [("q_o", 576, 576), ("k_v", 576, 192), ("gate_up", 576, 1536),
+              ("down", 1536, 576)]
+    for dtype, (name, k, n) in ((d, shape) for d in dtypes for shape in shapes):
+        x = jnp.asarray(rng.normal(size=(rows, k)), dtype)
+        w = jnp.asarray(rng.normal(size=(k, n)) / np.sqrt(k), dtype)
         want = base_fn(x, w).block_until_ready()
         got = ours_fn(x, w).block_until_ready()
         diff = float(jnp.max(jnp.abs(want - got)))
         tx = tw = None
         if torch is not None:
-            tx = torch.from_numpy(np.array(x.astype(jnp.float32))).bfloat16()
-            tw = torch.from_numpy(np.array(w.astype(jnp.float32))).bfloat16()
+            tdt = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+            tx = torch.from_numpy(np.array(x.astype(jnp.float32))).to(tdt)
+            tw = torch.from_numpy(np.array(w.astype(jnp.float32))).to(tdt)
         calls = [lambda: base_fn(x, w).block_until_ready(),
                  lambda: ours_fn(x, w).block_until_ready()]
         if torch is not None:
@@ -168,11 +171,13 @@ def bench_matmul_blocks(rows: int, repeats: int) -> list[tuple]:
         extra = ""
         if mt:
             mt = mt[0]
-            extra = f", torch/oneDNN (bf16 out) {mt:.2f} ms ({flops / mt / 1e6:.0f} GFLOP/s)"
-        print(f"[blocks matmul {name} {rows}x{k}x{n}] XLA {mb:.2f} ms ({flops / mb / 1e6:.0f} "
-              f"GFLOP/s), kernel {mo:.2f} ms ({flops / mo / 1e6:.0f} GFLOP/s){extra}, "
-              f"max |diff| {diff:.2e}", flush=True)
-        results.append((f"cpu_matmul_{name}_bf16_M{rows}", mb, mo, "ms"))
+            extra = (f", torch/oneDNN ({'bf16' if dtype == 'bfloat16' else 'fp32'} out) "
+                     f"{mt:.2f} ms ({flops / mt / 1e6:.0f} GFLOP/s)")
+        print(f"[blocks matmul {name} {dtype} {rows}x{k}x{n}] XLA {mb:.2f} ms "
+              f"({flops / mb / 1e6:.0f} GFLOP/s), kernel {mo:.2f} ms ({flops / mo / 1e6:.0f} "
+              f"GFLOP/s){extra}, max |diff| {diff:.2e}", flush=True)
+        tag = "bf16" if dtype == "bfloat16" else "fp32"
+        results.append((f"cpu_matmul_{name}_{tag}_M{rows}", mb, mo, "ms"))
     return results
 
 
@@ -225,7 +230,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernel", choices=sorted(ENV_VARS), default="attention")
     parser.add_argument("--quick", action="store_true", help="blocks only, few repeats")
-    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or both (default)")
+    parser.add_argument("--dtype", default=None,
+                        help="float32, bfloat16 or float32,bfloat16 (default: both)")
     parser.add_argument("--keys", type=int, default=1920,
                         help="attention: context keys T of the blocks")
     parser.add_argument("--rows", type=int, default=2432,
@@ -242,14 +248,14 @@ def main() -> None:
                              "trajectories), actor (4 states, 10-20 options), decode (16 x 32)")
     args = parser.parse_args()
     repeats = args.repeats or (5 if args.quick else 15)
+    dtypes = args.dtype.split(",") if args.dtype else ["float32", "bfloat16"]
+    bad = [d for d in dtypes if d not in ("float32", "bfloat16")]
+    if bad:
+        parser.error(f"--dtype: {', '.join(bad)} is not float32 or bfloat16")
     if args.kernel == "attention":
-        dtypes = [args.dtype] if args.dtype else ["float32", "bfloat16"]
         results = bench_attention_blocks(dtypes, args.keys, repeats)
-    else:  # the kernel is bf16 only
-        if args.dtype not in (None, "bfloat16"):
-            parser.error("--kernel matmul runs in bfloat16 only")
-        dtypes = ["bfloat16"]
-        results = bench_matmul_blocks(args.rows, repeats)
+    else:
+        results = bench_matmul_blocks(dtypes, args.rows, repeats)
     if not (args.quick or args.no_program):
         for work in args.workloads.split(","):
             for dtype in dtypes:

@@ -186,7 +186,11 @@ ATTENTION = Kernel("cpu_attention", "JAXDM_CPU_ATTENTION", "jaxdm_cpu_attention"
 MATMUL = Kernel("cpu_matmul", "JAXDM_CPU_MATMUL", "jaxdm_cpu_matmul", "JaxdmCpuMatmul",
                 ("avx512f", "avx512bw", "avx512vl", "avx512_bf16"),
                 what="bf16 matmul kernel", instead="XLA's dot")
-KERNELS: dict[str, Kernel] = {k.name: k for k in (ATTENTION, MATMUL)}
+# The same source and switch as MATMUL; its own status (CPUs with AVX-512 but not its BF16).
+MATMUL_F32 = Kernel("cpu_matmul_f32", "JAXDM_CPU_MATMUL", "jaxdm_cpu_matmul_f32",
+                    "JaxdmCpuMatmulF32", ("avx512f", "avx512bw", "avx512vl"),
+                    what="fp32 matmul kernel", instead="XLA's dot")
+KERNELS: dict[str, Kernel] = {k.name: k for k in (ATTENTION, MATMUL, MATMUL_F32)}
 
 
 def fingerprint() -> str:

@@ -1,23 +1,28 @@
-// bf16 matmul for XLA:CPU, called through XLA's FFI (jaxdm.models.cpu_matmul): on AMX tiles where
-// the CPU has them, else on AVX-512 BF16 pair dot products (vdpbf16ps).
+// Matmuls for XLA:CPU, called through XLA's FFI (jaxdm.models.cpu_matmul): bf16 on AMX tiles
+// where the CPU has them, else on AVX-512 BF16 pair dot products (vdpbf16ps); fp32 on AVX-512
+// FMAs.
 //
 // Why: XLA:CPU's bf16 dots (fp32 results) ran 1.7-3.3x slower than oneDNN's at the readout's
-// shapes on an AMX CPU (issue 17).
+// shapes on an AMX CPU, and its fp32 dots ran at 75-85 % of an AMD Zen 4's FMA peak (2 x 116
+// GFLOP/s) at 2,432 rows, at a third of it at 32-128 rows (issue 17).
 //
-// Operands: x [..., K] bf16 (leading dims flattened to M rows), w [K, N] bf16, row major;
-// K and N multiples of 32. Result [..., N] f32: products of bf16 pairs accumulated in f32.
+// Operands: x [..., K] (leading dims flattened to M rows), w [K, N], both bf16 (JaxdmCpuMatmul)
+// or both f32 (JaxdmCpuMatmulF32), row major; K and N multiples of 32. Result [..., N] f32,
+// accumulated in f32 (bf16: products of bf16 pairs).
 //
-// Work: w is packed into 16-column panels of bf16 pairs ([K/2][16][2]: a tile's B operand, and
-// one vdpbf16ps operand per pair of rows), split over the threads. Then each item takes a chunk
-// of x's rows and one of the threads' column ranges.
+// Work (bf16): w is packed into 16-column panels of bf16 pairs ([K/2][16][2]: a tile's B
+// operand, and one vdpbf16ps operand per pair of rows), split over the threads. Then each item
+// takes a chunk of x's rows and one of the threads' column ranges.
 // - AMX: 32 rows at a time, x's rows are packed into 16 x 32 tiles (contiguous 1 KB loads) and
 //   32 x 32 blocks of the result computed in four accumulator tiles over the whole of K.
 // - AVX-512 BF16: 6 rows x 64 columns of the result in 24 registers over the whole of K, x's
 //   pairs broadcast from x in place (no packing), w's four panels read in step.
+// fp32 takes the AVX-512 BF16 path's blocking on FMAs (see MatmulF32).
 
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -221,27 +226,146 @@ void compute_item_dp(const Problem& pb, int64_t item) {
 }
 #endif  // __AVX512BF16__
 
+// fp32 on AVX-512 FMAs: the AVX-512 BF16 path's blocking (6 rows x 64 columns of the result in
+// 24 registers over the whole of K, x's elements broadcast from x in place). w is read in place
+// below kPackMinRowsF32 rows; from there it is first packed into 16-column panels [K][16]
+// (contiguous reads; packing costs more than it saves on fewer rows).
+constexpr int kRowsF32 = 6;
+constexpr int64_t kRowsPerChunkF32 = 96;
+constexpr int64_t kWBytesPerPassF32 = 256 << 10;
+constexpr int64_t kPackMinRowsF32 = 512;
+
+struct ProblemF32 {
+  const float* x;
+  const float* w;
+  const float* wp;  // w packed ([N/16] panels of [K][16]) or null: read w in place
+  float* out;
+  int64_t m, k, n;
+  int64_t n_ranges;
+};
+
+void pack_w_f32(const float* w, int64_t k, int64_t n, int64_t j0, int64_t cols, float* out) {
+  for (int64_t p = 0; p < cols / 16; ++p) {
+    float* panel = out + p * k * 16;
+    const float* src = w + j0 + p * 16;
+    for (int64_t kk = 0; kk < k; ++kk)
+      _mm512_storeu_ps(panel + kk * 16, _mm512_loadu_ps(src + kk * n));
+  }
+}
+
+// out[0:kRowsF32, 0:16 * NP] = x[0:kRowsF32, :] @ NP 16-column panels of w: panel p's row kk at
+// w + p * panel + kk * ldk.
+template <int NP>
+inline void dot_block_f32(const float* x, int64_t ldx, const float* w, int64_t k, int64_t ldk,
+                          int64_t panel, float* out, int64_t ldo, int valid, bool stream) {
+  __m512 acc[kRowsF32][NP];
+  for (int r = 0; r < kRowsF32; ++r)
+    for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_ps();
+  for (int64_t kk = 0; kk < k; ++kk) {
+    __m512 b[NP];
+    for (int p = 0; p < NP; ++p) b[p] = _mm512_loadu_ps(w + p * panel + kk * ldk);
+    for (int r = 0; r < kRowsF32; ++r) {
+      const __m512 a = _mm512_set1_ps(x[r * ldx + kk]);
+      for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_fmadd_ps(a, b[p], acc[r][p]);
+    }
+  }
+  for (int r = 0; r < valid; ++r)
+    for (int p = 0; p < NP; ++p) {
+      if (stream) _mm512_stream_ps(out + r * ldo + p * 16, acc[r][p]);
+      else _mm512_storeu_ps(out + r * ldo + p * 16, acc[r][p]);
+    }
+}
+
+// Item i: rows chunk i / n_ranges, columns range i % n_ranges (in 32-column blocks).
+void compute_item_f32(const ProblemF32& pb, int64_t item) {
+  const int64_t blocks = pb.n / 32;
+  const int64_t nr = item % pb.n_ranges, chunk = item / pb.n_ranges;
+  const int64_t j_lo = blocks * nr / pb.n_ranges * 32, j_hi = blocks * (nr + 1) / pb.n_ranges * 32;
+  const int64_t r_lo = chunk * kRowsPerChunkF32, r_hi = std::min(pb.m, r_lo + kRowsPerChunkF32);
+  const int64_t k = pb.k, n = pb.n;
+  const bool stream = reinterpret_cast<uintptr_t>(pb.out) % 64 == 0;
+  thread_local std::vector<float> tail;  // the last rows, padded with zeros to kRowsF32
+  // panel p of the columns from j: packed, or in place (rows of w at stride n)
+  const int64_t ldk = pb.wp ? 16 : n, panel = pb.wp ? k * 16 : 16;
+  auto panels_at = [&pb, k](int64_t j) { return pb.wp ? pb.wp + j * k : pb.w + j; };
+  const int64_t sub = std::max<int64_t>(64, kWBytesPerPassF32 / (4 * k) / 64 * 64);
+  for (int64_t c_lo = j_lo; c_lo < j_hi; c_lo += sub) {
+    const int64_t c_hi = std::min(j_hi, c_lo + sub);
+    for (int64_t row = r_lo; row < r_hi; row += kRowsF32) {
+      const int valid = static_cast<int>(std::min<int64_t>(kRowsF32, r_hi - row));
+      const float* xs = pb.x + row * k;
+      if (valid < kRowsF32) {
+        tail.assign(kRowsF32 * k, 0.f);
+        std::memcpy(tail.data(), xs, valid * k * sizeof(float));
+        xs = tail.data();
+      }
+      float* o = pb.out + row * n;
+      int64_t j = c_lo;
+      for (; j + 64 <= c_hi; j += 64)
+        dot_block_f32<4>(xs, k, panels_at(j), k, ldk, panel, o + j, n, valid, stream);
+      if (j < c_hi) dot_block_f32<2>(xs, k, panels_at(j), k, ldk, panel, o + j, n, valid, stream);
+    }
+  }
+  if (stream) _mm_sfence();  // the streamed stores are visible before the item counts as done
+}
+
+// The checks both dtypes' handlers make: (m, k, n) or an error; k == 0 writes zeros.
+template <typename Out>
+ffi::ErrorOr<std::array<int64_t, 3>> check_shapes(ffi::AnyBuffer::Dimensions xd,
+                                                  ffi::AnyBuffer::Dimensions wd, Out& out) {
+  using Bad = ffi::Unexpected<ffi::Error>;
+  if (xd.size() < 1 || wd.size() != 2) return Bad(ffi::Error::InvalidArgument("x must be [..., K], w [K, N]"));
+  const int64_t k = wd[0], n = wd[1];
+  if (xd.back() != k) return Bad(ffi::Error::InvalidArgument("x's last dim must be w's K"));
+  if (k % 32 != 0 || n % 32 != 0) return Bad(ffi::Error::InvalidArgument("K and N must be multiples of 32"));
+  int64_t m = 1;
+  for (size_t i = 0; i + 1 < xd.size(); ++i) m *= xd[i];
+  if (out->element_count() != static_cast<size_t>(m * n))
+    return Bad(ffi::Error::InvalidArgument("result must be [..., N]"));
+  if (k == 0) std::memset(out->typed_data(), 0, m * n * sizeof(float));
+  return std::array<int64_t, 3>{m, k, n};
+}
+
+ffi::Error MatmulF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+                     ffi::ResultBuffer<ffi::F32> out) {
+  const auto shape = check_shapes(x.dimensions(), w.dimensions(), out);
+  if (shape.has_error()) return shape.error();
+  ProblemF32 pb;
+  pb.m = (*shape)[0], pb.k = (*shape)[1], pb.n = (*shape)[2];
+  if (pb.m == 0 || pb.n == 0 || pb.k == 0) return ffi::Error::Success();
+  pb.x = x.typed_data();
+  pb.w = w.typed_data();
+  pb.out = out->typed_data();
+  pb.wp = nullptr;
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  thread_local std::vector<float> wp;  // the calling thread's: helpers only read it
+  if (pb.m >= kPackMinRowsF32) {
+    wp.resize(pb.k * pb.n);
+    float* dst = wp.data();
+    const int64_t panels = pb.n / 16;
+    const int64_t pack_items = std::min<int64_t>(threads, panels);
+    jaxdm::run_items(pool, pack_items, [&pb, dst, panels, pack_items](int64_t i) {
+      const int64_t p_lo = panels * i / pack_items, p_hi = panels * (i + 1) / pack_items;
+      pack_w_f32(pb.w, pb.k, pb.n, p_lo * 16, (p_hi - p_lo) * 16, dst + p_lo * 16 * pb.k);
+    });
+    pb.wp = dst;
+  }
+  pb.n_ranges = std::min<int64_t>(threads, pb.n / 32);
+  const int64_t chunks = (pb.m + kRowsPerChunkF32 - 1) / kRowsPerChunkF32;
+  jaxdm::run_items(pool, chunks * pb.n_ranges, [&pb](int64_t i) { compute_item_f32(pb, i); });
+  return ffi::Error::Success();
+}
+
 ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::BF16> w,
                   ffi::ResultBuffer<ffi::F32> out) {
 #if !defined(__AMX_BF16__) && !defined(__AVX512BF16__)
   return ffi::Error::Internal("jaxdm cpu_matmul was built without AMX or AVX-512 BF16");
 #else
-  const auto xd = x.dimensions(), wd = w.dimensions();
-  if (xd.size() < 1 || wd.size() != 2) return ffi::Error::InvalidArgument("x must be [..., K], w [K, N]");
+  const auto shape = check_shapes(x.dimensions(), w.dimensions(), out);
+  if (shape.has_error()) return shape.error();
   Problem pb;
-  pb.k = wd[0];
-  pb.n = wd[1];
-  if (xd.back() != pb.k) return ffi::Error::InvalidArgument("x's last dim must be w's K");
-  if (pb.k % 32 != 0 || pb.n % 32 != 0)
-    return ffi::Error::InvalidArgument("K and N must be multiples of 32");
-  pb.m = pb.k ? static_cast<int64_t>(x.element_count()) / pb.k : 0;
-  if (out->element_count() != static_cast<size_t>(pb.m * pb.n))
-    return ffi::Error::InvalidArgument("result must be [..., N]");
-  if (pb.m == 0 || pb.n == 0) return ffi::Error::Success();
-  if (pb.k == 0) {
-    std::memset(out->typed_data(), 0, pb.m * pb.n * sizeof(float));
-    return ffi::Error::Success();
-  }
+  pb.m = (*shape)[0], pb.k = (*shape)[1], pb.n = (*shape)[2];
+  if (pb.m == 0 || pb.n == 0 || pb.k == 0) return ffi::Error::Success();
 #ifdef __AMX_BF16__
   const bool amx = jaxdm::amx_allowed();
 #else
@@ -291,4 +415,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxdmCpuMatmul, Matmul,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::BF16>>()
                                   .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxdmCpuMatmulF32, MatmulF32,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());

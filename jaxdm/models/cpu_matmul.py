@@ -1,20 +1,23 @@
-"""bf16 matmuls for XLA:CPU (``cpu_matmul.cc``), called through XLA's FFI.
+"""Matmuls for XLA:CPU (``cpu_matmul.cc``), called through XLA's FFI: bf16 and fp32.
 
 XLA:CPU's bf16 dots (fp32 results) ran 1.7-3.3x slower than oneDNN's at the decoder's shapes
-on an AMX CPU (issue 17). The kernel computes ``x [..., K] @ w [K, N]`` from bf16 operands into
-fp32 (products of bf16 pairs, fp32 accumulation: what ``jnp.einsum(...,
-preferred_element_type=float32)`` computes, to summation order) on the AMX tiles of x86-64
-CPUs that have them (``amx_bf16``), else with AVX-512 BF16 pair dot products
-(``avx512_bf16``, e.g. AMD Zen 4).
+on an AMX CPU, and its fp32 dots at 75-85 % of a Zen 4's FMA peak at the readout's 2,400 rows
+(1.0-1.6x slower than the kernel at 1-600 rows; issue 17). The kernel computes
+``x [..., K] @ w [K, N]`` into fp32, what ``jnp.einsum(..., preferred_element_type=float32)``
+computes to summation order: from bf16 operands (products of bf16 pairs, fp32 accumulation) on
+the AMX tiles of x86-64 CPUs that have them (``amx_bf16``), else with AVX-512 BF16 pair dot
+products (``avx512_bf16``, e.g. AMD Zen 4); from fp32 operands with AVX-512 FMAs.
 
-- ``matmul(x, w)`` is the decoder's bf16 projection path: on CPU the kernel, elsewhere and
-  under differentiation the einsum (a custom JVP: the kernel is forward-only), so gradients
-  are XLA's.
-- ``supports(x, w)`` says where it is used: bf16 operands, K and N multiples of 32, at least
-  ``MIN_ROWS`` rows (a decoding step's few rows leave the tiles mostly empty).
-- ``JAXDM_CPU_MATMUL=0`` (or ``off``/``false``/``no``) turns it off; it is off where it cannot
-  run (no AVX-512 BF16, no compiler, a failed build: one warning names why). ``status()`` says
-  which. The kernel is built with jaxdm's other CPU kernels (``jaxdm.models.cpu_kernels``).
+- ``matmul(x, w)`` is the decoder's projection path: on CPU the kernel, elsewhere and under
+  differentiation the einsum (a custom JVP: the kernel is forward-only), so gradients are
+  XLA's.
+- ``supports(x, w)`` says where it is used: both operands bf16 or both fp32, K and N multiples
+  of 32, at least ``MIN_ROWS[dtype]`` rows (bf16 packs w on every call: a decoding step's few
+  rows would not pay for it; fp32 reads w in place below 512 rows).
+- ``JAXDM_CPU_MATMUL=0`` (or ``off``/``false``/``no``) turns both off; each is off where it
+  cannot run (no AVX-512 or, for bf16, no AVX-512 BF16; no compiler; a failed build: one
+  warning names why). ``status(dtype)`` says which. The kernel is built with jaxdm's other CPU
+  kernels (``jaxdm.models.cpu_kernels``).
 """
 from __future__ import annotations
 
@@ -25,26 +28,37 @@ import jax.numpy as jnp
 
 from jaxdm.models import cpu_kernels
 
+# One Kernel (FFI target) per operand dtype; one switch (ENV_VAR) for both.
+KERNELS = {jnp.dtype(jnp.bfloat16): cpu_kernels.MATMUL,
+           jnp.dtype(jnp.float32): cpu_kernels.MATMUL_F32}
 KERNEL = cpu_kernels.MATMUL
 ENV_VAR = KERNEL.env_var
-TARGET = KERNEL.target
-# Rows (x's leading dims) below which XLA's dot is used: at 64-128 rows packing w on every call
-# costs more than the tiles save (0.66-1.17x at 64 rows; 1.02-1.66x at 256; 2026-12-03).
-MIN_ROWS = 256
+TARGET = KERNEL.target  # bf16's; fp32's is KERNELS[float32].target
+# Rows (x's leading dims) below which XLA's dot is used. bf16: at 64-128 rows packing w on
+# every call costs more than the tiles save (0.66-1.17x at 64 rows; 1.02-1.66x at 256;
+# 2026-12-03). fp32: the kernel ran 1.0-2.6x XLA's dot from 1 row up (2026-12-04, Zen 4).
+MIN_ROWS = {jnp.dtype(jnp.bfloat16): 256, jnp.dtype(jnp.float32): 1}
 
-status = KERNEL.status
-enabled = KERNEL.enabled
 cannot_run_here = KERNEL.cannot_run_here
+
+
+def status(dtype=jnp.bfloat16) -> tuple[bool, str]:
+    """(on, why) of the kernel for operands of ``dtype`` (bf16 or float32)."""
+    return KERNELS[jnp.dtype(dtype)].status()
+
+
+def enabled(dtype=jnp.bfloat16) -> bool:
+    return status(dtype)[0]
 
 
 def supports(x: jax.Array, w: jax.Array) -> bool:
     """Whether the kernel takes x [..., K] and w [K, N] and is used for them."""
-    if x.dtype != jnp.bfloat16 or w.dtype != jnp.bfloat16 or w.ndim != 2 or x.ndim < 1:
+    if x.dtype != w.dtype or x.dtype not in KERNELS or w.ndim != 2 or x.ndim < 1:
         return False
     k, n = w.shape
     if x.shape[-1] != k or k % 32 or n % 32 or k == 0 or n == 0:
         return False
-    return math.prod(x.shape[:-1]) >= MIN_ROWS
+    return math.prod(x.shape[:-1]) >= MIN_ROWS[x.dtype]
 
 
 def reference(x: jax.Array, w: jax.Array) -> jax.Array:
@@ -54,11 +68,12 @@ def reference(x: jax.Array, w: jax.Array) -> jax.Array:
 
 @jax.custom_batching.custom_vmap
 def _kernel(x: jax.Array, w: jax.Array) -> jax.Array:
-    on, why = status()
+    kernel = KERNELS[jnp.dtype(x.dtype)]
+    on, why = kernel.status()
     if not on:
-        raise RuntimeError(f"the bf16 matmul kernel is {why}")
-    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(x.shape[:-1] + w.shape[1:],
-                                                         jnp.float32))
+        raise RuntimeError(f"the {kernel.what} is {why}")
+    call = jax.ffi.ffi_call(kernel.target, jax.ShapeDtypeStruct(x.shape[:-1] + w.shape[1:],
+                                                                jnp.float32))
     return call(x, w)
 
 
@@ -73,8 +88,8 @@ def _kernel_vmap(axis_size, in_batched, x, w):
 
 @jax.custom_jvp
 def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x [..., K] @ w [K, N] (bf16) -> [..., N] fp32: the kernel on CPU, ``reference``
-    elsewhere and under differentiation."""
+    """x [..., K] @ w [K, N] (both bf16 or both fp32) -> [..., N] fp32: the kernel on CPU,
+    ``reference`` elsewhere and under differentiation."""
     return jax.lax.platform_dependent(x, w, cpu=_kernel, default=reference)
 
 

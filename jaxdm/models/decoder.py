@@ -148,11 +148,12 @@ def _mm(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
     accumulated and returned in fp32 (a no-op change for fp32 weights; see _embed).
 
     A spec that is one matmul (x's trailing dims contracted with w's leading ones, the rest in
-    order) runs as ``cpu_matmul.matmul`` where that kernel is on and takes the operands (bf16
-    on CPUs with AMX or AVX-512 BF16)."""
+    order) runs as ``cpu_matmul.matmul`` where that kernel is on and takes the operands (fp32
+    on CPUs with AVX-512, bf16 on those with AMX or AVX-512 BF16)."""
     x = x.astype(w.dtype)
     plan = _as_matmul(spec, x, w)
-    if plan is not None and cpu_matmul.supports(plan[0], plan[1]) and cpu_matmul.enabled():
+    if (plan is not None and cpu_matmul.supports(plan[0], plan[1])
+            and cpu_matmul.enabled(w.dtype)):
         x2, w2, out_shape = plan
         return cpu_matmul.matmul(x2, w2).reshape(out_shape)
     return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32)

@@ -1,5 +1,5 @@
-"""The bf16 matmul kernel (jaxdm.models.cpu_matmul): numbers against XLA's dot, where the
-decoder uses it, vmap, derivatives, and how it is off."""
+"""The matmul kernel (jaxdm.models.cpu_matmul), bf16 and fp32: numbers against XLA's dot and
+exact products, where the decoder uses it, vmap, derivatives, and how it is off."""
 import os
 import subprocess
 import sys
@@ -14,19 +14,28 @@ from jaxdm.models import cpu_kernels, cpu_matmul, decoder
 from jaxdm.models.config import ModelConfig
 
 
-@pytest.fixture(scope="module")
-def kernel_on():
-    on, why = cpu_matmul.status()
+def _require(dtype):
+    on, why = cpu_matmul.status(dtype)
     if not on:
         if cpu_matmul.cannot_run_here(why):
-            pytest.skip(f"bf16 matmul {why}")
-        pytest.fail(f"bf16 matmul {why}")
+            pytest.skip(f"{jnp.dtype(dtype).name} matmul {why}")
+        pytest.fail(f"{jnp.dtype(dtype).name} matmul {why}")
 
 
-def _operands(m, k, n, seed=0, lead=()):
+@pytest.fixture(scope="module")
+def kernel_on():
+    _require(jnp.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def f32_kernel_on():
+    _require(jnp.float32)
+
+
+def _operands(m, k, n, seed=0, lead=(), dtype=jnp.bfloat16):
     rng = np.random.default_rng(seed)
-    x = jnp.asarray(rng.normal(size=(*lead, m, k)), jnp.bfloat16)
-    w = jnp.asarray(rng.normal(size=(k, n)) / np.sqrt(k), jnp.bfloat16)
+    x = jnp.asarray(rng.normal(size=(*lead, m, k)), dtype)
+    w = jnp.asarray(rng.normal(size=(k, n)) / np.sqrt(k), dtype)
     return x, w
 
 
@@ -48,6 +57,26 @@ def test_kernel_matches_exact_products(kernel_on, m, k, n):
     scale = np.abs(np.asarray(x, np.float64)) @ np.abs(np.asarray(w, np.float64))
     assert np.all(np.abs(np.asarray(got) - exact) <= 1e-6 * scale + 1e-7)
     np.testing.assert_allclose(got, xla, rtol=1e-5, atol=1e-5 * float(scale.max()))
+
+
+# one row (a decoding step: w read in place), a partial 6-row block, rows past the size
+# from which w is packed, K = 32, and the decoder's shapes
+@pytest.mark.parametrize("m,k,n", [(1, 64, 32), (97, 32, 96), (700, 576, 192),
+                                   (1000, 1536, 576), (5, 576, 1536)])
+def test_fp32_kernel_matches_exact_products(f32_kernel_on, m, k, n):
+    x, w = _operands(m, k, n, seed=1, dtype=jnp.float32)
+    hlo = jax.jit(cpu_matmul.matmul).lower(x, w).as_text()
+    assert cpu_kernels.MATMUL_F32.target in hlo
+    got = jax.jit(cpu_matmul.matmul)(x, w)
+    assert got.dtype == jnp.float32 and got.shape == (m, n)
+    # fp32 products and sums round: within k units of fp32 rounding of sum |x| |w| (the
+    # standard bound for a dot product), like XLA's (in another order)
+    scale = np.abs(np.asarray(x, np.float64)) @ np.abs(np.asarray(w, np.float64))
+    bound = k * 2.0 ** -24 * scale
+    assert np.all(np.abs(np.asarray(got, np.float64) - _exact(x, w)) <= bound)
+    xla = np.asarray(jax.jit(cpu_matmul.reference)(x, w), np.float64)
+    assert np.all(np.abs(xla - _exact(x, w)) <= bound)
+    assert np.median(np.abs(np.asarray(got) - xla) / scale) < 1e-7
 
 
 def test_the_kernel_is_what_runs_and_vmaps(kernel_on):
@@ -77,10 +106,13 @@ def test_derivatives_are_xla_s(kernel_on):
 
 
 def test_supports_only_what_the_kernel_takes():
-    x, w = _operands(cpu_matmul.MIN_ROWS, 64, 64)
+    rows = cpu_matmul.MIN_ROWS[jnp.dtype(jnp.bfloat16)]
+    x, w = _operands(rows, 64, 64)
     assert cpu_matmul.supports(x, w)
-    assert not cpu_matmul.supports(x.astype(jnp.float32), w.astype(jnp.float32))  # dtype
-    assert not cpu_matmul.supports(x[: cpu_matmul.MIN_ROWS - 1], w)  # few rows
+    assert cpu_matmul.supports(x[:1].astype(jnp.float32), w.astype(jnp.float32))  # fp32
+    assert not cpu_matmul.supports(x.astype(jnp.float32), w)  # mixed dtypes
+    assert not cpu_matmul.supports(x.astype(jnp.float16), w.astype(jnp.float16))  # dtype
+    assert not cpu_matmul.supports(x[: rows - 1], w)  # few rows (bf16)
     assert not cpu_matmul.supports(x[:, :48], w[:48])  # K not a multiple of 32
     assert not cpu_matmul.supports(x, w[:, :48])  # N not a multiple of 32
     assert not cpu_matmul.supports(x, w[None])  # a weight of rank 3
@@ -94,7 +126,7 @@ def _tiny(dtype):
 def test_the_decoder_s_bf16_projections_run_on_it(kernel_on):
     cfg = _tiny("bfloat16")
     params = decoder.init_params(cfg, jax.random.key(0))
-    s = cpu_matmul.MIN_ROWS // 2  # 2 rows of s tokens: MIN_ROWS rows for the kernel
+    s = cpu_matmul.MIN_ROWS[jnp.dtype(jnp.bfloat16)] // 2  # 2 x s rows: enough for the kernel
     tokens = jax.random.randint(jax.random.key(1), (2, s), 0, cfg.vocab_size)
     positions = jnp.broadcast_to(jnp.arange(s), (2, s))
     hlo = jax.jit(lambda p, t, q: decoder.forward(p, cfg, t, q)).lower(
@@ -105,9 +137,25 @@ def test_the_decoder_s_bf16_projections_run_on_it(kernel_on):
     f32 = jax.tree.map(lambda a: a.astype(jnp.float32), params)
     want = decoder.forward(f32, _tiny("float32"), tokens, positions)
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), atol=0.1)
-    # fp32 weights: XLA's dots
-    assert cpu_matmul.TARGET not in jax.jit(lambda p, t, q: decoder.forward(
-        p, _tiny("float32"), t, q)).lower(f32, tokens, positions).as_text()
+
+
+def test_the_decoder_s_fp32_projections_run_on_it(f32_kernel_on, monkeypatch):
+    cfg = _tiny("float32")
+    params = decoder.init_params(cfg, jax.random.key(0))
+    tokens = jax.random.randint(jax.random.key(1), (2, 9), 0, cfg.vocab_size)
+    positions = jnp.broadcast_to(jnp.arange(9), (2, 9))
+    run = lambda p, t, q: decoder.forward(p, cfg, t, q)  # noqa: E731
+    hlo = jax.jit(run).lower(params, tokens, positions).as_text()
+    assert hlo.count(cpu_kernels.MATMUL_F32.target) == 7
+    got = np.asarray(jax.jit(run)(params, tokens, positions))
+    # the same forward on XLA's dots (a fresh trace: the kernel's switch is read when tracing)
+    monkeypatch.setattr(cpu_matmul, "enabled", lambda dtype=None: False)
+    jax.clear_caches()
+    assert cpu_kernels.MATMUL_F32.target not in jax.jit(run).lower(
+        params, tokens, positions).as_text()
+    want = np.asarray(jax.jit(run)(params, tokens, positions))
+    jax.clear_caches()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_as_matmul_reads_the_decoder_s_specs():
@@ -129,10 +177,13 @@ def _run(code: str, **env) -> subprocess.CompletedProcess:
 _PROBE = """
     import jax, jax.numpy as jnp
     from jaxdm.models import cpu_matmul, decoder
-    x = jnp.ones((cpu_matmul.MIN_ROWS, 32), jnp.bfloat16); w = jnp.ones((32, 32), jnp.bfloat16)
+    x = jnp.ones((256, 32), jnp.bfloat16); w = jnp.ones((32, 32), jnp.bfloat16)
     hlo = jax.jit(lambda x, w: decoder._mm("MK,KN->MN", x, w)).lower(x, w).as_text()
     print("STATUS", cpu_matmul.status(), cpu_matmul.TARGET in hlo,
           float(decoder._mm("MK,KN->MN", x, w).sum()))
+    x, w = x.astype(jnp.float32), w.astype(jnp.float32)
+    hlo = jax.jit(lambda x, w: decoder._mm("MK,KN->MN", x, w)).lower(x, w).as_text()
+    print("F32", cpu_matmul.status(jnp.float32), "jaxdm_cpu_matmul" in hlo)
 """
 
 
@@ -141,6 +192,8 @@ def test_env_var_turns_it_off():
     assert proc.returncode == 0, proc.stderr[-2000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("STATUS"))
     assert line == "STATUS (False, 'off: JAXDM_CPU_MATMUL=0') False 262144.0"
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("F32"))
+    assert line == "F32 (False, 'off: JAXDM_CPU_MATMUL=0') False"
 
 
 def test_a_bad_env_value_is_an_error():
@@ -151,7 +204,7 @@ def test_a_bad_env_value_is_an_error():
 
 def test_fingerprint_names_every_kernel():
     fp = cpu_kernels.fingerprint()
-    assert fp.startswith("cpu_attention:") and ",cpu_matmul:" in fp
+    assert fp.startswith("cpu_attention:") and ",cpu_matmul:" in fp and ",cpu_matmul_f32:" in fp
 
 
 _BF16_PATHS = """
