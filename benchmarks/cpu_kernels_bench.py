@@ -74,14 +74,26 @@ print("CHILD " + json.dumps({"s": statistics.median(times), "scores": scores,
 ENV_VARS = {"attention": "JAXDM_CPU_ATTENTION", "matmul": "JAXDM_CPU_MATMUL"}
 
 
+# Untimed pause after each call: torch's OpenMP threads (and XLA's pool, less) spin for a few
+# ms after a call, and a JAX call started in that time ran up to 2x slower (XLA's bf16
+# 2,432 x 576 x 576 dot: 4.4 ms alone, 6.1-8.4 ms right after torch's, 4.6-5.6 ms 20 ms after;
+# 2026-12-04). Blocks measured before then, beside torch, understate XLA and the kernels.
+SETTLE_S = 0.02
+
+
 def alternated_ms(calls: list, repeats: int) -> list[float]:
-    """Median ms of each call, the calls alternated ``repeats`` times."""
+    """Median ms of each call, the calls alternated ``repeats`` times (after one untimed
+    round: first calls allocate and start threads), ``SETTLE_S`` apart."""
     times: list[list[float]] = [[] for _ in calls]
+    for fn in calls:
+        fn()
+        time.sleep(SETTLE_S)
     for _ in range(repeats):
         for fn, ts in zip(calls, times):
             t0 = time.perf_counter()
             fn()
             ts.append(time.perf_counter() - t0)
+            time.sleep(SETTLE_S)
     return [statistics.median(ts) * 1e3 for ts in times]
 
 
