@@ -50,7 +50,8 @@ vLLM and jaxdm of the same precision (fp32 with fp32, bf16 with bf16); per-traje
 for Actor) and batch times, tokens computed (vLLM: prompt tokens minus its reported cache hits;
 jaxdm: unique tokens run), engine start-up, max score difference, and the machine floor: 2 x
 non-embedding params x jaxdm's tokens (+ the LM head at the answer positions) at the best
-[1300 x 576] @ [576 x 1536] matmul rate of XLA or torch in that precision, measured in the run.
+[1300 x 576] @ [576 x 1536] matmul rate of XLA, jaxdm's CPU matmul kernel or torch in that
+precision, measured in the run.
 
   python benchmarks/scoring_throughput.py            # 4 trajectories x 30 actions, 3 rounds
   python benchmarks/scoring_throughput.py --quick    # 1 x 6 actions, 1 state x 8 options
@@ -108,6 +109,27 @@ def xla_matmul_rate_gflops(dtype: str = "float32", repeats: int = 7) -> float:
     a = jnp.asarray(np.random.default_rng(0).standard_normal((1300, 576)), dtype)
     b = jnp.asarray(np.random.default_rng(1).standard_normal((576, 1536)), dtype)
     f = _jitted_matmul()
+    f(a, b).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        f(a, b).block_until_ready()
+        times.append(time.perf_counter() - t0)
+    return 2 * 1300 * 576 * 1536 / statistics.median(times) / 1e9
+
+
+def kernel_matmul_rate_gflops(dtype: str = "float32", repeats: int = 7) -> float | None:
+    """jaxdm's CPU matmul kernel's rate (``cpu_matmul``, what the decoder's projections run
+    on where it is on) on the same matmul, GFLOP/s; None where it is off."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxdm.models import cpu_matmul
+    if not cpu_matmul.enabled(dtype):
+        return None
+    a = jnp.asarray(np.random.default_rng(0).standard_normal((1300, 576)), dtype)
+    b = jnp.asarray(np.random.default_rng(1).standard_normal((576, 1536)), dtype)
+    f = jax.jit(cpu_matmul.matmul)
     f(a, b).block_until_ready()
     times = []
     for _ in range(repeats):
@@ -385,8 +407,15 @@ def main_vllm(args) -> None:
             cfg.head_dim)
     rates = {}
     for prec in models:
-        rates[prec] = {"xla": xla_matmul_rate_gflops(prec),
-                       "torch": torch_matmul_rate_gflops(prec)}
+        # a pause before each: torch's OpenMP threads spin for a few ms after its calls
+        rates[prec] = {}
+        for lib, rate_fn in (("xla", xla_matmul_rate_gflops),
+                             ("jaxdm", kernel_matmul_rate_gflops),
+                             ("torch", torch_matmul_rate_gflops)):
+            time.sleep(0.05)
+            r = rate_fn(prec)
+            if r is not None:
+                rates[prec][lib] = r
     print(f"matmul [1300x576]@[576x1536] GFLOP/s: "
           f"{ {p: {k: round(x, 1) for k, x in r.items()} for p, r in rates.items()} }; "
           f"bf16 jaxdm vs fp32 jaxdm max |diff|: "

@@ -5,6 +5,7 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxdm.models import decoder
 from jaxdm.models.config import ModelConfig
@@ -13,6 +14,12 @@ from jaxdm.train import lora
 CONFIG = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=2,
                      num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=10000.0,
                      rms_norm_eps=1e-5, tie_embeddings=True, max_position_embeddings=256)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_traces():
+    yield
+    jax.clear_caches()  # traces made with a swapped scan_layers (_plain_scan) go with the test
 
 
 def _inputs(dtype):
@@ -105,3 +112,49 @@ def test_gradients_through_bf16_weights_and_adapters_match_the_plain_scan(monkey
     for g, r in zip(flat_got, flat_ref):
         assert g.dtype == r.dtype
         np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(r, np.float32))
+
+
+def _stack_casts(text):
+    """Bit casts of a whole [L, ...] stack in a compiled program (per call: a copy)."""
+    return re.findall(rf"bitcast-convert[.\d]* = u16\[{CONFIG.num_layers},\d", text)
+
+
+def test_bit_views_alias_the_weights_and_skip_the_per_call_cast():
+    params, tokens, positions = _inputs(jnp.bfloat16)
+    views = decoder.bit_view_layers(params)
+    q = views["layers"]["q"]
+    assert isinstance(q, decoder.BitView) and q.bits.dtype == jnp.uint16
+    assert q.dtype == jnp.bfloat16 and q.shape == params["layers"]["q"].shape
+    assert views["embed"] is params["embed"]  # only the scanned stack is viewed
+    if jax.default_backend() == "cpu":  # the bits are the weights' own buffer
+        assert q.bits.unsafe_buffer_pointer() == params["layers"]["q"].unsafe_buffer_pointer()
+    fast = _jit_hidden()
+    np.testing.assert_array_equal(np.asarray(fast(views, tokens, positions), np.float32),
+                                  np.asarray(fast(params, tokens, positions), np.float32))
+    with_params = fast.lower(params, tokens, positions).compile().as_text()
+    with_views = fast.lower(views, tokens, positions).compile().as_text()
+    assert _stack_casts(with_params) and not _stack_casts(with_views)
+    # decoding against a cache reads the views too
+    lengths = jnp.array([24, 17])
+    _, cache = decoder.prefill(params, CONFIG, tokens, positions, lengths, cache_size=32)
+    cache_mask = jnp.broadcast_to(jnp.arange(32) < lengths[:, None, None], (2, 5, 32))
+    got = decoder.forward_with_cache(views, CONFIG, tokens[:, :5], positions[:, :5] + 24, cache,
+                                     cache_mask)
+    ref = decoder.forward_with_cache(params, CONFIG, tokens[:, :5], positions[:, :5] + 24, cache,
+                                     cache_mask)
+    for a, b in zip(got, ref):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+def test_bit_views_leave_fp32_alone_and_refuse_gradients():
+    params, tokens, positions = _inputs(jnp.float32)
+    views = decoder.bit_view_layers(params)
+    assert all(a is b for a, b in zip(jax.tree.leaves(views), jax.tree.leaves(params)))
+    bf16 = decoder.bit_view_layers(_inputs(jnp.bfloat16)[0])
+    loss = lambda p: jnp.sum(_hidden(p, tokens, positions).astype(jnp.float32))  # noqa: E731
+    try:
+        jax.grad(loss)(bf16)
+    except TypeError as exc:  # the views' leaves are integers: no derivative to take
+        assert "uint16" in str(exc)
+    else:
+        raise AssertionError("a gradient with respect to bit views was taken")
