@@ -74,26 +74,21 @@ print("CHILD " + json.dumps({"s": statistics.median(times), "scores": scores,
 ENV_VARS = {"attention": "JAXDM_CPU_ATTENTION", "matmul": "JAXDM_CPU_MATMUL"}
 
 
-# Untimed pause after each call: torch's OpenMP threads (and XLA's pool, less) spin for a few
-# ms after a call, and a JAX call started in that time ran up to 2x slower (XLA's bf16
-# 2,432 x 576 x 576 dot: 4.4 ms alone, 6.1-8.4 ms right after torch's, 4.6-5.6 ms 20 ms after;
-# 2026-12-04). Blocks measured before then, beside torch, understate XLA and the kernels.
-SETTLE_S = 0.02
-
-
 def alternated_ms(calls: list, repeats: int) -> list[float]:
-    """Median ms of each call, the calls alternated ``repeats`` times (after one untimed
-    round: first calls allocate and start threads), ``SETTLE_S`` apart."""
+    """Median ms of each call, the calls alternated ``repeats`` times after one untimed round
+    (first calls allocate and wake threads). Only JAX calls alternate: torch's OpenMP threads
+    spin a few ms after its calls and a JAX call started then ran up to 2x slower (XLA's bf16
+    2,432 x 576 x 576 dot: 4.4 ms alone, 6.1-8.4 ms right after torch's; 2026-12-04), while a
+    pause long enough for them to stop lets XLA's threads sleep and costs short calls their
+    wake-up (300-row fp32 dot 1.2 -> 2.1 ms after 20 ms idle). Time torch with its own call."""
     times: list[list[float]] = [[] for _ in calls]
     for fn in calls:
         fn()
-        time.sleep(SETTLE_S)
     for _ in range(repeats):
         for fn, ts in zip(calls, times):
             t0 = time.perf_counter()
             fn()
             ts.append(time.perf_counter() - t0)
-            time.sleep(SETTLE_S)
     return [statistics.median(ts) * 1e3 for ts in times]
 
 
@@ -174,11 +169,10 @@ def bench_matmul_blocks(dtypes: list[str], rows: int, repeats: int) -> list[tupl
             tdt = torch.bfloat16 if dtype == "bfloat16" else torch.float32
             tx = torch.from_numpy(np.array(x.astype(jnp.float32))).to(tdt)
             tw = torch.from_numpy(np.array(w.astype(jnp.float32))).to(tdt)
-        calls = [lambda: base_fn(x, w).block_until_ready(),
-                 lambda: ours_fn(x, w).block_until_ready()]
-        if torch is not None:
-            calls.append(lambda: torch.matmul(tx, tw))
-        mb, mo, *mt = alternated_ms(calls, repeats)
+        mb, mo = alternated_ms([lambda: base_fn(x, w).block_until_ready(),
+                                lambda: ours_fn(x, w).block_until_ready()], repeats)
+        # torch after the JAX calls, on its own (see alternated_ms)
+        mt = alternated_ms([lambda: torch.matmul(tx, tw)], repeats) if torch is not None else []
         flops = 2 * rows * k * n
         extra = ""
         if mt:
