@@ -44,7 +44,11 @@ cannot_run_here = KERNEL.cannot_run_here
 
 def status(dtype=jnp.bfloat16) -> tuple[bool, str]:
     """(on, why) of the kernel for operands of ``dtype`` (bf16 or float32)."""
-    return KERNELS[jnp.dtype(dtype)].status()
+    kernel = KERNELS.get(jnp.dtype(dtype))
+    if kernel is None:
+        raise ValueError(f"cpu_matmul has no kernel for {jnp.dtype(dtype).name} operands "
+                         f"(bfloat16 or float32)")
+    return kernel.status()
 
 
 def enabled(dtype=jnp.bfloat16) -> bool:

@@ -116,6 +116,8 @@ def test_supports_only_what_the_kernel_takes():
     assert not cpu_matmul.supports(x[:, :48], w[:48])  # K not a multiple of 32
     assert not cpu_matmul.supports(x, w[:, :48])  # N not a multiple of 32
     assert not cpu_matmul.supports(x, w[None])  # a weight of rank 3
+    with pytest.raises(ValueError, match="no kernel for float16 operands"):
+        cpu_matmul.status(jnp.float16)
 
 
 def _tiny(dtype):
