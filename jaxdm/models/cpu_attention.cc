@@ -111,6 +111,25 @@ struct PackedSource {
   int64_t t = 0;
 };
 
+// Rows r[0..16) of 32-bit lanes -> their transpose, in four stages that each swap the
+// off-diagonal s x s blocks of every 2s x 2s block (s = 8, 4, 2, 1).
+inline void transpose16x16(__m512i r[16]) {
+  for (int s = 8; s >= 1; s /= 2) {
+    alignas(64) int32_t lo[16], hi[16];
+    for (int c = 0; c < 16; ++c) {
+      lo[c] = (c & s) ? 16 + c - s : c;  // row i: its own low half, then row i + s's
+      hi[c] = (c & s) ? 16 + c : c + s;  // row i + s: row i's high half, then its own
+    }
+    const __m512i il = _mm512_load_si512(lo), ih = _mm512_load_si512(hi);
+    for (int i = 0; i < 16; ++i) {
+      if (i & s) continue;
+      const __m512i a = r[i], b = r[i + s];
+      r[i] = _mm512_permutex2var_epi32(a, il, b);
+      r[i + s] = _mm512_permutex2var_epi32(a, ih, b);
+    }
+  }
+}
+
 template <typename T>
 void pack_source(const Problem& pb, const Source& src, int64_t krow, int64_t head,
                  PackedSource& out) {
@@ -119,9 +138,31 @@ void pack_source(const Problem& pb, const Source& src, int64_t krow, int64_t hea
   out.t = t;
   const T* k = static_cast<const T*>(src.k) + (krow * t * pb.kh + head) * h;
   const T* v = static_cast<const T*>(src.v) + (krow * t * pb.kh + head) * h;
-  out.kt.assign(blocks * h * kBlock, 0.0f);
+  out.kt.resize(blocks * h * kBlock);
   out.v.resize(t * h);
-  for (int64_t j = 0; j < t; ++j) {
+  int64_t j0 = 0;
+  if constexpr (sizeof(T) == 4) {
+    // Whole 16-key blocks: 16 x 16 tiles of K transposed in registers (the scalar loop below
+    // stores one float per 64-byte stride); V rows copied as they are.
+    if (h % 16 == 0) {
+      for (; j0 + kBlock <= t; j0 += kBlock) {
+        float* kt = out.kt.data() + (j0 / kBlock) * h * kBlock;
+        for (int64_t d0 = 0; d0 < h; d0 += 16) {
+          __m512i r[16];
+          for (int i = 0; i < 16; ++i)
+            r[i] = _mm512_castps_si512(_mm512_loadu_ps(k + (j0 + i) * stride + d0));
+          transpose16x16(r);
+          for (int i = 0; i < 16; ++i)
+            _mm512_storeu_ps(kt + (d0 + i) * kBlock, _mm512_castsi512_ps(r[i]));
+        }
+        for (int i = 0; i < kBlock; ++i)
+          std::memcpy(out.v.data() + (j0 + i) * h, v + (j0 + i) * stride, h * sizeof(float));
+      }
+    }
+  }
+  // The last, partial block (zeros past t); every key on the bf16 or odd-head-dim paths.
+  std::fill(out.kt.begin() + (j0 / kBlock) * h * kBlock, out.kt.end(), 0.0f);
+  for (int64_t j = j0; j < t; ++j) {
     float* kt = out.kt.data() + (j / kBlock) * h * kBlock + (j % kBlock);
     const T* kj = k + j * stride;
     const T* vj = v + j * stride;
@@ -208,25 +249,6 @@ void block_masks(const bool* const* mask_rows, int used,
 constexpr int kChunk = 32;  // keys per step of P.V (one tile row of bf16 pairs)
 
 inline int64_t pair_blocks(int64_t t) { return (t + kChunk - 1) / kChunk * (kChunk / kBlock); }
-
-// Rows r[0..16) of 32-bit lanes -> their transpose, in four stages that each swap the
-// off-diagonal s x s blocks of every 2s x 2s block (s = 8, 4, 2, 1).
-inline void transpose16x16(__m512i r[16]) {
-  for (int s = 8; s >= 1; s /= 2) {
-    alignas(64) int32_t lo[16], hi[16];
-    for (int c = 0; c < 16; ++c) {
-      lo[c] = (c & s) ? 16 + c - s : c;  // row i: its own low half, then row i + s's
-      hi[c] = (c & s) ? 16 + c : c + s;  // row i + s: row i's high half, then its own
-    }
-    const __m512i il = _mm512_load_si512(lo), ih = _mm512_load_si512(hi);
-    for (int i = 0; i < 16; ++i) {
-      if (i & s) continue;
-      const __m512i a = r[i], b = r[i + s];
-      r[i] = _mm512_permutex2var_epi32(a, il, b);
-      r[i + s] = _mm512_permutex2var_epi32(a, ih, b);
-    }
-  }
-}
 
 // Head dim 64 (the pair paths' only one): K's 16-key blocks transposed to [32 pairs][16 keys],
 // V's rows interleaved in pairs; keys past t stay zeros.
