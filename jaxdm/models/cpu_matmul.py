@@ -2,7 +2,7 @@
 
 XLA:CPU's bf16 dots (fp32 results) ran 1.7-3.3x slower than oneDNN's at the decoder's shapes
 on an AMX CPU, and its fp32 dots at 75-85 % of a Zen 4's FMA peak at the readout's 2,400 rows
-(1.0-1.6x slower than the kernel at 1-600 rows; issue 17). The kernel computes
+(1.0-2.6x slower than the kernel at 1-600 rows; issue 17). The kernel computes
 ``x [..., K] @ w [K, N]`` into fp32, what ``jnp.einsum(..., preferred_element_type=float32)``
 computes to summation order: from bf16 operands (products of bf16 pairs, fp32 accumulation) on
 the AMX tiles of x86-64 CPUs that have them (``amx_bf16``), else with AVX-512 BF16 pair dot
@@ -72,6 +72,9 @@ def reference(x: jax.Array, w: jax.Array) -> jax.Array:
 
 @jax.custom_batching.custom_vmap
 def _kernel(x: jax.Array, w: jax.Array) -> jax.Array:
+    if x.dtype != w.dtype or x.dtype not in KERNELS:
+        raise TypeError(f"cpu_matmul.matmul takes both operands bf16 or both float32, got x "
+                        f"{x.dtype} and w {w.dtype}")
     kernel = KERNELS[jnp.dtype(x.dtype)]
     on, why = kernel.status()
     if not on:

@@ -118,6 +118,9 @@ def test_supports_only_what_the_kernel_takes():
     assert not cpu_matmul.supports(x, w[None])  # a weight of rank 3
     with pytest.raises(ValueError, match="no kernel for float16 operands"):
         cpu_matmul.status(jnp.float16)
+    if jax.default_backend() == "cpu":  # the kernel's own check (elsewhere XLA's dot runs)
+        with pytest.raises(TypeError, match="got x float32 and w bfloat16"):
+            jax.jit(cpu_matmul.matmul)(x.astype(jnp.float32), w)
 
 
 def _tiny(dtype):
