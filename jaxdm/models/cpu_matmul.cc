@@ -161,24 +161,25 @@ void compute_item(const Problem& pb, int64_t item) {
 }
 #endif  // __AMX_BF16__
 
-#ifdef __AVX512BF16__
+// The AVX-512 paths (BF16 pairs and fp32 FMAs): result blocks of 6 rows x 64 columns in 24
+// registers over the whole of K; work items of 96 rows; packed w taken in 256 KB passes.
 constexpr int kRows = 6;                // result rows per register block
 constexpr int64_t kRowsPerChunk = 96;   // x rows per work item (16 blocks)
 constexpr int64_t kWBytesPerPass = 256 << 10;  // packed w per pass over a chunk's rows
 
-// out[0:kRows, 0:16 * NP] = x[0:kRows, :] @ (NP panels from wp), every row valid (x has kRows
-// rows at stride ldx). Accumulators stay in registers over the whole of K.
+#ifdef __AVX512BF16__
+// out[0:kRows, 0:16 * NP] = x[0:kRows, :] @ NP panels of bf16 pairs (panel p's pair of rows
+// kk, kk + 1 at w + p * panel + kk * ldk), every row valid (x has kRows rows at stride ldx).
 template <int NP>
-inline void dot_block(const uint16_t* x, int64_t ldx, const uint16_t* wp, int64_t k, float* out,
-                      int64_t ldo, int valid, bool stream) {
+inline void dot_block(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t k, int64_t ldk,
+                      int64_t panel, float* out, int64_t ldo, int valid, bool stream) {
   __m512 acc[kRows][NP];
   for (int r = 0; r < kRows; ++r)
     for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_ps();
-  const int64_t panel = k * 16;
   for (int64_t kk = 0; kk < k; kk += 2) {
     __m512bh b[NP];
     for (int p = 0; p < NP; ++p)
-      b[p] = (__m512bh)_mm512_loadu_si512(wp + p * panel + kk * 16);
+      b[p] = (__m512bh)_mm512_loadu_si512(w + p * panel + kk * ldk);
     for (int r = 0; r < kRows; ++r) {
       int32_t pair;  // (x[r][kk], x[r][kk + 1])
       std::memcpy(&pair, x + r * ldx + kk, sizeof pair);
@@ -192,47 +193,11 @@ inline void dot_block(const uint16_t* x, int64_t ldx, const uint16_t* wp, int64_
       else _mm512_storeu_ps(out + r * ldo + p * 16, acc[r][p]);
     }
 }
-
-// Item i: rows chunk i / n_ranges, columns range i % n_ranges (in 32-column blocks).
-void compute_item_dp(const Problem& pb, int64_t item) {
-  const int64_t blocks = pb.n / 32;
-  const int64_t nr = item % pb.n_ranges, chunk = item / pb.n_ranges;
-  const int64_t j_lo = blocks * nr / pb.n_ranges * 32, j_hi = blocks * (nr + 1) / pb.n_ranges * 32;
-  const int64_t r_lo = chunk * kRowsPerChunk, r_hi = std::min(pb.m, r_lo + kRowsPerChunk);
-  const int64_t k = pb.k, n = pb.n;
-  // result rows start 64-byte aligned when the buffer does (N is a multiple of 32)
-  const bool stream = reinterpret_cast<uintptr_t>(pb.out) % 64 == 0;
-  thread_local std::vector<uint16_t> tail;  // the last rows, padded with zeros to kRows
-  // Columns in sub-ranges whose packed w fits in L2 beside the chunk of x: each sub-range of w
-  // (L2) meets every row block of the chunk (x's block in L1).
-  const int64_t sub = std::max<int64_t>(64, kWBytesPerPass / (2 * k) / 64 * 64);
-  for (int64_t c_lo = j_lo; c_lo < j_hi; c_lo += sub) {
-    const int64_t c_hi = std::min(j_hi, c_lo + sub);
-    for (int64_t row = r_lo; row < r_hi; row += kRows) {
-      const int valid = static_cast<int>(std::min<int64_t>(kRows, r_hi - row));
-      const uint16_t* xs = pb.x + row * k;
-      if (valid < kRows) {
-        tail.assign(kRows * k, 0);
-        std::memcpy(tail.data(), xs, valid * k * sizeof(uint16_t));
-        xs = tail.data();
-      }
-      int64_t j = c_lo;
-      for (; j + 64 <= c_hi; j += 64)
-        dot_block<4>(xs, k, pb.wp + j * k, k, pb.out + row * n + j, n, valid, stream);
-      if (j < c_hi) dot_block<2>(xs, k, pb.wp + j * k, k, pb.out + row * n + j, n, valid, stream);
-    }
-  }
-  if (stream) _mm_sfence();  // the streamed stores are visible before the item counts as done
-}
 #endif  // __AVX512BF16__
 
-// fp32 on AVX-512 FMAs: the AVX-512 BF16 path's blocking (6 rows x 64 columns of the result in
-// 24 registers over the whole of K, x's elements broadcast from x in place). w is read in place
-// below kPackMinRowsF32 rows; from there it is first packed into 16-column panels [K][16]
-// (contiguous reads; packing costs more than it saves on fewer rows).
-constexpr int kRowsF32 = 6;
-constexpr int64_t kRowsPerChunkF32 = 96;
-constexpr int64_t kWBytesPerPassF32 = 256 << 10;
+// fp32 on AVX-512 FMAs, blocked as the BF16 pairs. w is read in place below kPackMinRowsF32
+// rows; from there it is first packed into 16-column panels [K][16] (contiguous reads; packing
+// costs more than it saves on fewer rows).
 constexpr int64_t kPackMinRowsF32 = 512;
 
 struct ProblemF32 {
@@ -253,18 +218,18 @@ void pack_w_f32(const float* w, int64_t k, int64_t n, int64_t j0, int64_t cols, 
   }
 }
 
-// out[0:kRowsF32, 0:16 * NP] = x[0:kRowsF32, :] @ NP 16-column panels of w: panel p's row kk at
+// out[0:kRows, 0:16 * NP] = x[0:kRows, :] @ NP 16-column panels of w: panel p's row kk at
 // w + p * panel + kk * ldk.
 template <int NP>
 inline void dot_block_f32(const float* x, int64_t ldx, const float* w, int64_t k, int64_t ldk,
                           int64_t panel, float* out, int64_t ldo, int valid, bool stream) {
-  __m512 acc[kRowsF32][NP];
-  for (int r = 0; r < kRowsF32; ++r)
+  __m512 acc[kRows][NP];
+  for (int r = 0; r < kRows; ++r)
     for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_ps();
   for (int64_t kk = 0; kk < k; ++kk) {
     __m512 b[NP];
     for (int p = 0; p < NP; ++p) b[p] = _mm512_loadu_ps(w + p * panel + kk * ldk);
-    for (int r = 0; r < kRowsF32; ++r) {
+    for (int r = 0; r < kRows; ++r) {
       const __m512 a = _mm512_set1_ps(x[r * ldx + kk]);
       for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_fmadd_ps(a, b[p], acc[r][p]);
     }
@@ -276,34 +241,46 @@ inline void dot_block_f32(const float* x, int64_t ldx, const float* w, int64_t k
     }
 }
 
-// Item i: rows chunk i / n_ranges, columns range i % n_ranges (in 32-column blocks).
-void compute_item_f32(const ProblemF32& pb, int64_t item) {
-  const int64_t blocks = pb.n / 32;
-  const int64_t nr = item % pb.n_ranges, chunk = item / pb.n_ranges;
-  const int64_t j_lo = blocks * nr / pb.n_ranges * 32, j_hi = blocks * (nr + 1) / pb.n_ranges * 32;
-  const int64_t r_lo = chunk * kRowsPerChunkF32, r_hi = std::min(pb.m, r_lo + kRowsPerChunkF32);
-  const int64_t k = pb.k, n = pb.n;
-  const bool stream = reinterpret_cast<uintptr_t>(pb.out) % 64 == 0;
-  thread_local std::vector<float> tail;  // the last rows, padded with zeros to kRowsF32
-  // panel p of the columns from j: packed, or in place (rows of w at stride n)
-  const int64_t ldk = pb.wp ? 16 : n, panel = pb.wp ? k * 16 : 16;
-  auto panels_at = [&pb, k](int64_t j) { return pb.wp ? pb.wp + j * k : pb.w + j; };
-  const int64_t sub = std::max<int64_t>(64, kWBytesPerPassF32 / (4 * k) / 64 * 64);
+// Item i of an AVX-512 path: rows chunk i / n_ranges, columns range i % n_ranges (in 32-column
+// blocks). w: packed panels (bf16: [N/16][K/2][16][2], fp32: [N/16][K][16]) or, fp32 only, w
+// itself (panel p's row kk at w + p * 16 + kk * n).
+template <typename T>
+void compute_item_avx512(const T* x, const T* w, bool packed, float* out, int64_t m, int64_t k,
+                         int64_t n, int64_t n_ranges, int64_t item) {
+  const int64_t blocks = n / 32;
+  const int64_t nr = item % n_ranges, chunk = item / n_ranges;
+  const int64_t j_lo = blocks * nr / n_ranges * 32, j_hi = blocks * (nr + 1) / n_ranges * 32;
+  const int64_t r_lo = chunk * kRowsPerChunk, r_hi = std::min(m, r_lo + kRowsPerChunk);
+  // result rows start 64-byte aligned when the buffer does (N is a multiple of 32)
+  const bool stream = reinterpret_cast<uintptr_t>(out) % 64 == 0;
+  thread_local std::vector<T> tail;  // the last rows, padded with zeros to kRows
+  const int64_t ldk = packed ? 16 : n, panel = packed ? k * 16 : 16;
+  // Columns in sub-ranges whose packed w fits in L2 beside the chunk of x: each sub-range of w
+  // (L2) meets every row block of the chunk (x's block in L1).
+  const int64_t sub = std::max<int64_t>(64, kWBytesPerPass / (sizeof(T) * k) / 64 * 64);
   for (int64_t c_lo = j_lo; c_lo < j_hi; c_lo += sub) {
     const int64_t c_hi = std::min(j_hi, c_lo + sub);
-    for (int64_t row = r_lo; row < r_hi; row += kRowsF32) {
-      const int valid = static_cast<int>(std::min<int64_t>(kRowsF32, r_hi - row));
-      const float* xs = pb.x + row * k;
-      if (valid < kRowsF32) {
-        tail.assign(kRowsF32 * k, 0.f);
-        std::memcpy(tail.data(), xs, valid * k * sizeof(float));
+    for (int64_t row = r_lo; row < r_hi; row += kRows) {
+      const int valid = static_cast<int>(std::min<int64_t>(kRows, r_hi - row));
+      const T* xs = x + row * k;
+      if (valid < kRows) {
+        tail.assign(kRows * k, T(0));
+        std::memcpy(tail.data(), xs, valid * k * sizeof(T));
         xs = tail.data();
       }
-      float* o = pb.out + row * n;
-      int64_t j = c_lo;
-      for (; j + 64 <= c_hi; j += 64)
-        dot_block_f32<4>(xs, k, panels_at(j), k, ldk, panel, o + j, n, valid, stream);
-      if (j < c_hi) dot_block_f32<2>(xs, k, panels_at(j), k, ldk, panel, o + j, n, valid, stream);
+      float* o = out + row * n;
+      for (int64_t j = c_lo; j < c_hi; j += 64) {
+        const T* wj = packed ? w + j * k : w + j;
+        if constexpr (sizeof(T) == 2) {
+#ifdef __AVX512BF16__
+          if (j + 64 <= c_hi) dot_block<4>(xs, k, wj, k, ldk, panel, o + j, n, valid, stream);
+          else dot_block<2>(xs, k, wj, k, ldk, panel, o + j, n, valid, stream);
+#endif
+        } else {
+          if (j + 64 <= c_hi) dot_block_f32<4>(xs, k, wj, k, ldk, panel, o + j, n, valid, stream);
+          else dot_block_f32<2>(xs, k, wj, k, ldk, panel, o + j, n, valid, stream);
+        }
+      }
     }
   }
   if (stream) _mm_sfence();  // the streamed stores are visible before the item counts as done
@@ -351,8 +328,11 @@ ffi::Error MatmulF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<
     pb.wp = dst;
   }
   pb.n_ranges = std::min<int64_t>(threads, pb.n / 32);
-  const int64_t chunks = (pb.m + kRowsPerChunkF32 - 1) / kRowsPerChunkF32;
-  jaxdm::run_items(pool, chunks * pb.n_ranges, [&pb](int64_t i) { compute_item_f32(pb, i); });
+  const int64_t chunks = (pb.m + kRowsPerChunk - 1) / kRowsPerChunk;
+  jaxdm::run_items(pool, chunks * pb.n_ranges, [&pb](int64_t i) {
+    compute_item_avx512<float>(pb.x, pb.wp ? pb.wp : pb.w, pb.wp != nullptr, pb.out, pb.m,
+                               pb.k, pb.n, pb.n_ranges, i);
+  });
   return ffi::Error::Success();
 }
 
@@ -399,7 +379,9 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ff
 #endif
 #ifdef __AVX512BF16__
   pb.chunks = (pb.m + kRowsPerChunk - 1) / kRowsPerChunk;
-  jaxdm::run_items(pool, pb.chunks * pb.n_ranges, [&pb](int64_t i) { compute_item_dp(pb, i); });
+  jaxdm::run_items(pool, pb.chunks * pb.n_ranges, [&pb](int64_t i) {
+    compute_item_avx512<uint16_t>(pb.x, pb.wp, true, pb.out, pb.m, pb.k, pb.n, pb.n_ranges, i);
+  });
 #endif
   return ffi::Error::Success();
 #endif
