@@ -296,10 +296,10 @@ def score_packed(params, config: ModelConfig, batch: PackedScoringBatch, *, wind
     segments = jnp.concatenate(
         [jnp.where(slots < batch.trunk_len[:, None], 0, -1), batch.suffix_segments], axis=1)
     visible = jnp.concatenate([jnp.zeros((g, t), jnp.int32), batch.suffix_visible], axis=1)
-    hidden = decoder.forward_trunk_suffixes(params, config, tokens, positions, segments,
-                                            visible, trunk=t, window=window)    # [G, L, D]
     idx, mask, labels, label_mask = _flat_slots(batch, 0)
-    picked = jnp.take_along_axis(hidden, t + idx[..., None], axis=1)           # [G, M, D]
+    picked = decoder.forward_trunk_suffixes(params, config, tokens, positions, segments,
+                                            visible, trunk=t, window=window,
+                                            read=t + idx)                      # [G, M, D]
     out = _readout(params, config, picked, mask, labels, label_mask, full_vocab)
     return out.reshape(batch.label_ids.shape)
 

@@ -174,24 +174,35 @@ def _as_matmul(spec: str, x: jax.Array, w: jax.Array
             x.shape[:x.ndim - c] + w.shape[c:])
 
 
-def _qkv(lp: Params, config: ModelConfig, h: jax.Array, cos: jax.Array, sin: jax.Array):
-    """Projects h [B, S, D] to q [B, S, K, G, H] and k, v [B, S, K, H] with norm and RoPE
-    (computed in fp32, returned in the weights' dtype)."""
+def _queries(lp: Params, config: ModelConfig, h: jax.Array, cos: jax.Array, sin: jax.Array):
+    """Projects h [B, S, D] to queries [B, S, K, G, H] with norm and RoPE (computed in fp32,
+    returned in the weights' dtype)."""
     q = _mm("BSD,DNH->BSNH", h, lp["q"])
+    if config.qkv_bias:
+        q = q + lp["q_bias"]
+    if config.qk_norm:
+        q = rms_norm(q, lp["q_norm"], config.rms_norm_eps)
+    q = apply_rope(q, cos, sin).astype(lp["q"].dtype)
+    b, s = h.shape[:2]
+    return q.reshape(b, s, config.num_kv_heads, config.num_groups, config.head_dim)
+
+
+def _keys_values(lp: Params, config: ModelConfig, h: jax.Array, cos: jax.Array,
+                 sin: jax.Array):
+    """Projects h [B, S, D] to keys and values [B, S, K, H] (keys with norm and RoPE)."""
     k = _mm("BSD,DKH->BSKH", h, lp["k"])
     v = _mm("BSD,DKH->BSKH", h, lp["v"])
     if config.qkv_bias:
-        q, k, v = q + lp["q_bias"], k + lp["k_bias"], v + lp["v_bias"]
+        k, v = k + lp["k_bias"], v + lp["v_bias"]
     if config.qk_norm:
-        q = rms_norm(q, lp["q_norm"], config.rms_norm_eps)
         k = rms_norm(k, lp["k_norm"], config.rms_norm_eps)
-    dtype = lp["q"].dtype
-    q = apply_rope(q, cos, sin).astype(dtype)
-    k = apply_rope(k, cos, sin).astype(dtype)
-    v = v.astype(dtype)
-    b, s = h.shape[:2]
-    q = q.reshape(b, s, config.num_kv_heads, config.num_groups, config.head_dim)
-    return q, k, v
+    dtype = lp["k"].dtype
+    return apply_rope(k, cos, sin).astype(dtype), v.astype(dtype)
+
+
+def _qkv(lp: Params, config: ModelConfig, h: jax.Array, cos: jax.Array, sin: jax.Array):
+    """q [B, S, K, G, H] and k, v [B, S, K, H] of h [B, S, D] (``_queries``, ``_keys_values``)."""
+    return (_queries(lp, config, h, cos, sin), *_keys_values(lp, config, h, cos, sin))
 
 
 def _out_and_mlp(lp: Params, config: ModelConfig, x: jax.Array, attn: jax.Array) -> jax.Array:
@@ -372,12 +383,16 @@ def _planned_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask_fn: Any,
 
 
 def _run_layers(params: Params, config: ModelConfig, x: jax.Array, positions: jax.Array,
-                mask_fn: Any, plan: AttentionPlan | None = None, need_fn: Any = None
+                mask_fn: Any, plan: AttentionPlan | None = None, need_fn: Any = None,
+                read: tuple[jax.Array, jax.Array] | None = None
                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Runs all layers; returns (x, k [L,B,S,K,H], v [L,B,S,K,H]).
 
     mask_fn(qs, qe, ks, ke) -> [B, qe - qs, ke - ks] bool (True = may attend). plan: which
     key ranges each query block needs (None: one block, all keys).
+    read: (rows [B, M] int, their mask [B, M, S] bool) when only the residual stream at those
+    rows is wanted: the last layer then runs its queries, attention, output projection and MLP
+    at those rows only (its keys and values at every row), and x comes back as [B, M, D].
     """
     cos, sin = rope_cos_sin(config, positions)
     s = x.shape[1]
@@ -389,8 +404,32 @@ def _run_layers(params: Params, config: ModelConfig, x: jax.Array, positions: ja
         attn = _planned_attention(q, k, v, mask_fn, plan, need_fn)
         return _out_and_mlp(lp, config, x, attn), (k, v)
 
-    x, (ks, vs) = scan_layers(_maybe_remat(layer, config), x, params["layers"])
-    return x, ks, vs
+    if read is None:
+        x, (ks, vs) = scan_layers(_maybe_remat(layer, config), x, params["layers"])
+        return x, ks, vs
+
+    rows, read_mask = read
+    at_rows = lambda a: jnp.take_along_axis(a, rows.reshape(rows.shape + (1,) * (a.ndim - 2)),
+                                            axis=1)
+
+    def last_layer(x, lp):
+        # nothing reads the other rows' outputs: no layer comes after this one
+        h = rms_norm(x, lp["attn_norm"], config.rms_norm_eps)
+        k, v = _keys_values(lp, config, h, cos, sin)
+        q = _queries(lp, config, at_rows(h), at_rows(cos), at_rows(sin))
+        attn = attend(q, [(k, v, read_mask)])
+        out = _out_and_mlp(lp, config, at_rows(x), attn)
+        return x.at[jnp.arange(x.shape[0])[:, None], rows].set(out), (k, v)
+
+    n_layers = config.num_layers
+
+    def layer_or_last(x, inputs):
+        lp, i = inputs
+        return jax.lax.cond(i == n_layers - 1, last_layer, layer, x, lp)
+
+    x, (ks, vs) = scan_layers(_maybe_remat(layer_or_last, config), x,
+                              (params["layers"], jnp.arange(n_layers)))
+    return at_rows(x), ks, vs
 
 
 # Float types scanned as their bit patterns (see scan_layers; XLA:CPU keeps float16 loop
@@ -645,8 +684,10 @@ def forward_with_cache(params: Params, config: ModelConfig, tokens: jax.Array,
 def forward_trunk_suffixes(params: Params, config: ModelConfig, tokens: jax.Array,
                            positions: jax.Array, segments: jax.Array, visible: jax.Array, *,
                            trunk: int, window: int, attn_chunk: int = DEFAULT_ATTN_CHUNK,
-                           context_cuts: int = 8) -> jax.Array:
-    """Hidden states [B, S, D] of rows holding a shared context and continuations of it.
+                           context_cuts: int = 8, read: jax.Array | None = None) -> jax.Array:
+    """Hidden states [B, S, D] of rows holding a shared context and continuations of it, or
+    [B, M, D] at the slots read [B, M] (int) only: then the last layer runs its queries,
+    attention and MLP at those slots alone (SmolLM2-135M, 30 layers: ~3 % of the work).
 
     Row layout: slots [0, trunk) hold the context (segment 0; its padding segment -1), the
     rest continuations packed back to back (segment r >= 1 each; padding -1), each at most
@@ -665,22 +706,32 @@ def forward_trunk_suffixes(params: Params, config: ModelConfig, tokens: jax.Arra
     if not 0 < trunk <= s or window < 1:
         raise ValueError(f"forward_trunk_suffixes: need 0 < trunk={trunk} <= S={s} and "
                          f"window={window} >= 1")
+    if read is not None and (read.ndim != 2 or read.shape[0] != b
+                             or not jnp.issubdtype(read.dtype, jnp.integer)):
+        raise ValueError(f"forward_trunk_suffixes: read must be integer slots [B={b}, M], got "
+                         f"{read.dtype} {read.shape}")
     idx = jnp.arange(s)
     # A context token sees the context up to itself; padding sees nothing.
     sees = jnp.where(segments == 0, idx[None] + 1, jnp.where(segments > 0, visible, 0))
 
+    def allowed(qseg, qsees, qidx, ks, ke):
+        # queries' segments, context lengths seen, slots: [B or 1, Q, 1] -> [B, Q, ke - ks]
+        kseg, kidx = segments[:, None, ks:ke], idx[None, None, ks:ke]
+        return ((kseg == 0) & (kidx < qsees)) | ((kseg == qseg) & (qseg > 0) & (kidx <= qidx))
+
     def mask_fn(qs, qe, ks, ke):
-        qseg, kseg = segments[:, qs:qe, None], segments[:, None, ks:ke]
-        context = (kseg == 0) & (idx[None, None, ks:ke] < sees[:, qs:qe, None])
-        own = (kseg == qseg) & (qseg > 0) & (idx[None, None, ks:ke] <= idx[None, qs:qe, None])
-        return context | own
+        return allowed(segments[:, qs:qe, None], sees[:, qs:qe, None], idx[None, qs:qe, None],
+                       ks, ke)
 
     def need_fn(qs, qe):
         return jnp.max(sees[:, qs:qe])
 
     plan = trunk_suffix_plan(s, trunk, window, attn_chunk, context_cuts)
+    if read is not None:
+        at = lambda a: jnp.take_along_axis(a, read, axis=1)[..., None]
+        read = (read, allowed(at(segments), at(sees), read[..., None], 0, s))
     x, _, _ = _run_layers(params, config, _embed(params, tokens), positions, mask_fn, plan,
-                          need_fn)
+                          need_fn, read)
     return _final_norm(params, config, x)
 
 

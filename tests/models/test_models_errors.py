@@ -169,6 +169,16 @@ def test_forward_trunk_suffixes_equals_forward_and_checks_shapes():
         start += len(own)
     np.testing.assert_allclose(hidden[:6], forward(params, cfg, arr(ctx), arr(list(range(6))))[0],
                                atol=1e-5)
+    # only some slots read (the last layer then runs at those alone): the same states there,
+    # in the order asked, repeats allowed; context and continuation slots alike (a padding
+    # slot attends to nothing: its state means nothing either way)
+    read = [9, 2, 12, 9, 5, 0]
+    picked = forward_trunk_suffixes(params, cfg, arr(tokens), arr(pos), arr(segs), arr(vis),
+                                    trunk=8, window=3, attn_chunk=4, read=arr(read))[0]
+    np.testing.assert_allclose(picked, hidden[jnp.asarray(read)], atol=1e-5)
+    with pytest.raises(ValueError, match=r"read must be integer slots \[B=1, M\]"):
+        forward_trunk_suffixes(params, cfg, arr(tokens), arr(pos), arr(segs), arr(vis),
+                               trunk=8, window=3, read=jnp.asarray(read, jnp.int32))
     with pytest.raises(ValueError, match=r"visible must be \[B, S\]=\(1, 13\)"):
         forward_trunk_suffixes(params, cfg, arr(tokens), arr(pos), arr(segs), arr(vis[:-1]),
                                trunk=8, window=3)
