@@ -14,6 +14,12 @@
 //   b / (Bq / Bk) (Bk = 1: a cache shared by all rows). One softmax spans all sources.
 // Attribute scale (f32): multiplies q.k. Result [Bq, S, K, G, H] in q's dtype, fp32 inside;
 // a query vector that may attend to no key at all gets the uniform average of the values.
+//
+// JaxdmCpuAttentionSegments: one source k, v [Bq, T, K, H] whose mask is a rule on int32
+// vectors instead of a pred array (rows holding a shared context and continuations of it,
+// one call per layer whatever the layout): slot, seg, sees [Bq, S] per query and kseg
+// [Bq, T] per key; key j is visible to query i iff (kseg[j] == 0 and j < sees[i]) or
+// (seg[i] > 0 and kseg[j] == seg[i] and j <= slot[i]).
 // Requires AVX-512 F/BW/VL (the Python side builds this file only where the CPU has them).
 
 #include <immintrin.h>
@@ -88,8 +94,17 @@ struct Source {
   int64_t bk, t;
 };
 
+// The segment rule's vectors (JaxdmCpuAttentionSegments), row-major [Bq, S] and [Bq, T].
+struct SegmentRule {
+  const int32_t* slot;
+  const int32_t* seg;
+  const int32_t* sees;
+  const int32_t* kseg;
+};
+
 struct Problem {
   const void* q;
+  const SegmentRule* rule = nullptr;  // set: one source, masked by the rule (mask unused)
   void* out;
   bool bf16;
   int64_t bq, s, kh, g, h;
@@ -244,6 +259,47 @@ void block_masks(const bool* const* mask_rows, int used,
     base += nb;
   }
 }
+
+// Pass 1 under the segment rule (one source, key row b): the masks of the M vectors whose
+// query rows are row_of[0..used), as block_masks leaves them. A query row's visible keys all
+// lie below max(sees, slot + 1), so the blocks past that are not even looked at.
+template <int M>
+void rule_masks(const SegmentRule& rule, int64_t b, int64_t s, const int64_t* row_of, int used,
+                const PackedSource& ps, int64_t blocks, GroupScratch& gs) {
+  gs.km.assign(M * blocks, 0);
+  gs.any.assign(blocks, 0);
+  gs.live.clear();
+  const int64_t t = ps.t;
+  const int32_t* kseg = rule.kseg + b * t;
+  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i zero = _mm512_setzero_si512();
+  for (int i = 0; i < used;) {
+    const int64_t row = row_of[i];
+    int i1 = i + 1;
+    while (i1 < used && row_of[i1] == row) ++i1;
+    const int64_t at = b * s + row;
+    const int32_t slot = rule.slot[at], seg = rule.seg[at], sees = rule.sees[at];
+    const int64_t end = std::min<int64_t>(t, std::max<int64_t>(sees, seg > 0 ? int64_t{slot} + 1 : 0));
+    const __m512i vsees = _mm512_set1_epi32(sees), vslot = _mm512_set1_epi32(slot),
+                  vseg = _mm512_set1_epi32(seg);
+    for (int64_t t0 = 0; t0 < end; t0 += kBlock) {
+      const int64_t n = std::min<int64_t>(kBlock, t - t0);
+      const __mmask16 valid = n == kBlock ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << n) - 1u);
+      const __m512i ks = _mm512_maskz_loadu_epi32(valid, kseg + t0);
+      const __m512i j = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(t0)), lanes);
+      __mmask16 km = _mm512_mask_cmpeq_epi32_mask(valid, ks, zero) & _mm512_cmplt_epi32_mask(j, vsees);
+      if (seg > 0)
+        km |= _mm512_mask_cmpeq_epi32_mask(valid, ks, vseg) & _mm512_cmple_epi32_mask(j, vslot);
+      if (!km) continue;
+      const int64_t bi = t0 / kBlock;
+      gs.any[bi] |= km;
+      for (int v = i; v < i1; ++v) gs.km[v * blocks + bi] = km;
+    }
+    i = i1;
+  }
+  for (int64_t bi = 0; bi < blocks; ++bi)
+    if (gs.any[bi]) gs.live.push_back(static_cast<int32_t>(bi));
+}
 #if defined(__AMX_BF16__) || defined(__AVX512BF16__)
 #define JAXDM_PAIRS 1
 constexpr int kChunk = 32;  // keys per step of P.V (one tile row of bf16 pairs)
@@ -343,14 +399,12 @@ using jaxdm::TileConfig;
 // Tiles 0-1: Q (dims 0-31, 32-63), then P; 2: K or V; 3: logits; 4-7: the output, 16 dims
 // each. Same passes as group_attend; probabilities are rounded to bf16 for P.V (as the XLA
 // path does), their sums are not.
-void group_attend_amx(const uint16_t* q, float scale, const bool* const* mask_rows, int used,
-                      const std::vector<const PackedSource*>& packed, int64_t blocks, GroupScratch& gs,
-                      float* l, float* acc) {
+void group_attend_amx(const uint16_t* q, float scale, const std::vector<const PackedSource*>& packed,
+                      int64_t blocks, GroupScratch& gs, float* l, float* acc) {
   constexpr int M = 16, H = 64;
   const int64_t width = blocks * kBlock;
   gs.p.resize(M * width);
   gs.p16.resize(M * width);
-  block_masks<M, 2>(mask_rows, used, packed, blocks, gs);
   TileConfig cfg;
   for (int i = 0; i < 8; ++i) cfg.colsb[i] = 64, cfg.rows[i] = 16;
   _tile_loadconfig(&cfg);
@@ -473,14 +527,13 @@ inline void pv_rows(const uint16_t* p, int64_t width, const std::vector<const Pa
     for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + r * H + 16 * c, o[r][c]);
 }
 
-void group_attend_dp(const uint16_t* q, float scale, const bool* const* mask_rows, int used,
+void group_attend_dp(const uint16_t* q, float scale, int used,
                      const std::vector<const PackedSource*>& packed, int64_t blocks,
                      GroupScratch& gs, float* l, float* acc) {
   constexpr int M = 16, H = 64;
   const int64_t width = blocks * kBlock;
   gs.p.resize(M * width);
   gs.p16.resize(M * width);
-  block_masks<M, 2>(mask_rows, used, packed, blocks, gs);
   // each live block's packed keys
   gs.kblock.clear();
   int64_t base = 0;
@@ -518,13 +571,11 @@ void group_attend_dp(const uint16_t* q, float scale, const bool* const* mask_row
 // No running rescale; logits and probabilities stay in L1/L2.
 // q: the group's scaled fp32 vectors [M][H].
 template <int NV, int M>
-void group_attend(const float* q, const bool* const* mask_rows, int used,
-                  const std::vector<const PackedSource*>& packed, int64_t blocks, GroupScratch& gs,
-                  float* l, float* acc) {
+void group_attend(const float* q, const std::vector<const PackedSource*>& packed, int64_t blocks,
+                  GroupScratch& gs, float* l, float* acc) {
   constexpr int H = NV * 16;
   const int64_t width = blocks * kBlock;
   gs.p.resize(M * width);
-  block_masks<M, 1>(mask_rows, used, packed, blocks, gs);
   __m512 top[M];
   for (int i = 0; i < M; ++i) top[i] = _mm512_set1_ps(-INFINITY);
   int64_t base = 0;  // first global block of this source
@@ -665,6 +716,7 @@ void run_item(const Problem& pb, int64_t item, std::vector<float>& scratch, Grou
   const int64_t n_vec = (r1 - r0) * pb.g;
   std::vector<float> mean;  // filled on the first fully masked vector
   std::vector<const bool*> rows(pb.sources.size() * M);
+  int64_t row_of[M];
   const T* q = static_cast<const T*>(pb.q);
   T* out = static_cast<T*>(pb.out);
   for (int64_t v0 = 0; v0 < n_vec; v0 += M) {
@@ -674,6 +726,7 @@ void run_item(const Problem& pb, int64_t item, std::vector<float>& scratch, Grou
       const int64_t vec = v0 + std::min(i, used - 1);
       const int64_t row = r0 + vec / pb.g, gi = vec % pb.g;
       offset[i] = (((b * pb.s + row) * pb.kh + head) * pb.g + gi) * H;
+      row_of[i] = row;
       if constexpr (pairs) {
         std::memcpy(q16 + i * H, q + offset[i], H * sizeof(T));
       } else {
@@ -684,21 +737,26 @@ void run_item(const Problem& pb, int64_t item, std::vector<float>& scratch, Grou
           qf[i * H + d] = x * pb.scale;
         }
       }
-      for (size_t si = 0; si < pb.sources.size(); ++si)
-        rows[si * M + i] = pb.sources[si].mask + (b * pb.s + row) * pb.sources[si].t;
+      if (!pb.rule)
+        for (size_t si = 0; si < pb.sources.size(); ++si)
+          rows[si * M + i] = pb.sources[si].mask + (b * pb.s + row) * pb.sources[si].t;
     }
+    // pass 1, the masks (pair paths: whole 32-key chunks)
+    constexpr int align = pairs ? 2 : 1;
+    if (pb.rule) rule_masks<M>(*pb.rule, b, pb.s, row_of, used, *packed[0], blocks, gs);
+    else block_masks<M, align>(rows.data(), used, packed, blocks, gs);
     float l[M];
 #ifdef __AMX_BF16__
     if constexpr (P == Path::kAmx)
-      group_attend_amx(q16, pb.scale, rows.data(), used, packed, blocks, gs, l, acc);
+      group_attend_amx(q16, pb.scale, packed, blocks, gs, l, acc);
     else
 #endif
 #ifdef __AVX512BF16__
     if constexpr (P == Path::kBf16Dot)
-      group_attend_dp(q16, pb.scale, rows.data(), used, packed, blocks, gs, l, acc);
+      group_attend_dp(q16, pb.scale, used, packed, blocks, gs, l, acc);
     else
 #endif
-      group_attend<NV, M>(qf, rows.data(), used, packed, blocks, gs, l, acc);
+      group_attend<NV, M>(qf, packed, blocks, gs, l, acc);
     for (int i = 0; i < used; ++i) {
       const float* src = acc + i * H;
       float inv = 1.0f / l[i];
@@ -778,9 +836,8 @@ void give_workspace(std::unique_ptr<Workspace> ws) {
   workspace_pool.push_back(std::move(ws));
 }
 
-ffi::Error Attend(ffi::ThreadPool pool, float scale, ffi::AnyBuffer q, ffi::RemainingArgs rest,
-                  ffi::Result<ffi::AnyBuffer> out) {
-  Problem pb;
+// q's shape and dtype into pb (and the result's check).
+ffi::Error set_queries(const ffi::AnyBuffer& q, const ffi::AnyBuffer& out, float scale, Problem& pb) {
   const auto qd = q.dimensions();
   if (qd.size() < 5) return ffi::Error::InvalidArgument("q must have rank >= 5 [..., S, K, G, H]");
   const int r = static_cast<int>(qd.size());
@@ -794,39 +851,39 @@ ffi::Error Attend(ffi::ThreadPool pool, float scale, ffi::AnyBuffer q, ffi::Rema
   if (dtype != ffi::DataType::F32 && dtype != ffi::DataType::BF16)
     return ffi::Error::InvalidArgument("q must be float32 or bfloat16");
   pb.bf16 = dtype == ffi::DataType::BF16;
-  if (out->element_type() != dtype || out->element_count() != q.element_count())
+  if (out.element_type() != dtype || out.element_count() != q.element_count())
     return ffi::Error::InvalidArgument("result must match q's shape and dtype");
-  if (rest.size() == 0 || rest.size() % 3 != 0)
-    return ffi::Error::InvalidArgument("sources must come as (k, v, mask) triples");
-  for (size_t i = 0; i < rest.size(); i += 3) {
-    auto k = rest.get<ffi::AnyBuffer>(i), v = rest.get<ffi::AnyBuffer>(i + 1),
-         mask = rest.get<ffi::AnyBuffer>(i + 2);
-    if (!k.has_value() || !v.has_value() || !mask.has_value())
-      return ffi::Error::InvalidArgument("could not decode a source operand");
-    const auto kd = k->dimensions();
-    const int kr = static_cast<int>(kd.size());
-    if (kr < 4 || kd[kr - 1] != pb.h || kd[kr - 2] != pb.kh)
-      return ffi::Error::InvalidArgument("k must be [..., T, K, H] with q's K and H");
-    if (k->element_type() != dtype || v->element_type() != dtype ||
-        v->element_count() != k->element_count())
-      return ffi::Error::InvalidArgument("k and v must have q's dtype and one shape");
-    Source src;
-    src.t = kd[kr - 3];
-    src.bk = 1;
-    for (int j = 0; j < kr - 3; ++j) src.bk *= kd[j];
-    if (src.bk <= 0 || pb.bq % src.bk != 0)
-      return ffi::Error::InvalidArgument("the keys' batch must divide the queries' batch");
-    if (mask->element_type() != ffi::DataType::PRED ||
-        mask->element_count() != static_cast<size_t>(pb.bq * pb.s * src.t))
-      return ffi::Error::InvalidArgument("mask must be pred [Bq, S, T]");
-    src.k = k->untyped_data();
-    src.v = v->untyped_data();
-    src.mask = static_cast<const bool*>(mask->untyped_data());
-    pb.sources.push_back(src);
-  }
   pb.q = q.untyped_data();
-  pb.out = out->untyped_data();
+  pb.out = const_cast<void*>(out.untyped_data());
   pb.scale = scale;
+  return ffi::Error::Success();
+}
+
+// A source's keys and values (its mask set by the caller).
+ffi::Error add_source(const ffi::AnyBuffer& k, const ffi::AnyBuffer& v, const bool* mask, Problem& pb) {
+  const auto kd = k.dimensions();
+  const int kr = static_cast<int>(kd.size());
+  if (kr < 4 || kd[kr - 1] != pb.h || kd[kr - 2] != pb.kh)
+    return ffi::Error::InvalidArgument("k must be [..., T, K, H] with q's K and H");
+  const auto dtype = pb.bf16 ? ffi::DataType::BF16 : ffi::DataType::F32;
+  if (k.element_type() != dtype || v.element_type() != dtype ||
+      v.element_count() != k.element_count())
+    return ffi::Error::InvalidArgument("k and v must have q's dtype and one shape");
+  Source src;
+  src.t = kd[kr - 3];
+  src.bk = 1;
+  for (int j = 0; j < kr - 3; ++j) src.bk *= kd[j];
+  if (src.bk <= 0 || pb.bq % src.bk != 0)
+    return ffi::Error::InvalidArgument("the keys' batch must divide the queries' batch");
+  src.k = k.untyped_data();
+  src.v = v.untyped_data();
+  src.mask = mask;
+  pb.sources.push_back(src);
+  return ffi::Error::Success();
+}
+
+// Runs the problem's work items on XLA's pool.
+ffi::Error run_problem(ffi::ThreadPool& pool, Problem& pb) {
   const ItemRunner runner = pb.bf16 ? pick<uint16_t>(pb.h, pb.s * pb.g) : pick<float>(pb.h, pb.s * pb.g);
   if (!runner) return ffi::Error::InvalidArgument("head dim must be 32, 64, 128 or 256");
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
@@ -847,6 +904,45 @@ ffi::Error Attend(ffi::ThreadPool pool, float scale, ffi::AnyBuffer q, ffi::Rema
   return ffi::Error::Success();
 }
 
+ffi::Error Attend(ffi::ThreadPool pool, float scale, ffi::AnyBuffer q, ffi::RemainingArgs rest,
+                  ffi::Result<ffi::AnyBuffer> out) {
+  Problem pb;
+  if (auto e = set_queries(q, *out, scale, pb); e.failure()) return e;
+  if (rest.size() == 0 || rest.size() % 3 != 0)
+    return ffi::Error::InvalidArgument("sources must come as (k, v, mask) triples");
+  for (size_t i = 0; i < rest.size(); i += 3) {
+    auto k = rest.get<ffi::AnyBuffer>(i), v = rest.get<ffi::AnyBuffer>(i + 1),
+         mask = rest.get<ffi::AnyBuffer>(i + 2);
+    if (!k.has_value() || !v.has_value() || !mask.has_value())
+      return ffi::Error::InvalidArgument("could not decode a source operand");
+    if (auto e = add_source(*k, *v, static_cast<const bool*>(mask->untyped_data()), pb); e.failure())
+      return e;
+    if (mask->element_type() != ffi::DataType::PRED ||
+        mask->element_count() != static_cast<size_t>(pb.bq * pb.s * pb.sources.back().t))
+      return ffi::Error::InvalidArgument("mask must be pred [Bq, S, T]");
+  }
+  return run_problem(pool, pb);
+}
+
+ffi::Error AttendSegments(ffi::ThreadPool pool, float scale, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                          ffi::AnyBuffer v, ffi::Buffer<ffi::S32> slot, ffi::Buffer<ffi::S32> seg,
+                          ffi::Buffer<ffi::S32> sees, ffi::Buffer<ffi::S32> kseg,
+                          ffi::Result<ffi::AnyBuffer> out) {
+  Problem pb;
+  if (auto e = set_queries(q, *out, scale, pb); e.failure()) return e;
+  if (auto e = add_source(k, v, nullptr, pb); e.failure()) return e;
+  const Source& src = pb.sources.back();
+  if (src.bk != pb.bq) return ffi::Error::InvalidArgument("k must have q's batch");
+  const size_t rows = static_cast<size_t>(pb.bq * pb.s);
+  if (slot.element_count() != rows || seg.element_count() != rows || sees.element_count() != rows)
+    return ffi::Error::InvalidArgument("slot, seg and sees must be int32 [Bq, S]");
+  if (kseg.element_count() != static_cast<size_t>(pb.bq * src.t))
+    return ffi::Error::InvalidArgument("kseg must be int32 [Bq, T]");
+  const SegmentRule rule{slot.typed_data(), seg.typed_data(), sees.typed_data(), kseg.typed_data()};
+  pb.rule = &rule;
+  return run_problem(pool, pb);
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxdmCpuAttention, Attend,
@@ -855,4 +951,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxdmCpuAttention, Attend,
                                   .Attr<float>("scale")
                                   .Arg<ffi::AnyBuffer>()
                                   .RemainingArgs()
+                                  .Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxdmCpuAttentionSegments, AttendSegments,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Attr<float>("scale")
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::AnyBuffer>());

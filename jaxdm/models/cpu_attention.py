@@ -13,6 +13,11 @@ callback.
 - ``attend(q, sources, reference)`` is ``decoder.attend``'s fast path: on CPU the kernel, on
   every other platform ``reference`` (``lax.platform_dependent``). Differentiation runs
   ``reference`` (a custom JVP: the kernel is forward-only), so gradients are the XLA path's.
+- ``make_attend_segments(reference)`` is ``decoder.attend_segments``'s: the same kernel with
+  its mask given by a rule on int32 vectors (``decoder.segment_mask``: shared contexts and
+  their continuations) instead of a pred array, so a packed row's whole self-attention is
+  one call per layer (no query blocks, key slices, per-block packing or output concatenation
+  in XLA: fp32 Prefix+Value batch 9.95 -> 9.71 s; issue 17).
 - The kernel is built with jaxdm's other CPU kernels (``jaxdm.models.cpu_kernels``: one
   library, compiled on first use or ahead of time by ``make test`` and ``make demo``) and
   registered with XLA.
@@ -39,6 +44,7 @@ import numpy as np
 from jaxdm.models import cpu_kernels
 
 KERNEL = cpu_kernels.ATTENTION
+SEGMENTS_KERNEL = cpu_kernels.ATTENTION_SEGMENTS
 ENV_VAR = KERNEL.env_var
 TARGET = KERNEL.target
 HEAD_DIMS = (32, 64, 128, 256)
@@ -99,6 +105,53 @@ def make_attend(reference: Callable) -> Callable:
             return _kernel(q, sources).reshape(b, s, kh * g, hd)
 
         return jax.lax.platform_dependent(q, sources, cpu=on_cpu, default=reference)
+
+    @attend.defjvp
+    def _jvp(primals, tangents):
+        return jax.jvp(reference, primals, tangents)
+
+    return attend
+
+
+def supports_segments(q: jax.Array, k: jax.Array, v: jax.Array) -> bool:
+    """Whether the segment-rule kernel takes q [B, S, K, G, H] over k, v [B, T, K, H] (dtype,
+    head dim, one key row per query row, at least ``MIN_QUERY_VECTORS`` vectors per head)."""
+    if q.ndim != 5 or jnp.dtype(q.dtype) not in DTYPES or q.shape[-1] not in HEAD_DIMS:
+        return False
+    b, s, kh, g, hd = q.shape
+    return (s * g >= MIN_QUERY_VECTORS and k.ndim == 4 and k.shape[0] == b
+            and k.shape[2:] == (kh, hd) and k.dtype == q.dtype and v.shape == k.shape
+            and v.dtype == q.dtype)
+
+
+def segments_enabled() -> bool:
+    return SEGMENTS_KERNEL.enabled()
+
+
+def _segments_kernel(q, k, v, slot, seg, sees, kseg) -> jax.Array:
+    """The custom call under the segment rule (``decoder.segment_mask``): q [B, S, K, G, H],
+    k, v [B, T, K, H], slot, seg, sees [B, S] and kseg [B, T] (int32) -> [B, S, K, G, H]."""
+    on, why = SEGMENTS_KERNEL.status()
+    if not on:
+        raise RuntimeError(f"the fused CPU attention kernel is {why}")
+    call = jax.ffi.ffi_call(SEGMENTS_KERNEL.target, jax.ShapeDtypeStruct(q.shape, q.dtype),
+                            vmap_method="broadcast_all")
+    ints = [a.astype(jnp.int32) for a in (slot, seg, sees, kseg)]
+    return call(q, k, v, *ints, scale=np.float32(1.0 / np.sqrt(q.shape[-1])))
+
+
+def make_attend_segments(reference: Callable) -> Callable:
+    """``attend(q, k, v, slot, seg, sees, kseg)`` -> [B, S, N, H] like ``reference``: the
+    segment-rule kernel on CPU, ``reference`` elsewhere and under differentiation."""
+
+    @jax.custom_jvp
+    def attend(q, k, v, slot, seg, sees, kseg):
+        def on_cpu(q, k, v, slot, seg, sees, kseg):
+            b, s, kh, g, hd = q.shape
+            return _segments_kernel(q, k, v, slot, seg, sees, kseg).reshape(b, s, kh * g, hd)
+
+        return jax.lax.platform_dependent(q, k, v, slot, seg, sees, kseg, cpu=on_cpu,
+                                          default=reference)
 
     @attend.defjvp
     def _jvp(primals, tangents):

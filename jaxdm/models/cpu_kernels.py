@@ -183,6 +183,12 @@ class Kernel:
 ATTENTION = Kernel("cpu_attention", "JAXDM_CPU_ATTENTION", "jaxdm_cpu_attention",
                    "JaxdmCpuAttention", ("avx512f", "avx512bw", "avx512vl"),
                    what="fused CPU attention kernel", instead="XLA's attention")
+# The same source and switch as ATTENTION: masks by the segment rule instead of pred arrays.
+ATTENTION_SEGMENTS = Kernel("cpu_attention_segments", "JAXDM_CPU_ATTENTION",
+                            "jaxdm_cpu_attention_segments", "JaxdmCpuAttentionSegments",
+                            ("avx512f", "avx512bw", "avx512vl"),
+                            what="fused CPU attention kernel (segment masks)",
+                            instead="XLA's attention")
 MATMUL = Kernel("cpu_matmul", "JAXDM_CPU_MATMUL", "jaxdm_cpu_matmul", "JaxdmCpuMatmul",
                 ("avx512f", "avx512bw", "avx512vl", "avx512_bf16"),
                 what="bf16 matmul kernel", instead="XLA's dot")
@@ -190,7 +196,8 @@ MATMUL = Kernel("cpu_matmul", "JAXDM_CPU_MATMUL", "jaxdm_cpu_matmul", "JaxdmCpuM
 MATMUL_F32 = Kernel("cpu_matmul_f32", "JAXDM_CPU_MATMUL", "jaxdm_cpu_matmul_f32",
                     "JaxdmCpuMatmulF32", ("avx512f", "avx512bw", "avx512vl"),
                     what="fp32 matmul kernel", instead="XLA's dot")
-KERNELS: dict[str, Kernel] = {k.name: k for k in (ATTENTION, MATMUL, MATMUL_F32)}
+KERNELS: dict[str, Kernel] = {k.name: k for k in (ATTENTION, ATTENTION_SEGMENTS, MATMUL,
+                                                       MATMUL_F32)}
 
 
 def fingerprint() -> str:

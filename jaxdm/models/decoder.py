@@ -382,33 +382,72 @@ def _planned_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask_fn: Any,
     return jnp.concatenate(outs, axis=1)
 
 
+def _planned(mask_fn: Any, plan: AttentionPlan | None = None, need_fn: Any = None) -> Any:
+    """Self-attention (q, k, v) -> [B, S, N, H] over the key ranges of ``plan`` (None: one
+    block, all keys) with mask_fn(qs, qe, ks, ke) -> [B, qe - qs, ke - ks] bool (True = may
+    attend); see ``_planned_attention``."""
+    def attention(q, k, v):
+        blocks = plan if plan is not None else ((0, q.shape[1], ((0, k.shape[1]),), ()),)
+        return _planned_attention(q, k, v, mask_fn, blocks, need_fn)
+    return attention
+
+
+def segment_mask(slot: jax.Array, seg: jax.Array, sees: jax.Array, kseg: jax.Array,
+                 qs: int, qe: int, ks: int, ke: int) -> jax.Array:
+    """The segment rule's mask [B, qe - qs, ke - ks] (True = may attend) of queries [qs, qe)
+    over keys [ks, ke): key j is visible to query i iff it is context (kseg[j] == 0) below
+    sees[i], or of the query's own segment (seg[i] > 0) at or before its slot[i]. slot, seg,
+    sees [B, Sq] (int) describe the queries, kseg [B, T] the keys."""
+    kseg, kidx = kseg[:, None, ks:ke], jnp.arange(ks, ke)[None, None]
+    qseg = seg[:, qs:qe, None]
+    return (((kseg == 0) & (kidx < sees[:, qs:qe, None]))
+            | ((kseg == qseg) & (qseg > 0) & (kidx <= slot[:, qs:qe, None])))
+
+
+def _segment_attention_xla(q, k, v, slot, seg, sees, kseg, *, plan: AttentionPlan | None):
+    """``attend_segments`` in XLA operations, over ``plan``'s key ranges (need: sees)."""
+    return _planned(functools.partial(segment_mask, slot, seg, sees, kseg), plan,
+                    lambda qs, qe: jnp.max(sees[:, qs:qe]))(q, k, v)
+
+
+def attend_segments(q: jax.Array, k: jax.Array, v: jax.Array, slot: jax.Array, seg: jax.Array,
+                    sees: jax.Array, kseg: jax.Array, *, plan: AttentionPlan | None = None
+                    ) -> jax.Array:
+    """Softmax attention of q [B, Sq, K, G, H] over k, v [B, T, K, H] under the segment rule
+    (``segment_mask``) -> [B, Sq, N, H]. On CPU one call of the fused kernel
+    (``cpu_attention``), whatever the layout of contexts and continuations; elsewhere, and
+    under differentiation, XLA's attention over ``plan``'s key ranges (None: all keys at
+    once). A query that sees no key gets the uniform average of the values it was offered."""
+    reference = functools.partial(_segment_attention_xla, plan=plan)
+    if cpu_attention.supports_segments(q, k, v) and cpu_attention.segments_enabled():
+        return cpu_attention.make_attend_segments(reference)(q, k, v, slot, seg, sees, kseg)
+    return reference(q, k, v, slot, seg, sees, kseg)
+
+
 def _run_layers(params: Params, config: ModelConfig, x: jax.Array, positions: jax.Array,
-                mask_fn: Any, plan: AttentionPlan | None = None, need_fn: Any = None,
-                read: tuple[jax.Array, jax.Array] | None = None
+                attention: Any, read: tuple[jax.Array, Any] | None = None
                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Runs all layers; returns (x, k [L,B,S,K,H], v [L,B,S,K,H]).
 
-    mask_fn(qs, qe, ks, ke) -> [B, qe - qs, ke - ks] bool (True = may attend). plan: which
-    key ranges each query block needs (None: one block, all keys).
-    read: (rows [B, M] int, their mask [B, M, S] bool) when only the residual stream at those
-    rows is wanted: the last layer then runs its queries, attention, output projection and MLP
-    at those rows only (its keys and values at every row), and x comes back as [B, M, D].
+    attention(q [B, S, K, G, H], k, v [B, S, K, H]) -> [B, S, N, H]: each layer's
+    self-attention (``_planned`` or ``attend_segments``).
+    read: (rows [B, M] int, their attention (q [B, M, K, G, H], k, v) -> [B, M, N, H]) when
+    only the residual stream at those rows is wanted: the last layer then runs its queries,
+    attention, output projection and MLP at those rows only (its keys and values at every
+    row), and x comes back as [B, M, D].
     """
     cos, sin = rope_cos_sin(config, positions)
-    s = x.shape[1]
-    plan = plan if plan is not None else ((0, s, ((0, s),), ()),)
 
     def layer(x, lp):
         h = rms_norm(x, lp["attn_norm"], config.rms_norm_eps)
         q, k, v = _qkv(lp, config, h, cos, sin)
-        attn = _planned_attention(q, k, v, mask_fn, plan, need_fn)
-        return _out_and_mlp(lp, config, x, attn), (k, v)
+        return _out_and_mlp(lp, config, x, attention(q, k, v)), (k, v)
 
     if read is None:
         x, (ks, vs) = scan_layers(_maybe_remat(layer, config), x, params["layers"])
         return x, ks, vs
 
-    rows, read_mask = read
+    rows, read_attention = read
     at_rows = lambda a: jnp.take_along_axis(a, rows.reshape(rows.shape + (1,) * (a.ndim - 2)),
                                             axis=1)
 
@@ -417,8 +456,7 @@ def _run_layers(params: Params, config: ModelConfig, x: jax.Array, positions: ja
         h = rms_norm(x, lp["attn_norm"], config.rms_norm_eps)
         k, v = _keys_values(lp, config, h, cos, sin)
         q = _queries(lp, config, at_rows(h), at_rows(cos), at_rows(sin))
-        attn = attend(q, [(k, v, read_mask)])
-        out = _out_and_mlp(lp, config, at_rows(x), attn)
+        out = _out_and_mlp(lp, config, at_rows(x), read_attention(q, k, v))
         return x.at[jnp.arange(x.shape[0])[:, None], rows].set(out), (k, v)
 
     n_layers = config.num_layers
@@ -608,7 +646,8 @@ def forward(params: Params, config: ModelConfig, tokens: jax.Array, positions: j
             mask = mask & attn_mask.astype(bool)[:, None, :]
         mask = jnp.broadcast_to(mask, (b, s, s))
     plan = causal_plan(s, causal_chunk) if causal_chunk and s > causal_chunk else None
-    x, _, _ = _run_layers(params, config, _embed(params, tokens), positions, _sliced(mask), plan)
+    x, _, _ = _run_layers(params, config, _embed(params, tokens), positions,
+                          _planned(_sliced(mask), plan))
     return _final_norm(params, config, x)
 
 
@@ -632,8 +671,8 @@ def prefill(params: Params, config: ModelConfig, tokens: jax.Array, positions: j
     valid = jnp.arange(s)[None, :] < lengths[:, None]
     mask = jnp.tril(jnp.ones((s, s), bool))[None] & valid[:, None, :]
     plan = causal_plan(s, attn_chunk) if attn_chunk and s > attn_chunk else None
-    x, ks, vs = _run_layers(params, config, _embed(params, tokens), positions, _sliced(mask),
-                            plan)
+    x, ks, vs = _run_layers(params, config, _embed(params, tokens), positions,
+                            _planned(_sliced(mask), plan))
     pad = [(0, 0), (0, 0), (0, cache_size - s), (0, 0), (0, 0)]
     ks = jnp.pad(ks * valid[None, :, :, None, None].astype(ks.dtype), pad)
     vs = jnp.pad(vs * valid[None, :, :, None, None].astype(vs.dtype), pad)
@@ -694,7 +733,9 @@ def forward_trunk_suffixes(params: Params, config: ModelConfig, tokens: jax.Arra
     ``window`` tokens. A context token at slot j sees context slots <= j; a continuation token
     sees context slots < visible[b, i] and the earlier tokens of its own segment. positions
     are the model positions (a continuation that sees v context tokens starts at v). Attention
-    follows ``trunk_suffix_plan``: continuations never meet each other's keys.
+    is ``attend_segments``: on CPU one kernel call per layer, which skips every 16-key block a
+    group of queries cannot see (continuations never meet each other's keys); elsewhere XLA's
+    over ``trunk_suffix_plan``'s key ranges.
     """
     _check_params(params, config)
     _check_tokens("forward_trunk_suffixes", tokens, positions)
@@ -710,28 +751,20 @@ def forward_trunk_suffixes(params: Params, config: ModelConfig, tokens: jax.Arra
                              or not jnp.issubdtype(read.dtype, jnp.integer)):
         raise ValueError(f"forward_trunk_suffixes: read must be integer slots [B={b}, M], got "
                          f"{read.dtype} {read.shape}")
-    idx = jnp.arange(s)
+    segments = segments.astype(jnp.int32)
+    slot = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
     # A context token sees the context up to itself; padding sees nothing.
-    sees = jnp.where(segments == 0, idx[None] + 1, jnp.where(segments > 0, visible, 0))
-
-    def allowed(qseg, qsees, qidx, ks, ke):
-        # queries' segments, context lengths seen, slots: [B or 1, Q, 1] -> [B, Q, ke - ks]
-        kseg, kidx = segments[:, None, ks:ke], idx[None, None, ks:ke]
-        return ((kseg == 0) & (kidx < qsees)) | ((kseg == qseg) & (qseg > 0) & (kidx <= qidx))
-
-    def mask_fn(qs, qe, ks, ke):
-        return allowed(segments[:, qs:qe, None], sees[:, qs:qe, None], idx[None, qs:qe, None],
-                       ks, ke)
-
-    def need_fn(qs, qe):
-        return jnp.max(sees[:, qs:qe])
-
+    sees = jnp.where(segments == 0, slot + 1, jnp.where(segments > 0, visible, 0)).astype(
+        jnp.int32)
     plan = trunk_suffix_plan(s, trunk, window, attn_chunk, context_cuts)
+    attention = functools.partial(attend_segments, slot=slot, seg=segments, sees=sees,
+                                  kseg=segments, plan=plan)
     if read is not None:
-        at = lambda a: jnp.take_along_axis(a, read, axis=1)[..., None]
-        read = (read, allowed(at(segments), at(sees), read[..., None], 0, s))
-    x, _, _ = _run_layers(params, config, _embed(params, tokens), positions, mask_fn, plan,
-                          need_fn, read)
+        read = read.astype(jnp.int32)
+        at = lambda a: jnp.take_along_axis(a, read, axis=1)
+        read = (read, functools.partial(attend_segments, slot=read, seg=at(segments),
+                                        sees=at(sees), kseg=segments))
+    x, _, _ = _run_layers(params, config, _embed(params, tokens), positions, attention, read)
     return _final_norm(params, config, x)
 
 

@@ -1,5 +1,6 @@
 """The fused CPU attention kernel (jaxdm.models.cpu_attention): numbers against the XLA
 attention at the readout's shapes, where it is used, vmap, derivatives, and how it is off."""
+import functools
 import os
 import subprocess
 import sys
@@ -103,6 +104,86 @@ def test_supports_only_what_the_kernel_takes():
     (kc, vc, mc), own = sources
     assert not cpu_attention.supports(q, [(kc.astype(jnp.bfloat16), vc, mc), own])
     assert not cpu_attention.supports(q, [(kc, vc, mc[:1]), own])  # mask not [B, S, T]
+
+
+def _segment_rows(b=2, seed=0):
+    """Rows of a context and continuations (decoder.forward_trunk_suffixes' layout): row 0 a
+    100-token context padded to 112, continuations of 7 / 20 / 9 tokens seeing 30 / 100 / 64
+    of it, then 5 padding slots; row 1 the same with shifted visibilities and a continuation
+    that sees no context. Returns slot, seg, sees [B, S] (int32) and which slots are real."""
+    t, rows = 112, []
+    for r in range(b):
+        seg, sees = [0] * 100 + [-1] * 12, list(range(1, 101)) + [0] * 12
+        for i, (vis, n) in enumerate([(30 - 30 * r, 7), (100 - r, 20), (64 + r, 9)], 1):
+            seg += [i] * n
+            sees += [vis] * n
+        rows.append((seg + [-1] * 5, sees + [0] * 5))
+    seg = jnp.asarray([r[0] for r in rows], jnp.int32)
+    sees = jnp.asarray([r[1] for r in rows], jnp.int32)
+    slot = jnp.broadcast_to(jnp.arange(seg.shape[1], dtype=jnp.int32), seg.shape)
+    return t, slot, seg, sees, np.asarray(seg) >= 0
+
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 2e-6), ("bfloat16", 1.6e-2)])
+def test_segment_kernel_matches_xla_on_every_real_query(kernel_on, dtype, tol):
+    """One call of the segment-rule kernel = XLA's attention under the dense mask of the rule,
+    for whole rows and for some slots read out of them (the last layer's queries)."""
+    t, slot, seg, sees, real = _segment_rows()
+    b, s = seg.shape
+    rng = np.random.default_rng(1)
+    q = jnp.asarray(rng.normal(size=(b, s, 3, 3, 64)), dtype)
+    k, v = (jnp.asarray(rng.normal(size=(b, s, 3, 64)), dtype) for _ in range(2))
+    kernel = cpu_attention.make_attend_segments(
+        functools.partial(decoder._segment_attention_xla, plan=None))
+    got = jax.jit(kernel)(q, k, v, slot, seg, sees, seg)
+    mask = decoder.segment_mask(slot, seg, sees, seg, 0, s, 0, s)
+    want = jax.jit(decoder.xla_attend)(q, [(k, v, mask)])
+    assert got.dtype == want.dtype and got.shape == want.shape == (b, s, 9, 64)
+    np.testing.assert_allclose(np.asarray(got, np.float32)[real],
+                               np.asarray(want, np.float32)[real], atol=tol, rtol=tol)
+    # through decoder.attend_segments with the XLA path's plan as the reference
+    plan = decoder.trunk_suffix_plan(s, t, 32, 32, 4)
+    assert cpu_attention.SEGMENTS_KERNEL.target in jax.jit(
+        lambda *a: decoder.attend_segments(*a, plan=plan)).lower(
+            q, k, v, slot, seg, sees, seg).as_text()
+    np.testing.assert_allclose(
+        np.asarray(decoder.attend_segments(q, k, v, slot, seg, sees, seg, plan=plan),
+                   np.float32)[real], np.asarray(want, np.float32)[real], atol=tol, rtol=tol)
+    # queries at some slots only (repeats, context and continuation slots) against all keys
+    read = jnp.asarray([[130, 3, 99, 130, 140, 112] * 3, [0, 119, 124, 125, 111, 50] * 3],
+                       jnp.int32)
+    at = lambda a: jnp.take_along_axis(a, read, axis=1)  # noqa: E731
+    q_read = jnp.take_along_axis(q, read[:, :, None, None, None], axis=1)
+    got = kernel(q_read, k, v, read, at(seg), at(sees), seg)
+    real_read = np.take_along_axis(real, np.asarray(read), axis=1)
+    np.testing.assert_allclose(np.asarray(got, np.float32)[real_read],
+                               np.asarray(want, np.float32)[np.arange(b)[:, None], read][
+                                   real_read], atol=tol, rtol=tol)
+
+
+def test_segment_kernel_derivatives_and_what_it_takes(kernel_on):
+    t, slot, seg, sees, real = _segment_rows(b=1)
+    s = seg.shape[1]
+    rng = np.random.default_rng(2)
+    q = jnp.asarray(rng.normal(size=(1, s, 3, 3, 64)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(1, s, 3, 64)), jnp.float32) for _ in range(2))
+    plan = decoder.trunk_suffix_plan(s, t, 32, 32, 4)
+    ref = functools.partial(decoder._segment_attention_xla, plan=plan)
+
+    def loss(fn, q, k, v):
+        return jnp.sum(jnp.where(real[..., None, None], fn(q, k, v, slot, seg, sees, seg), 0) ** 2)
+
+    kernel = cpu_attention.make_attend_segments(ref)
+    for g1, g2 in zip(jax.grad(functools.partial(loss, kernel), argnums=(0, 1, 2))(q, k, v),
+                      jax.grad(functools.partial(loss, ref), argnums=(0, 1, 2))(q, k, v)):
+        np.testing.assert_array_equal(g1, g2)
+    assert cpu_attention.supports_segments(q, k, v)
+    assert not cpu_attention.supports_segments(q[:, :5], k, v)         # 15 query vectors
+    assert not cpu_attention.supports_segments(q, k[:, :, :1], v[:, :, :1])  # K heads differ
+    assert not cpu_attention.supports_segments(q, k.astype(jnp.bfloat16), v)
+    assert not cpu_attention.supports_segments(jnp.concatenate([q, q]), k, v)  # key rows != B
+    with pytest.raises(Exception, match="kseg must be int32"):
+        cpu_attention._segments_kernel(q, k, v, slot, seg, sees, seg[:, :-1]).block_until_ready()
 
 
 def _run(code: str, **env) -> subprocess.CompletedProcess:
