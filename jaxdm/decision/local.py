@@ -36,9 +36,18 @@ from jaxdm.models import compile_cache
 
 def encode_messages(tokenizer: Any, messages: Sequence[dict]) -> list[int]:
     """Token ids of a chat prompt with the generation header, as an API server builds them."""
-    text = tokenizer.apply_chat_template(list(messages), tokenize=False,
-                                         add_generation_prompt=True)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return encode_conversations(tokenizer, [messages])[0]
+
+
+def encode_conversations(tokenizer: Any, conversations: Sequence[Sequence[dict]]
+                         ) -> list[list[int]]:
+    """``encode_messages`` of each conversation, encoded as one batch (the fast tokenizer
+    spreads it over the CPU's cores: 60 judge prompts 0.14-0.19 -> 0.07 s here)."""
+    texts = [tokenizer.apply_chat_template(list(m), tokenize=False, add_generation_prompt=True)
+             for m in conversations]
+    if not texts:
+        return []
+    return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
 def single_token_id(tokenizer: Any, label: str) -> int:
@@ -105,11 +114,13 @@ class _LocalBase:
             stats=self.stats, layout=self.layout, max_group=max_group)
 
     def _yesno_requests(self, questions: Sequence[YesNo]) -> list[shared_prefix.Request]:
-        reqs = []
         for i, q in enumerate(questions):
             if not isinstance(q, YesNo):
                 raise TypeError(f"questions[{i}] is {type(q).__name__}, expected YesNo")
-            toks = encode_messages(self.tokenizer, render.render_messages(q, "constrained"))
+        prompts = encode_conversations(
+            self.tokenizer, [render.render_messages(q, "constrained") for q in questions])
+        reqs = []
+        for i, toks in enumerate(prompts):
             self._check_length(len(toks), f"questions[{i}]")
             reqs.append(shared_prefix.Request(tuple(toks), (len(toks) - 1,),
                                               ((self.yes_id, self.no_id),)))
@@ -147,7 +158,6 @@ class LocalReadout(_LocalBase):
     def choose(self, questions: Sequence[MultipleChoice]) -> list[ChoiceResult]:
         if not questions:
             return []
-        reqs = []
         for i, q in enumerate(questions):
             if not isinstance(q, MultipleChoice):
                 raise TypeError(f"questions[{i}] is {type(q).__name__}, expected MultipleChoice")
@@ -155,7 +165,10 @@ class LocalReadout(_LocalBase):
                 raise ValueError(f"questions[{i}] has {len(q.options)} options, more than the "
                                  f"{len(self.label_ids)} single-token labels; use "
                                  "LocalLikelihood or split the options")
-            toks = encode_messages(self.tokenizer, render.render_messages(q, "constrained"))
+        prompts = encode_conversations(
+            self.tokenizer, [render.render_messages(q, "constrained") for q in questions])
+        reqs = []
+        for i, (q, toks) in enumerate(zip(questions, prompts)):
             self._check_length(len(toks), f"questions[{i}]")
             reqs.append(shared_prefix.Request(tuple(toks), (len(toks) - 1,),
                                               (self.label_ids[:len(q.options)],)))

@@ -343,11 +343,12 @@ class Group:
     visible: list[int]
 
 
-def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
+def _lcp(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the longest common prefix of two int arrays."""
     n = min(len(a), len(b))
     if n == 0:
         return 0
-    x = np.asarray(a[:n]) != np.asarray(b[:n])
+    x = a[:n] != b[:n]
     idx = np.flatnonzero(x)
     return int(idx[0]) if idx.size else n
 
@@ -367,9 +368,11 @@ def plan_groups(requests: Sequence[Request], *, min_shared_frac: float = 0.5,
     if not requests:
         return []
     order = sorted(range(len(requests)), key=lambda i: requests[i].tokens)
+    # each request's tokens as an array once (the planner compares them many times)
+    arrays = [np.asarray(r.tokens, np.int64) for r in requests]
     runs: list[list[int]] = [[order[0]]]
     for prev, cur in zip(order, order[1:]):
-        a, b = requests[prev].tokens, requests[cur].tokens
+        a, b = arrays[prev], arrays[cur]
         shared = _lcp(a, b)
         if shared >= min_shared_tokens and shared >= min_shared_frac * min(len(a), len(b)) \
                 and len(runs[-1]) < max_group:
@@ -378,13 +381,14 @@ def plan_groups(requests: Sequence[Request], *, min_shared_frac: float = 0.5,
             runs.append([cur])
     groups: list[Group] = []
     for run in runs:
-        groups.extend(_plan_run(requests, run, layout))
+        groups.extend(_plan_run(requests, arrays, run, layout))
     return groups
 
 
-def _plan_run(requests: Sequence[Request], run: list[int], layout: str,
-              depth: int = 0) -> list[Group]:
-    """Trunk + visible lengths for one run (sorted request ids), split where that is cheaper.
+def _plan_run(requests: Sequence[Request], arrays: Sequence[np.ndarray], run: list[int],
+              layout: str, depth: int = 0) -> list[Group]:
+    """Trunk + visible lengths for one run (sorted request ids; arrays: every request's
+    tokens as an array), split where that is cheaper.
 
     A member that shares only part of the trunk (e.g. an Actor state that shares only its
     early history with another state) carries everything after that part in its own suffix,
@@ -393,7 +397,7 @@ def _plan_run(requests: Sequence[Request], run: list[int], layout: str,
     whose suffix is at most a threshold and planning the rest again as their own group(s),
     and keeps the cheaper plan (thresholds tried: quartiles of the suffix lengths).
     """
-    seqs = [requests[i].tokens for i in run]
+    seqs = [arrays[i] for i in run]
     m = len(run)
     # In sorted order, LCP(i, j) = min of neighbour LCPs between them.
     adj = [_lcp(seqs[i], seqs[i + 1]) for i in range(m - 1)]
@@ -410,8 +414,8 @@ def _plan_run(requests: Sequence[Request], run: list[int], layout: str,
         # Ties: the longer trunk lets more requests see more of it.
         if total > best_total or (total == best_total and len(seqs[i]) > len(seqs[best])):
             best, best_total = i, total
-    trunk = seqs[best]
-    visible = [min(_lcp(seqs[i], trunk), min(requests[rid].answer_positions))
+    trunk = requests[run[best]].tokens
+    visible = [min(_lcp(seqs[i], seqs[best]), min(requests[rid].answer_positions))
                for i, rid in enumerate(run)]
     tails = [len(seqs[i]) - visible[i] for i in range(m)]
     whole = [Group(trunk=tuple(trunk[:max(visible)]), members=list(run), visible=visible)]
@@ -425,8 +429,8 @@ def _plan_run(requests: Sequence[Request], run: list[int], layout: str,
             vis = [visible[i] for i in keep]
             plan = [Group(trunk=tuple(trunk[:max(vis)]), members=[run[i] for i in keep],
                           visible=vis)]
-            plan += _plan_run(requests, [run[i] for i in range(m) if i not in kept], layout,
-                              depth + 1)
+            plan += _plan_run(requests, arrays, [run[i] for i in range(m) if i not in kept],
+                              layout, depth + 1)
             cost = _plan_cost(requests, plan, layout)
             if cost < best_cost:
                 best_plan, best_cost = plan, cost
