@@ -31,13 +31,15 @@ bucketed (``bucket_*``) so one compilation serves many batches.
 Two device layouts compute these same numbers (``score_requests(layout=...)``):
 
 - ``"packed"`` (default, ``score_packed`` over a ``PackedScoringBatch``): per group one row,
-  the trunk followed by all suffixes packed back to back
-  (``jaxdm.models.decoder.forward_trunk_suffixes``). A suffix token attends to the trunk
-  tokens its request sees (its visible length) and to its own earlier tokens; trunk blocks are
-  causal, and a suffix block meets the trunk plus only the ``window`` tokens before it, so
-  suffixes never meet each other's keys and nothing is padded per request. Suffixes are placed
-  in order of visible length, and a block whose suffixes see only the start of the trunk
-  skips the rest of it (a run-time choice among 8 static cuts; Prefix judging 8 % faster).
+  the trunk followed right after its real end by all suffixes packed back to back, then one
+  tail of padding (``jaxdm.models.decoder.forward_trunk_suffixes``). A suffix token attends
+  to the trunk tokens its request sees (its visible length) and to its own earlier tokens,
+  so suffixes never meet each other's keys and nothing is padded per request. On CPU each
+  layer's attention is one kernel call that skips every key block a group of queries cannot
+  see; elsewhere XLA's runs over a plan: trunk blocks causal, a suffix block meeting the
+  trunk plus only the ``window`` tokens before it. Suffixes are placed in order of visible
+  length, and a block whose suffixes see only the start of the trunk skips the rest of it (a
+  run-time choice among 8 static cuts; Prefix judging 8 % faster).
   Measured on the 2-core CPU (``benchmarks/scoring_throughput.py``, ``*_packed_vs_rows``) it
   is faster than ``"rows"`` for Hindsight, Prefix and Actor workloads. (Interleaving each
   suffix right after the trunk tokens it sees, in one causal row, was 6 % slower on Prefix
@@ -248,6 +250,8 @@ class PackedScoringBatch(NamedTuple):
     suffix_tokens, suffix_positions [G, P] int32 (a suffix that sees v trunk tokens is at v..)
     suffix_segments [G, P] int32 (request row r -> r + 1; padding -1)
     suffix_visible  [G, P] int32 (trunk tokens the token's request sees)
+    P is also the model row's length: P >= T, and trunk_len + the real suffix tokens <= P
+    (the suffixes run right after the real trunk).
     answer_index [G, M] flat answer slots, each an index into the suffix part (or [G, N, A]
     per row, same meaning); answer_mask, label_ids, label_mask as in ``ScoringBatch``.
     """
@@ -284,23 +288,38 @@ def score_packed(params, config: ModelConfig, batch: PackedScoringBatch, *, wind
     """``score_batch`` for the packed layout: log-probs [G, M, K] ([G, N, A, K] for per-row
     answer slots), same semantics.
 
-    ``window`` (static) bounds every request's suffix length. One forward per group row over
-    the trunk and the packed suffixes; hidden states are read only at the answer slots. Pure
-    and differentiable in params.
+    ``window`` (static) bounds every request's suffix length. One forward per group row of P
+    slots: the trunk, the packed suffixes right after its real end, one tail of padding;
+    hidden states are read only at the answer slots (an answer slot past the row comes out
+    NaN). Pure and differentiable in params.
     """
     _check_packed(batch)
     g, t = batch.trunk_tokens.shape
-    slots = jnp.arange(t)[None]
-    tokens = jnp.concatenate([batch.trunk_tokens, batch.suffix_tokens], axis=1)
-    positions = jnp.concatenate([jnp.broadcast_to(slots, (g, t)), batch.suffix_positions], 1)
-    segments = jnp.concatenate(
-        [jnp.where(slots < batch.trunk_len[:, None], 0, -1), batch.suffix_segments], axis=1)
-    visible = jnp.concatenate([jnp.zeros((g, t), jnp.int32), batch.suffix_visible], axis=1)
+    p = row_len = batch.suffix_tokens.shape[1]
+    if p < t:
+        raise ValueError(f"score_packed: the row (P={p}) must hold the trunk (T={t})")
+    slots = jnp.arange(row_len)[None]                                           # [1, P]
+    trunk_len = batch.trunk_len[:, None]
+    in_trunk = slots < trunk_len
+    at = jnp.clip(slots - trunk_len, 0, p - 1)           # each later slot's suffix position
+    beyond = slots - trunk_len >= p
+
+    def suffix(a, fill):
+        return jnp.where(beyond, fill, jnp.take_along_axis(a, at, axis=1))
+
+    tokens = jnp.where(in_trunk, jnp.take_along_axis(
+        batch.trunk_tokens, jnp.broadcast_to(jnp.minimum(slots, t - 1), (g, row_len)), axis=1),
+        suffix(batch.suffix_tokens, 0))
+    positions = jnp.where(in_trunk, slots, suffix(batch.suffix_positions, 0))
+    segments = jnp.where(in_trunk, 0, suffix(batch.suffix_segments, -1))
+    visible = jnp.where(in_trunk, 0, suffix(batch.suffix_visible, 0))
     idx, mask, labels, label_mask = _flat_slots(batch, 0)
+    read = trunk_len + idx
     picked = decoder.forward_trunk_suffixes(params, config, tokens, positions, segments,
                                             visible, trunk=t, window=window,
-                                            read=t + idx)                      # [G, M, D]
+                                            read=jnp.minimum(read, row_len - 1))  # [G, M, D]
     out = _readout(params, config, picked, mask, labels, label_mask, full_vocab)
+    out = jnp.where((read < row_len)[..., None], out, jnp.nan)
     return out.reshape(batch.label_ids.shape)
 
 
@@ -556,21 +575,27 @@ def pack_groups(requests: Sequence[Request], groups: Sequence[Group], *, pad_id:
 
 
 def _packed_key(requests, gr: Group, min_trunk: int = 64) -> tuple[int, int, int]:
-    """(trunk bucket, packed-suffix bucket, window bucket) of a group in the packed layout.
+    """(trunk bucket, row bucket, window bucket) of a group in the packed layout; the row
+    holds the trunk and then the suffixes (one tail of padding: on the readout's prompts 2-3 %
+    fewer rows than padding the trunk and the suffixes each).
 
     The window (a static bound on suffix lengths) is a power of two >= 64: it only widens
     the key range of suffix attention blocks a little, and with multiples of 8 the passes
     of one job (Hindsight ~20-token suffixes, Prefix ~40, +FB ~150) each compiled their own
     program (`jaxdm demo`: 19 distinct programs -> 15, same tokens run)."""
     tails = _suffix_lengths(requests, gr)
-    return (_trunk_bucket(len(gr.trunk), min_trunk), _trunk_bucket(sum(tails), 64),
-            bucket(max(tails), 64))
+    row = _trunk_bucket(len(gr.trunk) + sum(tails), min_trunk)
+    # The trunk's bucket only bounds the XLA attention plan's context blocks (the row's length
+    # is `row`): coarse, so that it adds few distinct programs.
+    return min(row, bucket(len(gr.trunk), min_trunk)), row, bucket(max(tails), 64)
 
 
 def pack_suffixes(requests: Sequence[Request], groups: Sequence[Group], *, pad_id: int = 0,
                   min_trunk: int = 64) -> tuple[PackedBatch, int]:
     """Lays groups out as a ``PackedScoringBatch``; returns it and the window (longest
-    suffix, bucketed) that ``score_packed`` needs. Unique tokens = trunks + suffixes."""
+    suffix, bucketed) that ``score_packed`` needs. The row length P is the longest group's
+    trunk + suffixes, bucketed like the trunk (one tail of padding, not the trunk's and the
+    suffixes'). Unique tokens = trunks + suffixes."""
     if not groups:
         raise ValueError("pack_suffixes: no groups")
     g = len(groups)

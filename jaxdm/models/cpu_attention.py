@@ -141,16 +141,17 @@ def _segments_kernel(q, k, v, slot, seg, sees, kseg) -> jax.Array:
 
 
 def make_attend_segments(reference: Callable) -> Callable:
-    """``attend(q, k, v, slot, seg, sees, kseg)`` -> [B, S, N, H] like ``reference``: the
-    segment-rule kernel on CPU, ``reference`` elsewhere and under differentiation."""
+    """``attend(q, k, v, slot, seg, sees, kseg, *extra)`` -> [B, S, N, H] like ``reference``
+    (which also takes ``extra``, e.g. bounds for its own blocking): the segment-rule kernel on
+    CPU, ``reference`` elsewhere and under differentiation."""
 
     @jax.custom_jvp
-    def attend(q, k, v, slot, seg, sees, kseg):
-        def on_cpu(q, k, v, slot, seg, sees, kseg):
+    def attend(q, k, v, slot, seg, sees, kseg, *extra):
+        def on_cpu(q, k, v, slot, seg, sees, kseg, *extra):
             b, s, kh, g, hd = q.shape
             return _segments_kernel(q, k, v, slot, seg, sees, kseg).reshape(b, s, kh * g, hd)
 
-        return jax.lax.platform_dependent(q, k, v, slot, seg, sees, kseg, cpu=on_cpu,
+        return jax.lax.platform_dependent(q, k, v, slot, seg, sees, kseg, *extra, cpu=on_cpu,
                                           default=reference)
 
     @attend.defjvp

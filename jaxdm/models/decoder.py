@@ -404,24 +404,29 @@ def segment_mask(slot: jax.Array, seg: jax.Array, sees: jax.Array, kseg: jax.Arr
             | ((kseg == qseg) & (qseg > 0) & (kidx <= slot[:, qs:qe, None])))
 
 
-def _segment_attention_xla(q, k, v, slot, seg, sees, kseg, *, plan: AttentionPlan | None):
-    """``attend_segments`` in XLA operations, over ``plan``'s key ranges (need: sees)."""
+def _segment_attention_xla(q, k, v, slot, seg, sees, kseg, need, *,
+                           plan: AttentionPlan | None):
+    """``attend_segments`` in XLA operations, over ``plan``'s key ranges."""
     return _planned(functools.partial(segment_mask, slot, seg, sees, kseg), plan,
-                    lambda qs, qe: jnp.max(sees[:, qs:qe]))(q, k, v)
+                    lambda qs, qe: jnp.max(need[:, qs:qe]))(q, k, v)
 
 
 def attend_segments(q: jax.Array, k: jax.Array, v: jax.Array, slot: jax.Array, seg: jax.Array,
-                    sees: jax.Array, kseg: jax.Array, *, plan: AttentionPlan | None = None
-                    ) -> jax.Array:
+                    sees: jax.Array, kseg: jax.Array, *, plan: AttentionPlan | None = None,
+                    need: jax.Array | None = None) -> jax.Array:
     """Softmax attention of q [B, Sq, K, G, H] over k, v [B, T, K, H] under the segment rule
     (``segment_mask``) -> [B, Sq, N, H]. On CPU one call of the fused kernel
     (``cpu_attention``), whatever the layout of contexts and continuations; elsewhere, and
     under differentiation, XLA's attention over ``plan``'s key ranges (None: all keys at
-    once). A query that sees no key gets the uniform average of the values it was offered."""
+    once), need [B, Sq] (default sees) bounding the leading keys each query may see (for the
+    plan's context cuts). A query that sees no key gets the uniform average of the values it
+    was offered."""
     reference = functools.partial(_segment_attention_xla, plan=plan)
+    need = sees if need is None else need
     if cpu_attention.supports_segments(q, k, v) and cpu_attention.segments_enabled():
-        return cpu_attention.make_attend_segments(reference)(q, k, v, slot, seg, sees, kseg)
-    return reference(q, k, v, slot, seg, sees, kseg)
+        return cpu_attention.make_attend_segments(reference)(q, k, v, slot, seg, sees, kseg,
+                                                             need)
+    return reference(q, k, v, slot, seg, sees, kseg, need)
 
 
 def _run_layers(params: Params, config: ModelConfig, x: jax.Array, positions: jax.Array,
@@ -728,11 +733,13 @@ def forward_trunk_suffixes(params: Params, config: ModelConfig, tokens: jax.Arra
     [B, M, D] at the slots read [B, M] (int) only: then the last layer runs its queries,
     attention and MLP at those slots alone (SmolLM2-135M, 30 layers: ~3 % of the work).
 
-    Row layout: slots [0, trunk) hold the context (segment 0; its padding segment -1), the
-    rest continuations packed back to back (segment r >= 1 each; padding -1), each at most
-    ``window`` tokens. A context token at slot j sees context slots <= j; a continuation token
-    sees context slots < visible[b, i] and the earlier tokens of its own segment. positions
-    are the model positions (a continuation that sees v context tokens starts at v). Attention
+    Row layout: the context first (segment 0), then continuations packed back to back
+    (segment r >= 1 each), then padding (segment -1; also allowed between the context and the
+    continuations). ``trunk`` (static) bounds the context's length: the continuations may begin
+    right after its real end, before slot ``trunk``. Each continuation is at most ``window``
+    tokens. A context token at slot j sees context slots <= j; a continuation token sees
+    context slots < visible[b, i] and the earlier tokens of its own segment. positions are the
+    model positions (a continuation that sees v context tokens starts at v). Attention
     is ``attend_segments``: on CPU one kernel call per layer, which skips every 16-key block a
     group of queries cannot see (continuations never meet each other's keys); elsewhere XLA's
     over ``trunk_suffix_plan``'s key ranges.
@@ -757,8 +764,14 @@ def forward_trunk_suffixes(params: Params, config: ModelConfig, tokens: jax.Arra
     sees = jnp.where(segments == 0, slot + 1, jnp.where(segments > 0, visible, 0)).astype(
         jnp.int32)
     plan = trunk_suffix_plan(s, trunk, window, attn_chunk, context_cuts)
+    # The plan's continuation blocks take slots [0, cut) of the context and the window before
+    # them: a continuation that begins before `trunk` needs its cut at `trunk`.
+    starts = jnp.where(segments != jnp.pad(segments, ((0, 0), (1, 0)), constant_values=-2)[:, :-1],
+                       slot, 0)
+    first = jax.lax.cummax(starts, axis=1)           # the slot where each token's segment begins
+    need = jnp.where((segments > 0) & (first < trunk), jnp.maximum(sees, trunk), sees)
     attention = functools.partial(attend_segments, slot=slot, seg=segments, sees=sees,
-                                  kseg=segments, plan=plan)
+                                  kseg=segments, plan=plan, need=need)
     if read is not None:
         read = read.astype(jnp.int32)
         at = lambda a: jnp.take_along_axis(a, read, axis=1)

@@ -51,10 +51,12 @@ def test_demo_job_compiles_few_programs():
     # 312 questions) 28 calls / 15 programs (19 before the window bucket became >= 64).
     # Prompts v3 (indexed entries, quoted target action: longer contexts and questions) on
     # 2 trajectories: 7 calls / 4 programs (one context crosses 512 -> 640 tokens, one call's
-    # question windows 128 -> 256).
+    # question windows 128 -> 256). Session 14, the packed row holding the trunk then the
+    # suffixes with one tail of padding (its length bucketed, the trunk's bound coarse): 9 calls
+    # / 5 programs on 2 trajectories, 32 / 17 on the demo's 6 (was 29 / 16), 3.1 % fewer rows.
     n_req, keys = _demo_keys(2)
-    assert n_req == 6 * 8 and len(keys) <= 8
-    assert len(set(keys)) <= 4, sorted(set(keys))
+    assert n_req == 6 * 8 and len(keys) <= 9
+    assert len(set(keys)) <= 5, sorted(set(keys))
 
 
 def test_program_keys_are_what_score_requests_compiles():

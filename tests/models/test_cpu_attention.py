@@ -135,7 +135,7 @@ def test_segment_kernel_matches_xla_on_every_real_query(kernel_on, dtype, tol):
     k, v = (jnp.asarray(rng.normal(size=(b, s, 3, 64)), dtype) for _ in range(2))
     kernel = cpu_attention.make_attend_segments(
         functools.partial(decoder._segment_attention_xla, plan=None))
-    got = jax.jit(kernel)(q, k, v, slot, seg, sees, seg)
+    got = jax.jit(kernel)(q, k, v, slot, seg, sees, seg, sees)  # the last: the reference's need
     mask = decoder.segment_mask(slot, seg, sees, seg, 0, s, 0, s)
     want = jax.jit(decoder.xla_attend)(q, [(k, v, mask)])
     assert got.dtype == want.dtype and got.shape == want.shape == (b, s, 9, 64)
@@ -154,7 +154,7 @@ def test_segment_kernel_matches_xla_on_every_real_query(kernel_on, dtype, tol):
                        jnp.int32)
     at = lambda a: jnp.take_along_axis(a, read, axis=1)  # noqa: E731
     q_read = jnp.take_along_axis(q, read[:, :, None, None, None], axis=1)
-    got = kernel(q_read, k, v, read, at(seg), at(sees), seg)
+    got = kernel(q_read, k, v, read, at(seg), at(sees), seg, at(sees))
     real_read = np.take_along_axis(real, np.asarray(read), axis=1)
     np.testing.assert_allclose(np.asarray(got, np.float32)[real_read],
                                np.asarray(want, np.float32)[np.arange(b)[:, None], read][
@@ -171,7 +171,7 @@ def test_segment_kernel_derivatives_and_what_it_takes(kernel_on):
     ref = functools.partial(decoder._segment_attention_xla, plan=plan)
 
     def loss(fn, q, k, v):
-        return jnp.sum(jnp.where(real[..., None, None], fn(q, k, v, slot, seg, sees, seg), 0) ** 2)
+        return jnp.sum(jnp.where(real[..., None, None], fn(q, k, v, slot, seg, sees, seg, sees), 0) ** 2)
 
     kernel = cpu_attention.make_attend_segments(ref)
     for g1, g2 in zip(jax.grad(functools.partial(loss, kernel), argnums=(0, 1, 2))(q, k, v),

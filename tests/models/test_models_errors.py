@@ -146,6 +146,35 @@ def test_entry_point_shape_errors():
         generate(params, cfg, None, [[1], []], max_new_tokens=2, greedy=True)
 
 
+@pytest.mark.parametrize("head_dim", [8, 32])  # XLA's attention over the plan; the CPU kernel
+def test_continuations_may_begin_before_the_trunk_bound(head_dim):
+    """The packed scorer's layout: continuations right after the context's real end, before
+    the static ``trunk`` bound, one of them crossing it; the same states as plain forwards
+    (the plan's context cut must then cover the crossing continuation's own earlier keys,
+    not only the 2-3 context tokens they see)."""
+    from jaxdm.models import cpu_attention
+    from jaxdm.models.decoder import forward_trunk_suffixes
+    cfg = TINY_LLAMA.replace(head_dim=head_dim)
+    params = init_params(cfg, jax.random.key(1))
+    ctx = [5, 6, 7, 8, 9, 10]
+    conts = [(3, [20, 21, 22]), (2, [30, 31, 32])]   # slots 6-8 (crossing trunk=8) and 9-11
+    tokens = ctx + [t for _, c in conts for t in c] + [0]
+    segs = [0] * 6 + [1, 1, 1, 2, 2, 2, -1]
+    vis = [0] * 6 + [3, 3, 3, 2, 2, 2, 0]
+    pos = list(range(6)) + [3, 4, 5, 2, 3, 4, 0]
+    arr = lambda x: jnp.asarray([x], jnp.int32)  # noqa: E731
+    if head_dim == 32 and not cpu_attention.segments_enabled():
+        pytest.skip("the CPU attention kernel is off here")
+    hidden = forward_trunk_suffixes(params, cfg, arr(tokens), arr(pos), arr(segs), arr(vis),
+                                    trunk=8, window=3, attn_chunk=4, context_cuts=2)[0]
+    start = 6
+    for v, own in conts:
+        full = ctx[:v] + own
+        ref = forward(params, cfg, arr(full), arr(list(range(len(full)))))[0]
+        np.testing.assert_allclose(hidden[start:start + len(own)], ref[v:], atol=1e-5)
+        start += len(own)
+
+
 def test_forward_trunk_suffixes_equals_forward_and_checks_shapes():
     """Two continuations packed after a shared context give the hidden states a plain forward
     of each full sequence gives; bad shapes and a bad trunk/window are named."""
