@@ -146,6 +146,17 @@ def test_entry_point_shape_errors():
         generate(params, cfg, None, [[1], []], max_new_tokens=2, greedy=True)
 
 
+def _assert_continuations_are_forwards(params, cfg, hidden, ctx, conts, *, start):
+    """hidden [S, D] of a packed row holds, from slot ``start`` on, each continuation (v, own)
+    of ``conts`` back to back: the states a plain forward of ctx[:v] + own gives its tokens."""
+    for v, own in conts:
+        full = ctx[:v] + own
+        ref = forward(params, cfg, jnp.asarray([full], jnp.int32),
+                      jnp.arange(len(full))[None])[0]
+        np.testing.assert_allclose(hidden[start:start + len(own)], ref[v:], atol=1e-5)
+        start += len(own)
+
+
 @pytest.mark.parametrize("head_dim", [8, 32])  # XLA's attention over the plan; the CPU kernel
 def test_continuations_may_begin_before_the_trunk_bound(head_dim):
     """The packed scorer's layout: continuations right after the context's real end, before
@@ -167,12 +178,7 @@ def test_continuations_may_begin_before_the_trunk_bound(head_dim):
         pytest.skip("the CPU attention kernel is off here")
     hidden = forward_trunk_suffixes(params, cfg, arr(tokens), arr(pos), arr(segs), arr(vis),
                                     trunk=8, window=3, attn_chunk=4, context_cuts=2)[0]
-    start = 6
-    for v, own in conts:
-        full = ctx[:v] + own
-        ref = forward(params, cfg, arr(full), arr(list(range(len(full)))))[0]
-        np.testing.assert_allclose(hidden[start:start + len(own)], ref[v:], atol=1e-5)
-        start += len(own)
+    _assert_continuations_are_forwards(params, cfg, hidden, ctx, conts, start=6)
 
 
 def test_forward_trunk_suffixes_equals_forward_and_checks_shapes():
@@ -190,12 +196,7 @@ def test_forward_trunk_suffixes_equals_forward_and_checks_shapes():
     arr = lambda x: jnp.asarray([x], jnp.int32)  # noqa: E731
     hidden = forward_trunk_suffixes(params, cfg, arr(tokens), arr(pos), arr(segs), arr(vis),
                                     trunk=8, window=3, attn_chunk=4)[0]
-    start = 8
-    for v, own in conts:
-        full = ctx[:v] + own
-        ref = forward(params, cfg, arr(full), arr(list(range(len(full)))))[0]
-        np.testing.assert_allclose(hidden[start:start + len(own)], ref[v:], atol=1e-5)
-        start += len(own)
+    _assert_continuations_are_forwards(params, cfg, hidden, ctx, conts, start=8)
     np.testing.assert_allclose(hidden[:6], forward(params, cfg, arr(ctx), arr(list(range(6))))[0],
                                atol=1e-5)
     # only some slots read (the last layer then runs at those alone): the same states there,
