@@ -6,9 +6,12 @@
 // shapes on an AMX CPU, and its fp32 dots ran at 75-85 % of an AMD Zen 4's FMA peak (2 x 116
 // GFLOP/s) at 2,432 rows, at a third of it at 32-128 rows (issue 17).
 //
-// Operands: x [..., K] (leading dims flattened to M rows), w [K, N], both bf16 (JaxdmCpuMatmul)
-// or both f32 (JaxdmCpuMatmulF32), row major; K and N multiples of 32. Result [..., N] f32,
-// accumulated in f32 (bf16: products of bf16 pairs).
+// Operands: x [..., K] (leading dims flattened to M rows), w [K, N] or a stack of them
+// [L, K, N], and layer (s32 scalar: which of the stack's matrices; 0 for [K, N]). Both bf16
+// (JaxdmCpuMatmul; w may be the uint16 bits of bf16 weights) or both f32 (JaxdmCpuMatmulF32),
+// row major; K and N multiples of 32. Result [..., N] f32, accumulated in f32 (bf16: products
+// of bf16 pairs). The stack is read in place: a layer loop passes its whole weight stack and
+// the loop index instead of a slice, which XLA would copy for every layer.
 //
 // Work (bf16): w is packed into 16-column panels of bf16 pairs ([K/2][16][2]: a tile's B
 // operand, and one vdpbf16ps operand per pair of rows), split over the threads. Then each item
@@ -25,6 +28,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "cpu_kernels.h"
@@ -286,13 +290,21 @@ void compute_item_avx512(const T* x, const T* w, bool packed, float* out, int64_
   if (stream) _mm_sfence();  // the streamed stores are visible before the item counts as done
 }
 
-// The checks both dtypes' handlers make: (m, k, n) or an error; k == 0 writes zeros.
+// The checks both dtypes' handlers make: (m, k, n, offset of w[layer] in elements) or an
+// error naming what is wrong; k == 0 writes zeros.
 template <typename Out>
-ffi::ErrorOr<std::array<int64_t, 3>> check_shapes(ffi::AnyBuffer::Dimensions xd,
-                                                  ffi::AnyBuffer::Dimensions wd, Out& out) {
+ffi::ErrorOr<std::array<int64_t, 4>> check_shapes(ffi::AnyBuffer::Dimensions xd,
+                                                  ffi::AnyBuffer::Dimensions wd,
+                                                  ffi::Buffer<ffi::S32> layer, Out& out) {
   using Bad = ffi::Unexpected<ffi::Error>;
-  if (xd.size() < 1 || wd.size() != 2) return Bad(ffi::Error::InvalidArgument("x must be [..., K], w [K, N]"));
-  const int64_t k = wd[0], n = wd[1];
+  if (xd.size() < 1 || (wd.size() != 2 && wd.size() != 3))
+    return Bad(ffi::Error::InvalidArgument("x must be [..., K], w [K, N] or [L, K, N]"));
+  if (layer.element_count() != 1) return Bad(ffi::Error::InvalidArgument("layer must be a scalar"));
+  const int64_t stack = wd.size() == 3 ? wd[0] : 1, k = wd[wd.size() - 2], n = wd.back();
+  const int64_t index = *layer.typed_data();
+  if (index < 0 || index >= stack)
+    return Bad(ffi::Error::InvalidArgument("layer index " + std::to_string(index) +
+                                           " is outside w's stack of " + std::to_string(stack)));
   if (xd.back() != k) return Bad(ffi::Error::InvalidArgument("x's last dim must be w's K"));
   if (k % 32 != 0 || n % 32 != 0) return Bad(ffi::Error::InvalidArgument("K and N must be multiples of 32"));
   int64_t m = 1;
@@ -300,18 +312,18 @@ ffi::ErrorOr<std::array<int64_t, 3>> check_shapes(ffi::AnyBuffer::Dimensions xd,
   if (out->element_count() != static_cast<size_t>(m * n))
     return Bad(ffi::Error::InvalidArgument("result must be [..., N]"));
   if (k == 0) std::memset(out->typed_data(), 0, m * n * sizeof(float));
-  return std::array<int64_t, 3>{m, k, n};
+  return std::array<int64_t, 4>{m, k, n, index * k * n};
 }
 
 ffi::Error MatmulF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
-                     ffi::ResultBuffer<ffi::F32> out) {
-  const auto shape = check_shapes(x.dimensions(), w.dimensions(), out);
+                     ffi::Buffer<ffi::S32> layer, ffi::ResultBuffer<ffi::F32> out) {
+  const auto shape = check_shapes(x.dimensions(), w.dimensions(), layer, out);
   if (shape.has_error()) return shape.error();
   ProblemF32 pb;
   pb.m = (*shape)[0], pb.k = (*shape)[1], pb.n = (*shape)[2];
   if (pb.m == 0 || pb.n == 0 || pb.k == 0) return ffi::Error::Success();
   pb.x = x.typed_data();
-  pb.w = w.typed_data();
+  pb.w = w.typed_data() + (*shape)[3];
   pb.out = out->typed_data();
   pb.wp = nullptr;
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
@@ -336,12 +348,14 @@ ffi::Error MatmulF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<
   return ffi::Error::Success();
 }
 
-ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::BF16> w,
-                  ffi::ResultBuffer<ffi::F32> out) {
+ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::AnyBuffer w,
+                  ffi::Buffer<ffi::S32> layer, ffi::ResultBuffer<ffi::F32> out) {
 #if !defined(__AMX_BF16__) && !defined(__AVX512BF16__)
   return ffi::Error::Internal("jaxdm cpu_matmul was built without AMX or AVX-512 BF16");
 #else
-  const auto shape = check_shapes(x.dimensions(), w.dimensions(), out);
+  if (w.element_type() != ffi::DataType::BF16 && w.element_type() != ffi::DataType::U16)
+    return ffi::Error::InvalidArgument("w must be bf16 (or its uint16 bits)");
+  const auto shape = check_shapes(x.dimensions(), w.dimensions(), layer, out);
   if (shape.has_error()) return shape.error();
   Problem pb;
   pb.m = (*shape)[0], pb.k = (*shape)[1], pb.n = (*shape)[2];
@@ -355,7 +369,7 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ff
   if (!amx) return ffi::Error::Internal("the kernel refused AMX tile state");
 #endif
   pb.x = reinterpret_cast<const uint16_t*>(x.typed_data());
-  pb.w = reinterpret_cast<const uint16_t*>(w.typed_data());
+  pb.w = static_cast<const uint16_t*>(w.untyped_data()) + (*shape)[3];
   pb.out = out->typed_data();
   thread_local std::vector<uint16_t> wp;  // the calling thread's: helpers only read it
   wp.resize(pb.k * pb.n);
@@ -396,7 +410,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxdmCpuMatmul, Matmul,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::BF16>>()
-                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxdmCpuMatmulF32, MatmulF32,
@@ -404,4 +419,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxdmCpuMatmulF32, MatmulF32,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());

@@ -22,6 +22,7 @@ products (``avx512_bf16``, e.g. AMD Zen 4); from fp32 operands with AVX-512 FMAs
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -70,36 +71,83 @@ def reference(x: jax.Array, w: jax.Array) -> jax.Array:
     return jnp.einsum("...K,KN->...N", x, w, preferred_element_type=jnp.float32)
 
 
+def layer_of(stack: jax.Array, layer: jax.Array) -> jax.Array:
+    """``stack[layer]`` of a weight stack [L, K, N]; uint16 bits (``decoder.BitView``) come
+    back as the bf16 weights they hold."""
+    w = jax.lax.dynamic_index_in_dim(stack, layer, keepdims=False)
+    return jax.lax.bitcast_convert_type(w, jnp.bfloat16) if w.dtype == jnp.uint16 else w
+
+
+def reference_layer(x: jax.Array, stack: jax.Array, layer: jax.Array) -> jax.Array:
+    """What ``matmul_layer`` computes, by XLA (every platform, differentiable)."""
+    return reference(x, layer_of(stack, layer))
+
+
+def _check_layer_operands(x: jax.Array, stack: jax.Array, layer: Any) -> None:
+    weights = jnp.bfloat16 if stack.dtype == jnp.uint16 else stack.dtype
+    if x.dtype != weights or x.dtype not in KERNELS:
+        raise TypeError(f"cpu_matmul takes x and w both bf16 or both float32 (w may be a bf16 "
+                        f"stack's uint16 bits), got x {x.dtype} and w {stack.dtype}")
+    if stack.ndim not in (2, 3) or x.ndim < 1 or x.shape[-1] != stack.shape[-2]:
+        raise ValueError(f"cpu_matmul takes x [..., K] and w [K, N] or [L, K, N], got x "
+                         f"{x.shape} and w {stack.shape}")
+    if jnp.shape(layer) != () or not jnp.issubdtype(jnp.result_type(layer), jnp.integer):
+        raise TypeError(f"cpu_matmul: layer must be an integer scalar, got {layer!r}")
+
+
 @jax.custom_batching.custom_vmap
-def _kernel(x: jax.Array, w: jax.Array) -> jax.Array:
-    if x.dtype != w.dtype or x.dtype not in KERNELS:
-        raise TypeError(f"cpu_matmul.matmul takes both operands bf16 or both float32, got x "
-                        f"{x.dtype} and w {w.dtype}")
+def _kernel(x: jax.Array, w: jax.Array, layer: jax.Array) -> jax.Array:
+    _check_layer_operands(x, w, layer)
     kernel = KERNELS[jnp.dtype(x.dtype)]
     on, why = kernel.status()
     if not on:
         raise RuntimeError(f"the {kernel.what} is {why}")
-    call = jax.ffi.ffi_call(kernel.target, jax.ShapeDtypeStruct(x.shape[:-1] + w.shape[1:],
+    call = jax.ffi.ffi_call(kernel.target, jax.ShapeDtypeStruct(x.shape[:-1] + w.shape[-1:],
                                                                 jnp.float32))
-    return call(x, w)
+    return call(x, w, jnp.asarray(layer, jnp.int32))
 
 
 @_kernel.def_vmap
-def _kernel_vmap(axis_size, in_batched, x, w):
-    x_batched, w_batched = in_batched
-    if w_batched:  # one weight per slice: XLA's batched dot
-        return jax.vmap(reference, in_axes=(0 if x_batched else None, 0))(x, w), True
+def _kernel_vmap(axis_size, in_batched, x, w, layer):
+    x_batched, w_batched, layer_batched = in_batched
+    if w_batched or layer_batched:  # one weight per slice: XLA's batched dot
+        axes = tuple(0 if b else None for b in in_batched)
+        return jax.vmap(_reference_any, in_axes=axes)(x, w, layer), True
     # a batch axis of x alone is more rows for the one weight
-    return _kernel(x, w), x_batched
+    return _kernel(x, w, layer), x_batched
+
+
+def _reference_any(x: jax.Array, w: jax.Array, layer: jax.Array) -> jax.Array:
+    return reference(x, w) if w.ndim == 2 else reference_layer(x, w, layer)
 
 
 @jax.custom_jvp
 def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
     """x [..., K] @ w [K, N] (both bf16 or both fp32) -> [..., N] fp32: the kernel on CPU,
     ``reference`` elsewhere and under differentiation."""
-    return jax.lax.platform_dependent(x, w, cpu=_kernel, default=reference)
+    return jax.lax.platform_dependent(x, w, cpu=lambda x, w: _kernel(x, w, jnp.int32(0)),
+                                      default=reference)
 
 
 @matmul.defjvp
 def _jvp(primals, tangents):
     return jax.jvp(reference, primals, tangents)
+
+
+@jax.custom_jvp
+def matmul_layer(x: jax.Array, stack: jax.Array, layer: jax.Array) -> jax.Array:
+    """x [..., K] @ stack[layer] ([L, K, N]; fp32, bf16 or a bf16 stack's uint16 bits) ->
+    [..., N] fp32. On CPU the kernel reads the stack in place: a layer loop that passes its
+    whole weight stack and the loop index saves the copy of each layer's slice (~1 % of the
+    fp32 readout; issue 17). ``reference_layer`` elsewhere and under differentiation (whose
+    transpose is a full-stack update per layer: differentiate a loop over sliced weights)."""
+    return jax.lax.platform_dependent(x, stack, layer, cpu=_kernel, default=reference_layer)
+
+
+@matmul_layer.defjvp
+def _jvp_layer(primals, tangents):
+    x, stack, layer = primals
+    dx, dstack, _ = tangents
+    if stack.dtype == jnp.uint16:  # bits: no tangent space
+        return matmul_layer(x, stack, layer), reference_layer(dx, stack, layer)
+    return jax.jvp(reference_layer, (x, stack, layer), (dx, dstack, _))

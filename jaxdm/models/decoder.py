@@ -143,35 +143,43 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return out.astype(x.dtype)
 
 
-def _mm(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
+def _mm(spec: str, x: jax.Array, w: "jax.Array | LayerOf") -> jax.Array:
     """einsum of activations x with a weight w: x is cast to w's dtype and the products are
     accumulated and returned in fp32 (a no-op change for fp32 weights; see _embed).
 
     A spec that is one matmul (x's trailing dims contracted with w's leading ones, the rest in
     order) runs as ``cpu_matmul.matmul`` where that kernel is on and takes the operands (fp32
-    on CPUs with AVX-512, bf16 on those with AMX or AVX-512 BF16)."""
+    on CPUs with AVX-512, bf16 on those with AMX or AVX-512 BF16). w may be a ``LayerOf`` (a
+    layer of a weight stack the layer loop did not slice): the kernel then reads the stack in
+    place (``cpu_matmul.matmul_layer``); anything else takes the slice."""
     x = x.astype(w.dtype)
-    plan = _as_matmul(spec, x, w)
-    if (plan is not None and cpu_matmul.supports(plan[0], plan[1])
+    plan = _as_matmul(spec, x.shape, w.shape)
+    if (plan is not None and cpu_matmul.supports(x.reshape(plan[0]),
+                                                 jax.ShapeDtypeStruct(plan[1], w.dtype))
             and cpu_matmul.enabled(w.dtype)):
-        x2, w2, out_shape = plan
-        return cpu_matmul.matmul(x2, w2).reshape(out_shape)
+        x_shape, (k, n), out_shape = plan
+        if isinstance(w, LayerOf):
+            stack = w.stack.reshape(w.stack.shape[0], k, n)
+            return cpu_matmul.matmul_layer(x.reshape(x_shape), stack, w.layer).reshape(out_shape)
+        return cpu_matmul.matmul(x.reshape(x_shape), w.reshape(k, n)).reshape(out_shape)
+    if isinstance(w, LayerOf):
+        w = w.value()
     return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32)
 
 
-def _as_matmul(spec: str, x: jax.Array, w: jax.Array
-               ) -> tuple[jax.Array, jax.Array, tuple[int, ...]] | None:
-    """(x [..., K], w [K, N], the einsum's output shape) when ``spec`` contracts x's trailing
-    dims with w's leading ones in the same order and keeps the rest in order (every projection
-    of this decoder); else None."""
+def _as_matmul(spec: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...]
+               ) -> tuple[tuple[int, ...], tuple[int, int], tuple[int, ...]] | None:
+    """(x's shape as [..., K], w's as [K, N], the einsum's output shape) when ``spec``
+    contracts x's trailing dims with w's leading ones in the same order and keeps the rest in
+    order (every projection of this decoder); else None."""
     inputs, out = spec.split("->")
     xs, ws = inputs.split(",")
     c = len(set(xs) & set(ws))
     if c == 0 or xs[len(xs) - c:] != ws[:c] or out != xs[:len(xs) - c] + ws[c:]:
         return None
-    k = math.prod(w.shape[:c])
-    return (x.reshape(x.shape[:x.ndim - c] + (k,)), w.reshape(k, -1),
-            x.shape[:x.ndim - c] + w.shape[c:])
+    k = math.prod(w_shape[:c])
+    lead = tuple(x_shape[:len(x_shape) - c])
+    return lead + (k,), (k, math.prod(w_shape[c:])), lead + tuple(w_shape[c:])
 
 
 def _queries(lp: Params, config: ModelConfig, h: jax.Array, cos: jax.Array, sin: jax.Array):
@@ -449,7 +457,8 @@ def _run_layers(params: Params, config: ModelConfig, x: jax.Array, positions: ja
         return _out_and_mlp(lp, config, x, attention(q, k, v)), (k, v)
 
     if read is None:
-        x, (ks, vs) = scan_layers(_maybe_remat(layer, config), x, params["layers"])
+        x, (ks, vs) = scan_layers(_maybe_remat(layer, config), x,
+                                  _whole_projections(params["layers"]))
         return x, ks, vs
 
     rows, read_attention = read
@@ -471,7 +480,7 @@ def _run_layers(params: Params, config: ModelConfig, x: jax.Array, positions: ja
         return jax.lax.cond(i == n_layers - 1, last_layer, layer, x, lp)
 
     x, (ks, vs) = scan_layers(_maybe_remat(layer_or_last, config), x,
-                              (params["layers"], jnp.arange(n_layers)))
+                              (_whole_projections(params["layers"]), jnp.arange(n_layers)))
     return at_rows(x), ks, vs
 
 
@@ -506,6 +515,77 @@ class BitView:
 
 def _is_view(a: Any) -> bool:
     return isinstance(a, BitView)
+
+
+@jax.tree_util.register_pytree_node_class
+class Whole:
+    """Marks a leaf of ``scan_layers``' xs (a weight stack [L, ...], array or ``BitView``) to
+    be passed to the layer whole, as ``LayerOf(stack, i)``, instead of sliced: the matmul
+    kernel reads layer i in place, where XLA would copy the slice for every layer (under
+    differentiation the loop slices it as usual)."""
+
+    def __init__(self, stack: Any):
+        self.stack = stack
+
+    def tree_flatten(self):
+        return (self.stack,), None
+
+    @classmethod
+    def tree_unflatten(cls, _, children):
+        return cls(children[0])
+
+
+@jax.tree_util.register_pytree_node_class
+class LayerOf:
+    """Layer ``layer`` of a weight stack [L, ...] (float, or a bf16 stack's uint16 bits) that
+    the layer loop left unsliced: what ``_mm`` takes in place of the weight."""
+
+    def __init__(self, stack: jax.Array, layer: jax.Array, dtype: Any):
+        self.stack, self.layer, self.dtype = stack, layer, jnp.dtype(dtype)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.stack.shape[1:])
+
+    def value(self) -> jax.Array:
+        """The layer's weight (a slice: what the loop would have given)."""
+        return cpu_matmul.layer_of(self.stack, self.layer)
+
+    def tree_flatten(self):
+        return (self.stack, self.layer), self.dtype
+
+    @classmethod
+    def tree_unflatten(cls, dtype, children):
+        return cls(*children, dtype)
+
+
+# The layer weights every projection multiplies by (passed whole where the matmul kernel is on).
+_PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+def _whole_projections(layers: Params) -> Params:
+    """The layer stack with its projection weights marked ``Whole`` where the matmul kernel is
+    on for their dtype (each layer's matmuls then read the stack in place)."""
+    if not isinstance(layers, dict):
+        return layers
+    out = dict(layers)
+    for name in _PROJECTIONS:
+        a = layers.get(name)
+        if (a is not None and jnp.dtype(a.dtype) in cpu_matmul.KERNELS and len(a.shape) >= 3
+                and cpu_matmul.enabled(a.dtype)):
+            out[name] = Whole(a)
+    return out
+
+
+def _is_marked(a: Any) -> bool:
+    return isinstance(a, (BitView, Whole))
+
+
+def unmark_whole(xs: Any) -> Any:
+    """xs with its ``Whole`` marks removed (each leaf the stack it marks): what a plain
+    ``lax.scan`` over the same layers takes."""
+    return jax.tree.map(lambda a: a.stack if isinstance(a, Whole) else a, xs,
+                        is_leaf=lambda a: isinstance(a, Whole))
 
 
 def bit_view_layers(params: Params) -> Params:
@@ -561,46 +641,75 @@ def scan_layers(layer: Any, x: jax.Array, xs: Any) -> tuple[jax.Array, Any]:
     the packed readout batch 8.95 -> 8.30 s (issue 17). So bf16
     leaves (of xs and of the per-layer outputs) cross the loop as their uint16 bit
     patterns, reinterpreted inside the body: the same numbers, no converts. xs may hold
-    ``BitView`` leaves (``bit_view_layers``), which are the bits already. Bit casts have no
-    derivative, so under differentiation (forward or reverse) the plain scan runs instead
-    (a custom JVP); fp32 inputs always take the plain scan.
+    ``BitView`` leaves (``bit_view_layers``), which are the bits already.
+
+    Leaves marked ``Whole`` (``_whole_projections``) are not sliced: layer i gets
+    ``LayerOf(stack, i)``, which ``_mm`` hands to the matmul kernel as the stack and the
+    index (XLA would copy each layer's slice for the kernel: ~1 % of the fp32 readout).
+
+    Bit casts have no derivative and a whole stack's derivative would be a full-stack update
+    per layer, so under differentiation (forward or reverse) the plain scan over sliced
+    arrays runs instead (a custom JVP); fp32 inputs without ``Whole`` leaves always take it.
     """
-    if not any(_is_view(a) or a.dtype in _BIT_VIEWS
-               for a in jax.tree.leaves(xs, is_leaf=_is_view)):
+    leaves, treedef = jax.tree.flatten(xs, is_leaf=_is_marked)
+    whole = [isinstance(a, Whole) for a in leaves]
+    if not any(whole) and not any(_is_view(a) or a.dtype in _BIT_VIEWS for a in leaves):
         return jax.lax.scan(layer, x, xs, unroll=SCAN_UNROLL)
 
-    # A custom_jvp function must not close over tracers: the layer is traced once to a jaxpr
-    # and the values it closes over (RoPE tables, masks, ...) become explicit arguments.
-    closed, out_shape = jax.make_jaxpr(layer, return_shape=True)(
-        x, jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype) if _is_view(a)
-                        else a[0], xs, is_leaf=_is_view))
+    stacks = [a.stack for a, w in zip(leaves, whole) if w]
+    scanned = [a for a, w in zip(leaves, whole) if not w]
+    one = lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype)  # noqa: E731  a layer's slice
+    aval = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)  # noqa: E731
+
+    def layer_inputs(stacks_of, sliced):
+        """xs' structure for one layer: stacks_of's items at the Whole leaves, sliced's at
+        the others (both in order)."""
+        st, sl = iter(stacks_of), iter(sliced)
+        return jax.tree.unflatten(treedef, [next(st) if w else next(sl) for w in whole])
+
+    # A custom_jvp function must not close over tracers: the layer is traced to a jaxpr and
+    # the values it closes over (RoPE tables, masks, ...) become explicit arguments; a second
+    # trace over plain slices when some leaves are Whole (the differentiated path).
+    index = jax.ShapeDtypeStruct((), jnp.int32)
+    fast, out_shape = jax.make_jaxpr(layer, return_shape=True)(
+        x, layer_inputs([LayerOf(aval(b), index, dt) for b, dt in zip(*_to_bits(stacks))],
+                        [one(a) for a in scanned]))
+    plain_jaxpr = fast if not any(whole) else jax.make_jaxpr(layer)(
+        x, layer_inputs([one(s) for s in stacks], [one(a) for a in scanned]))
     out_tree = jax.tree.structure(out_shape)
 
-    def layer_fn(x, layer_xs, *consts):
+    def run(closed, consts, x, layer_xs):
         out = jax.core.eval_jaxpr(closed.jaxpr, consts, *jax.tree.leaves((x, layer_xs)))
         return jax.tree.unflatten(out_tree, out)
 
-    consts = tuple(closed.consts)
-
-    def plain(x, xs, consts):
-        return jax.lax.scan(lambda c, s: layer_fn(c, s, *consts), x, _unview(xs),
+    def plain(x, scanned, stacks_in, consts, plain_consts):
+        del consts
+        full = layer_inputs(_unview(stacks_in), _unview(scanned))
+        return jax.lax.scan(lambda c, s: run(plain_jaxpr, plain_consts, c, s), x, full,
                             unroll=SCAN_UNROLL)
 
     ys_dtypes = jax.tree.map(lambda a: jnp.dtype(a.dtype), out_shape[1])
+    n_layers = (stacks[0] if stacks else scanned[0]).shape[0]
 
     @jax.custom_jvp
-    def as_bits(x, xs, consts):
-        bits, dtypes = _to_bits(xs)
+    def as_bits(x, scanned, stacks_in, consts, plain_consts):
+        del plain_consts  # (the differentiated path's)
+        bits, dtypes = _to_bits(scanned)
+        stack_bits, stack_dtypes = _to_bits(list(stacks_in))
 
-        def body(x, b):
-            x, ys = layer_fn(x, _from_bits(b, dtypes), *consts)
+        def body(x, inputs):
+            b, i = inputs
+            layer_xs = layer_inputs([LayerOf(s, i, dt) for s, dt in zip(stack_bits, stack_dtypes)],
+                                    _from_bits(b, dtypes))
+            x, ys = run(fast, consts, x, layer_xs)
             return x, _to_bits(ys)[0]
 
-        x, ys = jax.lax.scan(body, x, bits, unroll=SCAN_UNROLL)
+        x, ys = jax.lax.scan(body, x, (bits, jnp.arange(n_layers, dtype=jnp.int32)),
+                             unroll=SCAN_UNROLL)
         return x, _from_bits(ys, ys_dtypes)
 
     as_bits.defjvp(lambda primals, tangents: jax.jvp(plain, primals, tangents))
-    return as_bits(x, xs, consts)
+    return as_bits(x, scanned, stacks, tuple(fast.consts), tuple(plain_jaxpr.consts))
 
 
 def _maybe_remat(layer: Any, config: ModelConfig) -> Any:
@@ -719,7 +828,7 @@ def forward_with_cache(params: Params, config: ModelConfig, tokens: jax.Array,
         return _out_and_mlp(lp, config, x, attn), (k, v)
 
     x, (ks, vs) = scan_layers(_maybe_remat(layer, config), _embed(params, tokens),
-                              (params["layers"], cache.k, cache.v))
+                              (_whole_projections(params["layers"]), cache.k, cache.v))
     return _final_norm(params, config, x), ks, vs
 
 

@@ -96,6 +96,45 @@ def test_the_kernel_is_what_runs_and_vmaps(kernel_on):
         np.testing.assert_allclose(both[i], _exact(x[i], ws[i]), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_matmul_layer_reads_each_layer_of_the_stack_in_place(dtype):
+    _require(dtype)
+    rng = np.random.default_rng(3)
+    rows = max(300, cpu_matmul.MIN_ROWS[jnp.dtype(dtype)])
+    x = jnp.asarray(rng.normal(size=(2, rows // 2, 64)), dtype)
+    stack = jnp.asarray(rng.normal(size=(3, 64, 96)) / 8, dtype)
+    f = jax.jit(cpu_matmul.matmul_layer)
+    assert cpu_matmul.KERNELS[jnp.dtype(dtype)].target in f.lower(x, stack, 0).as_text()
+    operands = [stack]
+    if dtype == jnp.bfloat16:  # a bf16 stack's uint16 bits (decoder.BitView) read the same
+        operands.append(jax.lax.bitcast_convert_type(stack, jnp.uint16))
+    for w in operands:
+        for i in range(3):
+            got = f(x, w, jnp.int32(i))
+            # the layer alone through matmul: the same kernel on the same numbers
+            np.testing.assert_array_equal(got, jax.jit(cpu_matmul.matmul)(x, stack[i]))
+            np.testing.assert_allclose(got, jax.jit(cpu_matmul.reference_layer)(x, w, i),
+                                       rtol=1e-5, atol=1e-4)
+    # a layer index outside the stack is the kernel's error, naming it
+    with pytest.raises(Exception, match="layer index 3 is outside w's stack of 3"):
+        jax.block_until_ready(f(x, stack, jnp.int32(3)))
+    with pytest.raises(TypeError, match="integer scalar"):
+        cpu_matmul.matmul_layer(x, stack, jnp.zeros(2, jnp.int32))
+    # derivatives are XLA's (forward and reverse; the layer index has none)
+    h = lambda fn: lambda x, w: jnp.sum(jnp.sin(fn(x, w, 1)))  # noqa: E731
+    for a, b in zip(jax.grad(h(cpu_matmul.matmul_layer), argnums=(0, 1))(x, stack),
+                    jax.grad(h(cpu_matmul.reference_layer), argnums=(0, 1))(x, stack)):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                                   rtol=2e-2, atol=2e-2)
+    # vmap over x: more rows for the one call; over the index: XLA's batched dot
+    vx = jax.jit(jax.vmap(cpu_matmul.matmul_layer, in_axes=(0, None, None)))
+    np.testing.assert_array_equal(vx(x, stack, 2), f(x, stack, 2))
+    vi = jax.jit(jax.vmap(cpu_matmul.matmul_layer, in_axes=(None, None, 0)))(
+        x, stack, jnp.arange(3))
+    for i in range(3):
+        np.testing.assert_allclose(vi[i], f(x, stack, i), rtol=1e-5, atol=1e-4)
+
+
 def test_derivatives_are_xla_s(kernel_on):
     x, w = _operands(64, 64, 32)
     f = lambda x, w: jnp.sum(jnp.sin(cpu_matmul.matmul(x, w)))  # noqa: E731
@@ -164,14 +203,12 @@ def test_the_decoder_s_fp32_projections_run_on_it(f32_kernel_on, monkeypatch):
 
 
 def test_as_matmul_reads_the_decoder_s_specs():
-    x = jnp.zeros((2, 3, 8))
-    w = jnp.zeros((8, 4, 5))
-    x2, w2, shape = decoder._as_matmul("BSD,DNH->BSNH", x, w)
-    assert (x2.shape, w2.shape, shape) == ((2, 3, 8), (8, 20), (2, 3, 4, 5))
-    x2, w2, shape = decoder._as_matmul("BSNH,NHD->BSD", jnp.zeros((2, 3, 4, 5)), w.T)
-    assert (x2.shape, w2.shape, shape) == ((2, 3, 20), (20, 8), (2, 3, 8))
-    assert decoder._as_matmul("BSD,VD->BSV", x, jnp.zeros((9, 8))) is None  # w transposed
-    assert decoder._as_matmul("BSD,DF->BFS", x, jnp.zeros((8, 6))) is None  # reordered out
+    x, w = (2, 3, 8), (8, 4, 5)
+    assert decoder._as_matmul("BSD,DNH->BSNH", x, w) == ((2, 3, 8), (8, 20), (2, 3, 4, 5))
+    assert decoder._as_matmul("BSNH,NHD->BSD", (2, 3, 4, 5), (4, 5, 8)) == (
+        (2, 3, 20), (20, 8), (2, 3, 8))
+    assert decoder._as_matmul("BSD,VD->BSV", x, (9, 8)) is None  # w transposed
+    assert decoder._as_matmul("BSD,DF->BFS", x, (8, 6)) is None  # reordered out
 
 
 def _run(code: str, **env) -> subprocess.CompletedProcess:

@@ -33,7 +33,7 @@ def _plain_scan(monkeypatch):
     """decoder.scan_layers replaced by the plain lax.scan it stands for (the jitted entry
     points' traces cleared, so that they trace again with it)."""
     monkeypatch.setattr(decoder, "scan_layers",
-                        lambda layer, x, xs: jax.lax.scan(layer, x, xs,
+                        lambda layer, x, xs: jax.lax.scan(layer, x, decoder.unmark_whole(xs),
                                                           unroll=decoder.SCAN_UNROLL))
     jax.clear_caches()
 
@@ -158,3 +158,41 @@ def test_bit_views_leave_fp32_alone_and_refuse_gradients():
         assert "uint16" in str(exc)
     else:
         raise AssertionError("a gradient with respect to bit views was taken")
+
+
+@pytest.mark.parametrize("dtype,view", [(jnp.float32, False), (jnp.bfloat16, False),
+                                        (jnp.bfloat16, True)])
+def test_whole_weight_stacks_feed_the_matmul_kernel_without_slices(monkeypatch, dtype, view):
+    """Where the matmul kernel is on, the projections' stacks go to it whole with the layer
+    index (no per-layer copy of a slice); the numbers and derivatives are the plain scan's."""
+    from jaxdm.models import cpu_matmul
+    if not cpu_matmul.enabled(dtype):
+        pytest.skip(f"{jnp.dtype(dtype).name} matmul {cpu_matmul.status(dtype)[1]}")
+    params = decoder.init_params(CONFIG, jax.random.key(0), dtype=dtype)
+    rows = 160  # x 2 rows: past the bf16 kernel's MIN_ROWS
+    tokens = jax.random.randint(jax.random.key(1), (2, rows), 0, CONFIG.vocab_size)
+    positions = jnp.broadcast_to(jnp.arange(rows), (2, rows))
+    weights = decoder.bit_view_layers(params) if view else params
+    fast = _jit_hidden()
+    out = fast(weights, tokens, positions)
+    text = fast.lower(weights, tokens, positions).compile().as_text()
+    target = cpu_matmul.KERNELS[jnp.dtype(dtype)].target
+    calls = [ln for ln in text.splitlines() if f'custom_call_target="{target}"' in ln]
+    # q, o, gate, up, down (k and v, N = 16, are not the kernel's: XLA's dot on their slice)
+    assert len(calls) == 5
+    # each call's weight operand is the stack itself (a parameter of the loop), not a slice
+    weights_in = [re.search(r"custom-call\(%[\w.-]+, %([\w.-]+),", ln).group(1) for ln in calls]
+    assert not [w for w in weights_in if "slice" in w], weights_in
+    _plain_scan(monkeypatch)
+    ref = _jit_hidden()(params, tokens, positions)  # (a plain scan takes no views)
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(ref, np.float32))
+    if view:
+        return  # (views refuse derivatives: test_bit_views_leave_fp32_alone_and_refuse_...)
+    monkeypatch.undo()
+    jax.clear_caches()
+    loss = lambda p: jnp.mean(jnp.square(_hidden(p, tokens, positions).astype(jnp.float32)))  # noqa: E731
+    got = jax.jit(jax.grad(loss))(params)
+    _plain_scan(monkeypatch)
+    want = jax.jit(jax.grad(lambda p: loss(p)))(params)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
