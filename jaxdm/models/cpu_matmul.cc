@@ -11,7 +11,10 @@
 // (JaxdmCpuMatmul; w may be the uint16 bits of bf16 weights) or both f32 (JaxdmCpuMatmulF32),
 // row major; K and N multiples of 32. Result [..., N] f32, accumulated in f32 (bf16: products
 // of bf16 pairs). The stack is read in place: a layer loop passes its whole weight stack and
-// the loop index instead of a slice, which XLA would copy for every layer.
+// the loop index instead of a slice, which XLA would copy for every layer. valid (s32 [B],
+// may be empty): x's M rows are B groups of M / B and only the first valid[b] rows of group b
+// are computed, the others' results are zeros (the padding tail of a packed row costs no
+// products); empty: every row.
 //
 // Work (bf16): w is packed into 16-column panels of bf16 pairs ([K/2][16][2]: a tile's B
 // operand, and one vdpbf16ps operand per pair of rows), split over the threads. Then each item
@@ -245,16 +248,14 @@ inline void dot_block_f32(const float* x, int64_t ldx, const float* w, int64_t k
     }
 }
 
-// Item i of an AVX-512 path: rows chunk i / n_ranges, columns range i % n_ranges (in 32-column
-// blocks). w: packed panels (bf16: [N/16][K/2][16][2], fp32: [N/16][K][16]) or, fp32 only, w
-// itself (panel p's row kk at w + p * 16 + kk * n).
+// Item i of an AVX-512 path: rows [r_lo, r_hi) (chunks[i / n_ranges]), columns range
+// i % n_ranges (in 32-column blocks). w: packed panels (bf16: [N/16][K/2][16][2], fp32:
+// [N/16][K][16]) or, fp32 only, w itself (panel p's row kk at w + p * 16 + kk * n).
 template <typename T>
-void compute_item_avx512(const T* x, const T* w, bool packed, float* out, int64_t m, int64_t k,
-                         int64_t n, int64_t n_ranges, int64_t item) {
+void compute_item_avx512(const T* x, const T* w, bool packed, float* out, int64_t r_lo,
+                         int64_t r_hi, int64_t k, int64_t n, int64_t n_ranges, int64_t nr) {
   const int64_t blocks = n / 32;
-  const int64_t nr = item % n_ranges, chunk = item / n_ranges;
   const int64_t j_lo = blocks * nr / n_ranges * 32, j_hi = blocks * (nr + 1) / n_ranges * 32;
-  const int64_t r_lo = chunk * kRowsPerChunk, r_hi = std::min(m, r_lo + kRowsPerChunk);
   // result rows start 64-byte aligned when the buffer does (N is a multiple of 32)
   const bool stream = reinterpret_cast<uintptr_t>(out) % 64 == 0;
   thread_local std::vector<T> tail;  // the last rows, padded with zeros to kRows
@@ -290,6 +291,38 @@ void compute_item_avx512(const T* x, const T* w, bool packed, float* out, int64_
   if (stream) _mm_sfence();  // the streamed stores are visible before the item counts as done
 }
 
+// The rows to compute (``valid``, see the top of the file) as chunks of at most `chunk` rows,
+// or an error naming what is wrong.
+ffi::ErrorOr<std::vector<std::array<int64_t, 2>>> row_chunks(ffi::Buffer<ffi::S32> valid,
+                                                             int64_t m, int64_t chunk) {
+  using Bad = ffi::Unexpected<ffi::Error>;
+  const int64_t groups = static_cast<int64_t>(valid.element_count());
+  if (groups > 0 && m % groups != 0)
+    return Bad(ffi::Error::InvalidArgument("valid's length " + std::to_string(groups) +
+                                           " does not divide x's " + std::to_string(m) + " rows"));
+  const int64_t per = groups > 0 ? m / groups : m;
+  std::vector<std::array<int64_t, 2>> chunks;
+  for (int64_t g = 0; g < std::max<int64_t>(groups, 1); ++g) {
+    const int64_t rows = groups > 0 ? valid.typed_data()[g] : m;
+    if (rows < 0 || rows > per)
+      return Bad(ffi::Error::InvalidArgument("valid[" + std::to_string(g) + "] = " +
+                                             std::to_string(rows) + " is outside [0, " +
+                                             std::to_string(per) + "]"));
+    for (int64_t r = 0; r < rows; r += chunk)
+      chunks.push_back({g * per + r, g * per + std::min(rows, r + chunk)});
+  }
+  return chunks;
+}
+
+// Zeros the result rows that `valid` leaves out.
+void zero_skipped_rows(ffi::Buffer<ffi::S32> valid, int64_t m, int64_t n, float* out) {
+  const int64_t groups = static_cast<int64_t>(valid.element_count());
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t per = m / groups, rows = valid.typed_data()[g];
+    std::memset(out + (g * per + rows) * n, 0, (per - rows) * n * sizeof(float));
+  }
+}
+
 // The checks both dtypes' handlers make: (m, k, n, offset of w[layer] in elements) or an
 // error naming what is wrong; k == 0 writes zeros.
 template <typename Out>
@@ -316,9 +349,12 @@ ffi::ErrorOr<std::array<int64_t, 4>> check_shapes(ffi::AnyBuffer::Dimensions xd,
 }
 
 ffi::Error MatmulF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
-                     ffi::Buffer<ffi::S32> layer, ffi::ResultBuffer<ffi::F32> out) {
+                     ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> valid,
+                     ffi::ResultBuffer<ffi::F32> out) {
   const auto shape = check_shapes(x.dimensions(), w.dimensions(), layer, out);
   if (shape.has_error()) return shape.error();
+  const auto chunks = row_chunks(valid, (*shape)[0], kRowsPerChunk);
+  if (chunks.has_error()) return chunks.error();
   ProblemF32 pb;
   pb.m = (*shape)[0], pb.k = (*shape)[1], pb.n = (*shape)[2];
   if (pb.m == 0 || pb.n == 0 || pb.k == 0) return ffi::Error::Success();
@@ -340,16 +376,19 @@ ffi::Error MatmulF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<
     pb.wp = dst;
   }
   pb.n_ranges = std::min<int64_t>(threads, pb.n / 32);
-  const int64_t chunks = (pb.m + kRowsPerChunk - 1) / kRowsPerChunk;
-  jaxdm::run_items(pool, chunks * pb.n_ranges, [&pb](int64_t i) {
-    compute_item_avx512<float>(pb.x, pb.wp ? pb.wp : pb.w, pb.wp != nullptr, pb.out, pb.m,
-                               pb.k, pb.n, pb.n_ranges, i);
+  zero_skipped_rows(valid, pb.m, pb.n, pb.out);
+  const auto& rows = *chunks;
+  jaxdm::run_items(pool, static_cast<int64_t>(rows.size()) * pb.n_ranges, [&pb, &rows](int64_t i) {
+    const auto& r = rows[i / pb.n_ranges];
+    compute_item_avx512<float>(pb.x, pb.wp ? pb.wp : pb.w, pb.wp != nullptr, pb.out, r[0], r[1],
+                               pb.k, pb.n, pb.n_ranges, i % pb.n_ranges);
   });
   return ffi::Error::Success();
 }
 
 ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::AnyBuffer w,
-                  ffi::Buffer<ffi::S32> layer, ffi::ResultBuffer<ffi::F32> out) {
+                  ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> valid,
+                  ffi::ResultBuffer<ffi::F32> out) {
 #if !defined(__AMX_BF16__) && !defined(__AVX512BF16__)
   return ffi::Error::Internal("jaxdm cpu_matmul was built without AMX or AVX-512 BF16");
 #else
@@ -357,6 +396,8 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::AnyBuffer
     return ffi::Error::InvalidArgument("w must be bf16 (or its uint16 bits)");
   const auto shape = check_shapes(x.dimensions(), w.dimensions(), layer, out);
   if (shape.has_error()) return shape.error();
+  const auto chunks = row_chunks(valid, (*shape)[0], kRowsPerChunk);
+  if (chunks.has_error()) return chunks.error();
   Problem pb;
   pb.m = (*shape)[0], pb.k = (*shape)[1], pb.n = (*shape)[2];
   if (pb.m == 0 || pb.n == 0 || pb.k == 0) return ffi::Error::Success();
@@ -388,13 +429,17 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::AnyBuffer
   if (amx) {
     pb.chunks = ((pb.m + 31) / 32 + kStripsPerChunk - 1) / kStripsPerChunk;
     jaxdm::run_items(pool, pb.chunks * pb.n_ranges, [&pb](int64_t i) { compute_item(pb, i); });
+    zero_skipped_rows(valid, pb.m, pb.n, pb.out);  // (the tiles computed every row)
     return ffi::Error::Success();
   }
 #endif
 #ifdef __AVX512BF16__
-  pb.chunks = (pb.m + kRowsPerChunk - 1) / kRowsPerChunk;
-  jaxdm::run_items(pool, pb.chunks * pb.n_ranges, [&pb](int64_t i) {
-    compute_item_avx512<uint16_t>(pb.x, pb.wp, true, pb.out, pb.m, pb.k, pb.n, pb.n_ranges, i);
+  zero_skipped_rows(valid, pb.m, pb.n, pb.out);
+  const auto& rows = *chunks;
+  jaxdm::run_items(pool, static_cast<int64_t>(rows.size()) * pb.n_ranges, [&pb, &rows](int64_t i) {
+    const auto& r = rows[i / pb.n_ranges];
+    compute_item_avx512<uint16_t>(pb.x, pb.wp, true, pb.out, r[0], r[1], pb.k, pb.n, pb.n_ranges,
+                                  i % pb.n_ranges);
   });
 #endif
   return ffi::Error::Success();
@@ -412,6 +457,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxdmCpuMatmul, Matmul,
                                   .Arg<ffi::Buffer<ffi::BF16>>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxdmCpuMatmulF32, MatmulF32,
@@ -419,5 +465,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxdmCpuMatmulF32, MatmulF32,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());

@@ -66,9 +66,19 @@ def supports(x: jax.Array, w: jax.Array) -> bool:
     return math.prod(x.shape[:-1]) >= MIN_ROWS[x.dtype]
 
 
-def reference(x: jax.Array, w: jax.Array) -> jax.Array:
+def reference(x: jax.Array, w: jax.Array, valid: jax.Array | None = None) -> jax.Array:
     """XLA's dot: what the kernel computes (every platform, differentiable)."""
-    return jnp.einsum("...K,KN->...N", x, w, preferred_element_type=jnp.float32)
+    out = jnp.einsum("...K,KN->...N", x, w, preferred_element_type=jnp.float32)
+    return out if valid is None else zero_skipped_rows(out, valid)
+
+
+def zero_skipped_rows(out: jax.Array, valid: jax.Array) -> jax.Array:
+    """out [..., N] with the rows ``valid`` leaves out set to zero (see ``matmul``)."""
+    if valid.size == 0:
+        return out
+    flat = out.reshape(valid.shape[0], -1, out.shape[-1])
+    keep = jnp.arange(flat.shape[1])[None, :] < valid[:, None]
+    return jnp.where(keep[..., None], flat, 0.0).reshape(out.shape)
 
 
 def layer_of(stack: jax.Array, layer: jax.Array) -> jax.Array:
@@ -78,12 +88,13 @@ def layer_of(stack: jax.Array, layer: jax.Array) -> jax.Array:
     return jax.lax.bitcast_convert_type(w, jnp.bfloat16) if w.dtype == jnp.uint16 else w
 
 
-def reference_layer(x: jax.Array, stack: jax.Array, layer: jax.Array) -> jax.Array:
+def reference_layer(x: jax.Array, stack: jax.Array, layer: jax.Array,
+                    valid: jax.Array | None = None) -> jax.Array:
     """What ``matmul_layer`` computes, by XLA (every platform, differentiable)."""
-    return reference(x, layer_of(stack, layer))
+    return reference(x, layer_of(stack, layer), valid)
 
 
-def _check_layer_operands(x: jax.Array, stack: jax.Array, layer: Any) -> None:
+def _check_operands(x: jax.Array, stack: jax.Array, layer: Any, valid: jax.Array) -> None:
     weights = jnp.bfloat16 if stack.dtype == jnp.uint16 else stack.dtype
     if x.dtype != weights or x.dtype not in KERNELS:
         raise TypeError(f"cpu_matmul takes x and w both bf16 or both float32 (w may be a bf16 "
@@ -93,61 +104,93 @@ def _check_layer_operands(x: jax.Array, stack: jax.Array, layer: Any) -> None:
                          f"{x.shape} and w {stack.shape}")
     if jnp.shape(layer) != () or not jnp.issubdtype(jnp.result_type(layer), jnp.integer):
         raise TypeError(f"cpu_matmul: layer must be an integer scalar, got {layer!r}")
+    if valid.size and (x.ndim < 2 or valid.shape != x.shape[:1]):
+        raise ValueError(f"cpu_matmul: valid must be [B] for x [B, ..., K], got valid "
+                         f"{valid.shape} and x {x.shape}")
+
+
+def _valid(valid: Any, x: jax.Array) -> jax.Array:
+    """valid as the kernel takes it: int32 [B], or empty for every row."""
+    if valid is None:
+        return jnp.zeros((0,), jnp.int32)
+    valid = jnp.asarray(valid)
+    if not jnp.issubdtype(valid.dtype, jnp.integer):
+        raise TypeError(f"cpu_matmul: valid must hold integers, got {valid.dtype}")
+    return valid.astype(jnp.int32)
 
 
 @jax.custom_batching.custom_vmap
-def _kernel(x: jax.Array, w: jax.Array, layer: jax.Array) -> jax.Array:
-    _check_layer_operands(x, w, layer)
+def _kernel(x: jax.Array, w: jax.Array, layer: jax.Array, valid: jax.Array) -> jax.Array:
+    _check_operands(x, w, layer, valid)
     kernel = KERNELS[jnp.dtype(x.dtype)]
     on, why = kernel.status()
     if not on:
         raise RuntimeError(f"the {kernel.what} is {why}")
     call = jax.ffi.ffi_call(kernel.target, jax.ShapeDtypeStruct(x.shape[:-1] + w.shape[-1:],
                                                                 jnp.float32))
-    return call(x, w, jnp.asarray(layer, jnp.int32))
+    return call(x, w, jnp.asarray(layer, jnp.int32), valid)
 
 
 @_kernel.def_vmap
-def _kernel_vmap(axis_size, in_batched, x, w, layer):
-    x_batched, w_batched, layer_batched = in_batched
-    if w_batched or layer_batched:  # one weight per slice: XLA's batched dot
+def _kernel_vmap(axis_size, in_batched, x, w, layer, valid):
+    x_batched = in_batched[0]
+    if any(in_batched[1:]) or (x_batched and valid.size):
+        # one weight (or row count) per slice: XLA's batched dot
         axes = tuple(0 if b else None for b in in_batched)
-        return jax.vmap(_reference_any, in_axes=axes)(x, w, layer), True
+        return jax.vmap(_reference_any, in_axes=axes)(x, w, layer, valid), True
     # a batch axis of x alone is more rows for the one weight
-    return _kernel(x, w, layer), x_batched
+    return _kernel(x, w, layer, valid), x_batched
 
 
-def _reference_any(x: jax.Array, w: jax.Array, layer: jax.Array) -> jax.Array:
-    return reference(x, w) if w.ndim == 2 else reference_layer(x, w, layer)
+def _reference_any(x, w, layer, valid):
+    return reference(x, w, valid) if w.ndim == 2 else reference_layer(x, w, layer, valid)
 
 
-@jax.custom_jvp
-def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+def matmul(x: jax.Array, w: jax.Array, valid: jax.Array | None = None) -> jax.Array:
     """x [..., K] @ w [K, N] (both bf16 or both fp32) -> [..., N] fp32: the kernel on CPU,
-    ``reference`` elsewhere and under differentiation."""
-    return jax.lax.platform_dependent(x, w, cpu=lambda x, w: _kernel(x, w, jnp.int32(0)),
-                                      default=reference)
+    ``reference`` elsewhere and under differentiation.
 
-
-@matmul.defjvp
-def _jvp(primals, tangents):
-    return jax.jvp(reference, primals, tangents)
+    valid (int [B], for x [B, ..., K]): only the first valid[b] rows of x[b] (its trailing
+    dims but K flattened) are computed; the others' results are zeros (a packed row's padding
+    tail costs no products)."""
+    return _matmul(x, w, _valid(valid, x))
 
 
 @jax.custom_jvp
-def matmul_layer(x: jax.Array, stack: jax.Array, layer: jax.Array) -> jax.Array:
+def _matmul(x, w, valid):
+    return jax.lax.platform_dependent(
+        x, w, valid, cpu=lambda x, w, valid: _kernel(x, w, jnp.int32(0), valid),
+        default=reference)
+
+
+@_matmul.defjvp
+def _jvp(primals, tangents):
+    x, w, valid = primals
+    return jax.jvp(lambda x, w: reference(x, w, valid), (x, w), tangents[:2])
+
+
+def matmul_layer(x: jax.Array, stack: jax.Array, layer: jax.Array,
+                 valid: jax.Array | None = None) -> jax.Array:
     """x [..., K] @ stack[layer] ([L, K, N]; fp32, bf16 or a bf16 stack's uint16 bits) ->
-    [..., N] fp32. On CPU the kernel reads the stack in place: a layer loop that passes its
-    whole weight stack and the loop index saves the copy of each layer's slice (~1 % of the
-    fp32 readout; issue 17). ``reference_layer`` elsewhere and under differentiation (whose
-    transpose is a full-stack update per layer: differentiate a loop over sliced weights)."""
-    return jax.lax.platform_dependent(x, stack, layer, cpu=_kernel, default=reference_layer)
+    [..., N] fp32, rows as ``matmul``'s valid says. On CPU the kernel reads the stack in
+    place: a layer loop that passes its whole weight stack and the loop index saves the copy
+    of each layer's slice (~1 % of the fp32 readout; issue 17). ``reference_layer`` elsewhere
+    and under differentiation (whose transpose is a full-stack update per layer: differentiate
+    a loop over sliced weights)."""
+    return _matmul_layer(x, stack, layer, _valid(valid, x))
 
 
-@matmul_layer.defjvp
+@jax.custom_jvp
+def _matmul_layer(x, stack, layer, valid):
+    return jax.lax.platform_dependent(x, stack, layer, valid, cpu=_kernel,
+                                      default=reference_layer)
+
+
+@_matmul_layer.defjvp
 def _jvp_layer(primals, tangents):
-    x, stack, layer = primals
-    dx, dstack, _ = tangents
+    x, stack, layer, valid = primals
+    dx, dstack = tangents[:2]
     if stack.dtype == jnp.uint16:  # bits: no tangent space
-        return matmul_layer(x, stack, layer), reference_layer(dx, stack, layer)
-    return jax.jvp(reference_layer, (x, stack, layer), (dx, dstack, _))
+        return (_matmul_layer(x, stack, layer, valid),
+                reference_layer(dx, stack, layer, valid))
+    return jax.jvp(lambda x, s: reference_layer(x, s, layer, valid), (x, stack), (dx, dstack))

@@ -143,7 +143,8 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return out.astype(x.dtype)
 
 
-def _mm(spec: str, x: jax.Array, w: "jax.Array | LayerOf") -> jax.Array:
+def _mm(spec: str, x: jax.Array, w: "jax.Array | LayerOf",
+        valid: jax.Array | None = None) -> jax.Array:
     """einsum of activations x with a weight w: x is cast to w's dtype and the products are
     accumulated and returned in fp32 (a no-op change for fp32 weights; see _embed).
 
@@ -151,7 +152,11 @@ def _mm(spec: str, x: jax.Array, w: "jax.Array | LayerOf") -> jax.Array:
     order) runs as ``cpu_matmul.matmul`` where that kernel is on and takes the operands (fp32
     on CPUs with AVX-512, bf16 on those with AMX or AVX-512 BF16). w may be a ``LayerOf`` (a
     layer of a weight stack the layer loop did not slice): the kernel then reads the stack in
-    place (``cpu_matmul.matmul_layer``); anything else takes the slice."""
+    place (``cpu_matmul.matmul_layer``); anything else takes the slice.
+
+    valid (int [B], x [B, S, ...]): only x[b, :valid[b]] is wanted (a packed row's padding
+    tail follows): the kernel computes no other row (their results are zeros); XLA's dot
+    computes every row (nothing reads the others)."""
     x = x.astype(w.dtype)
     plan = _as_matmul(spec, x.shape, w.shape)
     if (plan is not None and cpu_matmul.supports(x.reshape(plan[0]),
@@ -160,8 +165,9 @@ def _mm(spec: str, x: jax.Array, w: "jax.Array | LayerOf") -> jax.Array:
         x_shape, (k, n), out_shape = plan
         if isinstance(w, LayerOf):
             stack = w.stack.reshape(w.stack.shape[0], k, n)
-            return cpu_matmul.matmul_layer(x.reshape(x_shape), stack, w.layer).reshape(out_shape)
-        return cpu_matmul.matmul(x.reshape(x_shape), w.reshape(k, n)).reshape(out_shape)
+            return cpu_matmul.matmul_layer(x.reshape(x_shape), stack, w.layer,
+                                           valid).reshape(out_shape)
+        return cpu_matmul.matmul(x.reshape(x_shape), w.reshape(k, n), valid).reshape(out_shape)
     if isinstance(w, LayerOf):
         w = w.value()
     return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32)
@@ -182,10 +188,11 @@ def _as_matmul(spec: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...]
     return lead + (k,), (k, math.prod(w_shape[c:])), lead + tuple(w_shape[c:])
 
 
-def _queries(lp: Params, config: ModelConfig, h: jax.Array, cos: jax.Array, sin: jax.Array):
+def _queries(lp: Params, config: ModelConfig, h: jax.Array, cos: jax.Array, sin: jax.Array,
+             valid: jax.Array | None = None):
     """Projects h [B, S, D] to queries [B, S, K, G, H] with norm and RoPE (computed in fp32,
-    returned in the weights' dtype)."""
-    q = _mm("BSD,DNH->BSNH", h, lp["q"])
+    returned in the weights' dtype). valid: as ``_mm``'s."""
+    q = _mm("BSD,DNH->BSNH", h, lp["q"], valid)
     if config.qkv_bias:
         q = q + lp["q_bias"]
     if config.qk_norm:
@@ -196,10 +203,10 @@ def _queries(lp: Params, config: ModelConfig, h: jax.Array, cos: jax.Array, sin:
 
 
 def _keys_values(lp: Params, config: ModelConfig, h: jax.Array, cos: jax.Array,
-                 sin: jax.Array):
+                 sin: jax.Array, valid: jax.Array | None = None):
     """Projects h [B, S, D] to keys and values [B, S, K, H] (keys with norm and RoPE)."""
-    k = _mm("BSD,DKH->BSKH", h, lp["k"])
-    v = _mm("BSD,DKH->BSKH", h, lp["v"])
+    k = _mm("BSD,DKH->BSKH", h, lp["k"], valid)
+    v = _mm("BSD,DKH->BSKH", h, lp["v"], valid)
     if config.qkv_bias:
         k, v = k + lp["k_bias"], v + lp["v_bias"]
     if config.qk_norm:
@@ -208,23 +215,27 @@ def _keys_values(lp: Params, config: ModelConfig, h: jax.Array, cos: jax.Array,
     return apply_rope(k, cos, sin).astype(dtype), v.astype(dtype)
 
 
-def _qkv(lp: Params, config: ModelConfig, h: jax.Array, cos: jax.Array, sin: jax.Array):
+def _qkv(lp: Params, config: ModelConfig, h: jax.Array, cos: jax.Array, sin: jax.Array,
+         valid: jax.Array | None = None):
     """q [B, S, K, G, H] and k, v [B, S, K, H] of h [B, S, D] (``_queries``, ``_keys_values``)."""
-    return (_queries(lp, config, h, cos, sin), *_keys_values(lp, config, h, cos, sin))
+    return (_queries(lp, config, h, cos, sin, valid),
+            *_keys_values(lp, config, h, cos, sin, valid))
 
 
-def _out_and_mlp(lp: Params, config: ModelConfig, x: jax.Array, attn: jax.Array) -> jax.Array:
-    """Adds the attention output attn [B, S, N, H] and the SwiGLU MLP to the residual x."""
-    out = _mm("BSNH,NHD->BSD", attn, lp["o"])
+def _out_and_mlp(lp: Params, config: ModelConfig, x: jax.Array, attn: jax.Array,
+                 valid: jax.Array | None = None) -> jax.Array:
+    """Adds the attention output attn [B, S, N, H] and the SwiGLU MLP to the residual x
+    (valid: as ``_mm``'s)."""
+    out = _mm("BSNH,NHD->BSD", attn, lp["o"], valid)
     if config.o_bias:
         out = out + lp["o_bias"]
     x = x + out
     h = rms_norm(x, lp["mlp_norm"], config.rms_norm_eps)
-    gate = _mm("BSD,DF->BSF", h, lp["gate"])
-    up = _mm("BSD,DF->BSF", h, lp["up"])
+    gate = _mm("BSD,DF->BSF", h, lp["gate"], valid)
+    up = _mm("BSD,DF->BSF", h, lp["up"], valid)
     if config.mlp_bias:
         gate, up = gate + lp["gate_bias"], up + lp["up_bias"]
-    down = _mm("BSF,FD->BSD", jax.nn.silu(gate) * up, lp["down"])
+    down = _mm("BSF,FD->BSD", jax.nn.silu(gate) * up, lp["down"], valid)
     if config.mlp_bias:
         down = down + lp["down_bias"]
     return x + down
@@ -438,8 +449,8 @@ def attend_segments(q: jax.Array, k: jax.Array, v: jax.Array, slot: jax.Array, s
 
 
 def _run_layers(params: Params, config: ModelConfig, x: jax.Array, positions: jax.Array,
-                attention: Any, read: tuple[jax.Array, Any] | None = None
-                ) -> tuple[jax.Array, jax.Array, jax.Array]:
+                attention: Any, read: tuple[jax.Array, Any] | None = None,
+                valid: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Runs all layers; returns (x, k [L,B,S,K,H], v [L,B,S,K,H]).
 
     attention(q [B, S, K, G, H], k, v [B, S, K, H]) -> [B, S, N, H]: each layer's
@@ -448,13 +459,15 @@ def _run_layers(params: Params, config: ModelConfig, x: jax.Array, positions: ja
     only the residual stream at those rows is wanted: the last layer then runs its queries,
     attention, output projection and MLP at those rows only (its keys and values at every
     row), and x comes back as [B, M, D].
+    valid (int [B]): only rows [0, valid[b]) of x[b] are wanted (the rest is padding): the
+    matmul kernel skips the others (``_mm``); their values are then unspecified.
     """
     cos, sin = rope_cos_sin(config, positions)
 
     def layer(x, lp):
         h = rms_norm(x, lp["attn_norm"], config.rms_norm_eps)
-        q, k, v = _qkv(lp, config, h, cos, sin)
-        return _out_and_mlp(lp, config, x, attention(q, k, v)), (k, v)
+        q, k, v = _qkv(lp, config, h, cos, sin, valid)
+        return _out_and_mlp(lp, config, x, attention(q, k, v), valid), (k, v)
 
     if read is None:
         x, (ks, vs) = scan_layers(_maybe_remat(layer, config), x,
@@ -468,7 +481,7 @@ def _run_layers(params: Params, config: ModelConfig, x: jax.Array, positions: ja
     def last_layer(x, lp):
         # nothing reads the other rows' outputs: no layer comes after this one
         h = rms_norm(x, lp["attn_norm"], config.rms_norm_eps)
-        k, v = _keys_values(lp, config, h, cos, sin)
+        k, v = _keys_values(lp, config, h, cos, sin, valid)
         q = _queries(lp, config, at_rows(h), at_rows(cos), at_rows(sin))
         out = _out_and_mlp(lp, config, at_rows(x), read_attention(q, k, v))
         return x.at[jnp.arange(x.shape[0])[:, None], rows].set(out), (k, v)
@@ -886,7 +899,11 @@ def forward_trunk_suffixes(params: Params, config: ModelConfig, tokens: jax.Arra
         at = lambda a: jnp.take_along_axis(a, read, axis=1)
         read = (read, functools.partial(attend_segments, slot=read, seg=at(segments),
                                         sees=at(sees), kseg=segments))
-    x, _, _ = _run_layers(params, config, _embed(params, tokens), positions, attention, read)
+    # the rows' padding tails (past their last context or continuation token) are skipped by
+    # the matmul kernel: the row buckets' padding costs no products
+    valid = jnp.max(jnp.where(segments >= 0, slot + 1, 0), axis=1)
+    x, _, _ = _run_layers(params, config, _embed(params, tokens), positions, attention, read,
+                          valid)
     return _final_norm(params, config, x)
 
 

@@ -135,6 +135,32 @@ def test_matmul_layer_reads_each_layer_of_the_stack_in_place(dtype):
         np.testing.assert_allclose(vi[i], f(x, stack, i), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_valid_rows_are_computed_and_the_rest_are_zeros(dtype):
+    _require(dtype)
+    rng = np.random.default_rng(4)
+    x = jnp.asarray(rng.normal(size=(3, 130, 64)), dtype)  # 390 rows: 3 groups of 130
+    w = jnp.asarray(rng.normal(size=(64, 96)) / 8, dtype)
+    valid = jnp.array([130, 7, 0], jnp.int32)  # whole, a partial 6-row block, none
+    f = jax.jit(cpu_matmul.matmul)
+    got = np.asarray(f(x, w, valid))
+    full = np.asarray(f(x, w))
+    for b, n in enumerate([130, 7, 0]):
+        np.testing.assert_array_equal(got[b, :n], full[b, :n])  # the same kernel's rows
+        assert not got[b, n:].any()
+    np.testing.assert_allclose(got, jax.jit(cpu_matmul.reference)(x, w, valid), rtol=1e-5,
+                               atol=1e-4)
+    # the layer form takes it too
+    np.testing.assert_array_equal(jax.jit(cpu_matmul.matmul_layer)(x, w[None], 0, valid), got)
+    # a count outside [0, rows per group] or groups that do not divide the rows: named errors
+    with pytest.raises(Exception, match=r"valid\[1\] = 131 is outside \[0, 130\]"):
+        jax.block_until_ready(f(x, w, jnp.array([1, 131, 0], jnp.int32)))
+    with pytest.raises(ValueError, match="valid must be \\[B\\]"):
+        cpu_matmul.matmul(x, w, jnp.array([1, 2], jnp.int32))
+    with pytest.raises(TypeError, match="valid must hold integers"):
+        cpu_matmul.matmul(x, w, jnp.array([1.0, 2.0, 3.0]))
+
+
 def test_derivatives_are_xla_s(kernel_on):
     x, w = _operands(64, 64, 32)
     f = lambda x, w: jnp.sum(jnp.sin(cpu_matmul.matmul(x, w)))  # noqa: E731
