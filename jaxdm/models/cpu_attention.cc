@@ -64,28 +64,25 @@ inline uint16_t f32_to_bf16(float f) {  // round to nearest even, as XLA's conve
   return static_cast<uint16_t>(bits >> 16);
 }
 
-// exp(x) on 16 lanes: Cody-Waite range reduction by ln 2 and a degree-6 polynomial
-// (about 1 ulp). Lanes below -87 come out as tiny positives; callers zero masked lanes.
-inline __m512 exp512(__m512 x) {
-  const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
-  const __m512 ln2_hi = _mm512_set1_ps(0.693359375f);
-  const __m512 ln2_lo = _mm512_set1_ps(-2.12194440e-4f);
-  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f)),
-                    _mm512_set1_ps(-87.3365478515625f));
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, ln2_hi, x);
-  r = _mm512_fnmadd_ps(n, ln2_lo, r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  __m512 r2 = _mm512_mul_ps(r, r);
-  p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+// 2^t on 16 lanes: t = n + f with n the nearest integer (|f| <= 1/2), a degree-6 polynomial
+// for 2^f (relative error ~1e-7 as fp32 evaluates it) and 2^n by scalef, which flushes to zero
+// far below 1 (and overflows to inf far above: callers zero masked lanes). The softmax passes
+// t = logit * log2(e) - max * log2(e), one fused multiply-subtract: the max's rounding is one
+// factor common to a row's probabilities, which its normalisation cancels.
+inline __m512 exp2_512(__m512 t) {
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_set1_ps(1.5345806605e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3399930904e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6184890717e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5503286421e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022646248e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718246e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
   return _mm512_scalef_ps(p, n);
 }
+
+constexpr float kLog2e = 1.44269504088896341f;
 
 struct Source {
   const void* k;
@@ -100,6 +97,7 @@ struct SegmentRule {
   const int32_t* seg;
   const int32_t* sees;
   const int32_t* kseg;
+  std::vector<int64_t> context;  // per key row: how many leading keys have kseg 0
 };
 
 struct Problem {
@@ -282,7 +280,13 @@ void rule_masks(const SegmentRule& rule, int64_t b, int64_t s, const int64_t* ro
     const int64_t end = std::min<int64_t>(t, std::max<int64_t>(sees, seg > 0 ? int64_t{slot} + 1 : 0));
     const __m512i vsees = _mm512_set1_epi32(sees), vslot = _mm512_set1_epi32(slot),
                   vseg = _mm512_set1_epi32(seg);
-    for (int64_t t0 = 0; t0 < end; t0 += kBlock) {
+    // whole blocks of the leading context below sees: every key visible, nothing to test
+    const int64_t full = std::min<int64_t>(std::max<int64_t>(sees, 0), rule.context[b]) / kBlock;
+    for (int64_t bi = 0; bi < full; ++bi) {
+      gs.any[bi] = 0xFFFF;
+      for (int v = i; v < i1; ++v) gs.km[v * blocks + bi] = 0xFFFF;
+    }
+    for (int64_t t0 = full * kBlock; t0 < end; t0 += kBlock) {
       const int64_t n = std::min<int64_t>(kBlock, t - t0);
       const __mmask16 valid = n == kBlock ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << n) - 1u);
       const __m512i ks = _mm512_maskz_loadu_epi32(valid, kseg + t0);
@@ -351,7 +355,7 @@ void pack_source_pairs(const Problem& pb, const Source& src, int64_t krow, int64
 template <int M>
 void probabilities_bf16(float scale, int64_t blocks, GroupScratch& gs, float* l) {
   const int64_t width = blocks * kBlock;
-  const __m512 sv = _mm512_set1_ps(scale);
+  const __m512 sv = _mm512_set1_ps(scale * kLog2e);  // logits to base-2 exponents
   const int32_t* live = gs.live.data();
   const int64_t n_live = static_cast<int64_t>(gs.live.size());
   for (int i = 0; i < M; ++i) {
@@ -368,13 +372,13 @@ void probabilities_bf16(float scale, int64_t blocks, GroupScratch& gs, float* l)
       top = _mm512_mask_max_ps(top, km[live[n]], top, _mm512_loadu_ps(row + live[n] * kBlock));
     // max of the scaled logits = scale * max of the logits (scale > 0)
     const float m = _mm512_reduce_max_ps(_mm512_max_ps(top, top2)) * scale;
-    const __m512 mv = _mm512_set1_ps(m == -INFINITY ? 0.0f : m);
+    const __m512 mv = _mm512_set1_ps(m == -INFINITY ? 0.0f : m * kLog2e);
     __m512 sum = _mm512_setzero_ps(), sum2 = sum;
     uint16_t* p16 = gs.p16.data() + i * width;
     for (n = 0; n < n_live; ++n) {
       const int64_t gb = live[n];
       const __m512 e = _mm512_maskz_mov_ps(
-          km[gb], exp512(_mm512_fmsub_ps(_mm512_loadu_ps(row + gb * kBlock), sv, mv)));
+          km[gb], exp2_512(_mm512_fmsub_ps(_mm512_loadu_ps(row + gb * kBlock), sv, mv)));
       if (n % 2) sum2 = _mm512_add_ps(sum2, e);
       else sum = _mm512_add_ps(sum, e);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(p16 + gb * kBlock),
@@ -609,12 +613,14 @@ void group_attend(const float* q, const std::vector<const PackedSource*>& packed
   }
   for (int i = 0; i < M; ++i) {
     const float m = _mm512_reduce_max_ps(top[i]);
-    const __m512 mv = _mm512_set1_ps(m == -INFINITY ? 0.0f : m);
+    const __m512 mv = _mm512_set1_ps(m == -INFINITY ? 0.0f : m * kLog2e);
+    const __m512 log2e = _mm512_set1_ps(kLog2e);
     __m512 sum = _mm512_setzero_ps();
     float* row = gs.p.data() + i * width;
     for (int32_t gb : gs.live) {
       const __m512 e = _mm512_maskz_mov_ps(
-          gs.km[i * blocks + gb], exp512(_mm512_sub_ps(_mm512_loadu_ps(row + gb * kBlock), mv)));
+          gs.km[i * blocks + gb],
+          exp2_512(_mm512_fmsub_ps(_mm512_loadu_ps(row + gb * kBlock), log2e, mv)));
       sum = _mm512_add_ps(sum, e);
       _mm512_storeu_ps(row + gb * kBlock, e);
     }
@@ -938,7 +944,14 @@ ffi::Error AttendSegments(ffi::ThreadPool pool, float scale, ffi::AnyBuffer q, f
     return ffi::Error::InvalidArgument("slot, seg and sees must be int32 [Bq, S]");
   if (kseg.element_count() != static_cast<size_t>(pb.bq * src.t))
     return ffi::Error::InvalidArgument("kseg must be int32 [Bq, T]");
-  const SegmentRule rule{slot.typed_data(), seg.typed_data(), sees.typed_data(), kseg.typed_data()};
+  SegmentRule rule{slot.typed_data(), seg.typed_data(), sees.typed_data(), kseg.typed_data(), {}};
+  rule.context.resize(pb.bq);
+  for (int64_t b = 0; b < pb.bq; ++b) {
+    const int32_t* ks = rule.kseg + b * src.t;
+    int64_t j = 0;
+    while (j < src.t && ks[j] == 0) ++j;
+    rule.context[b] = j;
+  }
   pb.rule = &rule;
   return run_problem(pool, pb);
 }
