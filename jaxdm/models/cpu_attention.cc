@@ -682,9 +682,12 @@ void run_item(const Problem& pb, int64_t item, std::vector<float>& scratch, Grou
   constexpr int H = NV * 16;
   constexpr bool pairs = P != Path::kFma;
   constexpr int M = pairs ? 16 : std::min(8, 24 / NV);
-  // chunk-major order: the first bq * kh items each start a different (b, head)
+  // chunk-major order: the first bq * kh items each start a different (b, head); the last
+  // rows first (causal rows see the most keys there): the cheap items come last, so the
+  // threads run out of work at nearly the same time
   const int64_t pair = item % (pb.bq * pb.kh), b = pair / pb.kh, head = pair % pb.kh;
-  const int64_t r0 = (item / (pb.bq * pb.kh)) * pb.rows_per_item;
+  const int64_t row_chunks = (pb.s + pb.rows_per_item - 1) / pb.rows_per_item;
+  const int64_t r0 = (row_chunks - 1 - item / (pb.bq * pb.kh)) * pb.rows_per_item;
   const int64_t r1 = std::min(pb.s, r0 + pb.rows_per_item);
   thread_local std::vector<const PackedSource*> packed;
   packed.clear();
@@ -893,10 +896,10 @@ ffi::Error run_problem(ffi::ThreadPool& pool, Problem& pb) {
   const ItemRunner runner = pb.bf16 ? pick<uint16_t>(pb.h, pb.s * pb.g) : pick<float>(pb.h, pb.s * pb.g);
   if (!runner) return ffi::Error::InvalidArgument("head dim must be 32, 64, 128 or 256");
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
-  // Rows per item: enough items for every thread several times over (the keys of a
-  // (b, head) are packed once, whatever the number of its items), at least 16 rows each.
+  // Rows per item: enough items for every thread many times over (the keys of a (b, head)
+  // are packed once, whatever the number of its items), at least 16 rows each.
   const int64_t heads = pb.bq * pb.kh;
-  int64_t chunks = std::max<int64_t>(1, (8 * threads + heads - 1) / heads);
+  int64_t chunks = std::max<int64_t>(1, (16 * threads + heads - 1) / heads);
   pb.rows_per_item = std::max<int64_t>(16, (pb.s + chunks - 1) / chunks);
   const int64_t row_chunks = (pb.s + pb.rows_per_item - 1) / pb.rows_per_item;
   const int64_t n_items = heads * row_chunks;
