@@ -10,7 +10,10 @@ products (``avx512_bf16``, e.g. AMD Zen 4); from fp32 operands with AVX-512 FMAs
 
 - ``matmul(x, w)`` is the decoder's projection path: on CPU the kernel, elsewhere and under
   differentiation the einsum (a custom JVP: the kernel is forward-only), so gradients are
-  XLA's.
+  XLA's. ``matmul_layer(x, stack, layer)`` takes a layer of a weight stack [L, K, N] and
+  reads it in place (the decoder's layer loop passes its stacks whole: XLA would copy each
+  layer's slice for a custom call). Both take ``valid`` (int [B]): only the first valid[b]
+  rows of x[b] are computed, the others' results are zeros (a packed row's padding tail).
 - ``supports(x, w)`` says where it is used: both operands bf16 or both fp32, K and N multiples
   of 32, at least ``MIN_ROWS[dtype]`` rows (bf16 packs w on every call: a decoding step's few
   rows would not pay for it; fp32 reads w in place below 512 rows).

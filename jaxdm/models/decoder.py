@@ -864,7 +864,9 @@ def forward_trunk_suffixes(params: Params, config: ModelConfig, tokens: jax.Arra
     model positions (a continuation that sees v context tokens starts at v). Attention
     is ``attend_segments``: on CPU one kernel call per layer, which skips every 16-key block a
     group of queries cannot see (continuations never meet each other's keys); elsewhere XLA's
-    over ``trunk_suffix_plan``'s key ranges.
+    over ``trunk_suffix_plan``'s key ranges. The padding tail after a row's last context or
+    continuation token costs no matmul products (the CPU kernel skips those rows, ``_mm``):
+    the hidden states there are unspecified.
     """
     _check_params(params, config)
     _check_tokens("forward_trunk_suffixes", tokens, positions)
