@@ -711,9 +711,10 @@ def score_requests(params, config: ModelConfig, requests: Sequence[Request], *,
     groups, calls = _plan_calls(requests, layout, max_groups_per_call=max_groups_per_call,
                                 min_shared_frac=min_shared_frac,
                                 min_shared_tokens=min_shared_tokens, max_group=max_group)
-    # bf16 layer weights as their bit patterns, once for all calls (no copy on CPU; inside
-    # each call's program a cast would copy the whole stack)
-    params = decoder.bit_view_layers(params)
+    # bf16 layer weights as their bit patterns and the projections' stacks passed whole to the
+    # matmul kernel, once for all calls (no copy on CPU; inside each call's program a cast
+    # would copy the whole stack, the layer loop each layer's slice)
+    params = decoder.inference_layers(params)
     out: list[np.ndarray | None] = [None] * len(requests)
     it = calls
     if progress:

@@ -471,7 +471,7 @@ def _run_layers(params: Params, config: ModelConfig, x: jax.Array, positions: ja
 
     if read is None:
         x, (ks, vs) = scan_layers(_maybe_remat(layer, config), x,
-                                  _whole_projections(params["layers"]))
+                                  params["layers"])
         return x, ks, vs
 
     rows, read_attention = read
@@ -493,7 +493,7 @@ def _run_layers(params: Params, config: ModelConfig, x: jax.Array, positions: ja
         return jax.lax.cond(i == n_layers - 1, last_layer, layer, x, lp)
 
     x, (ks, vs) = scan_layers(_maybe_remat(layer_or_last, config), x,
-                              (_whole_projections(params["layers"]), jnp.arange(n_layers)))
+                              (params["layers"], jnp.arange(n_layers)))
     return at_rows(x), ks, vs
 
 
@@ -576,18 +576,25 @@ class LayerOf:
 _PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
 
 
-def _whole_projections(layers: Params) -> Params:
-    """The layer stack with its projection weights marked ``Whole`` where the matmul kernel is
-    on for their dtype (each layer's matmuls then read the stack in place)."""
-    if not isinstance(layers, dict):
-        return layers
-    out = dict(layers)
+def inference_layers(params: Params) -> Params:
+    """params for inference on one CPU device: ``bit_view_layers``, and the projections'
+    weight stacks marked ``Whole`` where the matmul kernel is on for their dtype: each layer's
+    matmuls then read the stack in place (XLA copies each layer's slice for a custom call: ~1 %
+    of the fp32 readout; issue 17). Stacks spread over several devices stay as they are (the
+    custom call would gather a whole stack in every layer: a sharded 6-layer forward ran 1.0 ->
+    1.24 s). Forward only, as ``bit_view_layers``: differentiate the params."""
+    params = bit_view_layers(params)
+    if not isinstance(params, dict) or not isinstance(params.get("layers"), dict):
+        return params
+    layers = dict(params["layers"])
     for name in _PROJECTIONS:
         a = layers.get(name)
-        if (a is not None and jnp.dtype(a.dtype) in cpu_matmul.KERNELS and len(a.shape) >= 3
-                and cpu_matmul.enabled(a.dtype)):
-            out[name] = Whole(a)
-    return out
+        arr = a.bits if _is_view(a) else a
+        if (isinstance(arr, jax.Array) and len(arr.devices()) == 1
+                and next(iter(arr.devices())).platform == "cpu" and len(a.shape) >= 3
+                and jnp.dtype(a.dtype) in cpu_matmul.KERNELS and cpu_matmul.enabled(a.dtype)):
+            layers[name] = Whole(a)
+    return {**params, "layers": layers}
 
 
 def _is_marked(a: Any) -> bool:
@@ -656,7 +663,7 @@ def scan_layers(layer: Any, x: jax.Array, xs: Any) -> tuple[jax.Array, Any]:
     patterns, reinterpreted inside the body: the same numbers, no converts. xs may hold
     ``BitView`` leaves (``bit_view_layers``), which are the bits already.
 
-    Leaves marked ``Whole`` (``_whole_projections``) are not sliced: layer i gets
+    Leaves marked ``Whole`` (``inference_layers``) are not sliced: layer i gets
     ``LayerOf(stack, i)``, which ``_mm`` hands to the matmul kernel as the stack and the
     index (XLA would copy each layer's slice for the kernel: ~1 % of the fp32 readout).
 
@@ -841,7 +848,7 @@ def forward_with_cache(params: Params, config: ModelConfig, tokens: jax.Array,
         return _out_and_mlp(lp, config, x, attn), (k, v)
 
     x, (ks, vs) = scan_layers(_maybe_remat(layer, config), _embed(params, tokens),
-                              (_whole_projections(params["layers"]), cache.k, cache.v))
+                              (params["layers"], cache.k, cache.v))
     return _final_norm(params, config, x), ks, vs
 
 

@@ -160,8 +160,8 @@ def test_bit_views_leave_fp32_alone_and_refuse_gradients():
         raise AssertionError("a gradient with respect to bit views was taken")
 
 
-@pytest.mark.parametrize("dtype,view", [(jnp.float32, False), (jnp.bfloat16, False),
-                                        (jnp.bfloat16, True)])
+@pytest.mark.parametrize("dtype,view", [(jnp.float32, False), (jnp.float32, True),
+                                        (jnp.bfloat16, False), (jnp.bfloat16, True)])
 def test_whole_weight_stacks_feed_the_matmul_kernel_without_slices(monkeypatch, dtype, view):
     """Where the matmul kernel is on, the projections' stacks go to it whole with the layer
     index (no per-layer copy of a slice); the numbers and derivatives are the plain scan's."""
@@ -172,7 +172,12 @@ def test_whole_weight_stacks_feed_the_matmul_kernel_without_slices(monkeypatch, 
     rows = 160  # x 2 rows: past the bf16 kernel's MIN_ROWS
     tokens = jax.random.randint(jax.random.key(1), (2, rows), 0, CONFIG.vocab_size)
     positions = jnp.broadcast_to(jnp.arange(rows), (2, rows))
-    weights = decoder.bit_view_layers(params) if view else params
+    weights = decoder.inference_layers(params)
+    assert isinstance(weights["layers"]["q"], decoder.Whole)
+    assert isinstance(weights["layers"]["q"].stack, decoder.BitView) == (dtype == jnp.bfloat16)
+    if not view:  # the Whole marks on plain arrays: the bf16 stacks then cast inside the call
+        weights = {**params, "layers": {**params["layers"], **{
+            k: decoder.Whole(params["layers"][k]) for k in ("q", "o", "gate", "up", "down")}}}
     fast = _jit_hidden()
     out = fast(weights, tokens, positions)
     text = fast.lower(weights, tokens, positions).compile().as_text()
@@ -187,7 +192,7 @@ def test_whole_weight_stacks_feed_the_matmul_kernel_without_slices(monkeypatch, 
     ref = _jit_hidden()(params, tokens, positions)  # (a plain scan takes no views)
     np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(ref, np.float32))
     if view:
-        return  # (views refuse derivatives: test_bit_views_leave_fp32_alone_and_refuse_...)
+        return  # (inference views refuse derivatives: differentiate the params)
     monkeypatch.undo()
     jax.clear_caches()
     loss = lambda p: jnp.mean(jnp.square(_hidden(p, tokens, positions).astype(jnp.float32)))  # noqa: E731
@@ -196,3 +201,16 @@ def test_whole_weight_stacks_feed_the_matmul_kernel_without_slices(monkeypatch, 
     want = jax.jit(jax.grad(lambda p: loss(p)))(params)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
+
+
+def test_inference_layers_leave_sharded_stacks_sliced():
+    """A stack spread over devices is not marked Whole: the kernel's custom call would gather
+    the whole stack in every layer."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    if jax.device_count() < 2:
+        pytest.skip("needs 2 (fake) devices")
+    params = decoder.init_params(CONFIG, jax.random.key(0), dtype=jnp.float32)
+    mesh = jax.make_mesh((2,), ("model",))
+    q = jax.device_put(params["layers"]["q"], NamedSharding(mesh, P(None, None, "model")))
+    got = decoder.inference_layers({**params, "layers": {**params["layers"], "q": q}})
+    assert got["layers"]["q"] is q
