@@ -470,8 +470,7 @@ def _run_layers(params: Params, config: ModelConfig, x: jax.Array, positions: ja
         return _out_and_mlp(lp, config, x, attention(q, k, v), valid), (k, v)
 
     if read is None:
-        x, (ks, vs) = scan_layers(_maybe_remat(layer, config), x,
-                                  params["layers"])
+        x, (ks, vs) = scan_layers(_maybe_remat(layer, config), x, params["layers"])
         return x, ks, vs
 
     rows, read_attention = read
