@@ -112,7 +112,7 @@ def _check_operands(x: jax.Array, stack: jax.Array, layer: Any, valid: jax.Array
                          f"{valid.shape} and x {x.shape}")
 
 
-def _valid(valid: Any, x: jax.Array) -> jax.Array:
+def _valid(valid: Any) -> jax.Array:
     """valid as the kernel takes it: int32 [B], or empty for every row."""
     if valid is None:
         return jnp.zeros((0,), jnp.int32)
@@ -156,20 +156,7 @@ def matmul(x: jax.Array, w: jax.Array, valid: jax.Array | None = None) -> jax.Ar
     valid (int [B], for x [B, ..., K]): only the first valid[b] rows of x[b] (its trailing
     dims but K flattened) are computed; the others' results are zeros (a packed row's padding
     tail costs no products)."""
-    return _matmul(x, w, _valid(valid, x))
-
-
-@jax.custom_jvp
-def _matmul(x, w, valid):
-    return jax.lax.platform_dependent(
-        x, w, valid, cpu=lambda x, w, valid: _kernel(x, w, jnp.int32(0), valid),
-        default=reference)
-
-
-@_matmul.defjvp
-def _jvp(primals, tangents):
-    x, w, valid = primals
-    return jax.jvp(lambda x, w: reference(x, w, valid), (x, w), tangents[:2])
+    return _product(x, w, jnp.int32(0), _valid(valid))
 
 
 def matmul_layer(x: jax.Array, stack: jax.Array, layer: jax.Array,
@@ -180,20 +167,19 @@ def matmul_layer(x: jax.Array, stack: jax.Array, layer: jax.Array,
     of each layer's slice (~1 % of the fp32 readout; issue 17). ``reference_layer`` elsewhere
     and under differentiation (whose transpose is a full-stack update per layer: differentiate
     a loop over sliced weights)."""
-    return _matmul_layer(x, stack, layer, _valid(valid, x))
+    return _product(x, stack, layer, _valid(valid))
 
 
 @jax.custom_jvp
-def _matmul_layer(x, stack, layer, valid):
-    return jax.lax.platform_dependent(x, stack, layer, valid, cpu=_kernel,
-                                      default=reference_layer)
+def _product(x, w, layer, valid):
+    """Both entry points: w [K, N] (layer 0) or a stack [L, K, N]."""
+    return jax.lax.platform_dependent(x, w, layer, valid, cpu=_kernel, default=_reference_any)
 
 
-@_matmul_layer.defjvp
-def _jvp_layer(primals, tangents):
-    x, stack, layer, valid = primals
-    dx, dstack = tangents[:2]
-    if stack.dtype == jnp.uint16:  # bits: no tangent space
-        return (_matmul_layer(x, stack, layer, valid),
-                reference_layer(dx, stack, layer, valid))
-    return jax.jvp(lambda x, s: reference_layer(x, s, layer, valid), (x, stack), (dx, dstack))
+@_product.defjvp
+def _jvp(primals, tangents):
+    x, w, layer, valid = primals
+    dx, dw = tangents[:2]
+    if w.dtype == jnp.uint16:  # bits: no tangent space
+        return _product(x, w, layer, valid), _reference_any(dx, w, layer, valid)
+    return jax.jvp(lambda x, w: _reference_any(x, w, layer, valid), (x, w), (dx, dw))
