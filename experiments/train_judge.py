@@ -93,6 +93,7 @@ def evaluate(out: Path, adapter: Path, args) -> dict:
     import numpy as np
 
     from jaxdm.decision.jobs import score_trajectories
+    from jaxdm.jsonl import read_records
     from jaxdm.screen import metrics
     from jaxdm.screen.run import build_judges
     from jaxdm.trajectory import read_jsonl
@@ -101,8 +102,7 @@ def evaluate(out: Path, adapter: Path, args) -> dict:
     cache.mkdir(exist_ok=True)
     screened: dict = {}
     if (out / "screen" / "scores.jsonl").is_file():
-        for line in (out / "screen" / "scores.jsonl").read_text().splitlines():
-            r = json.loads(line)
+        for _, r in read_records(out / "screen" / "scores.jsonl"):
             screened.setdefault((r["judge"], r["question"], r["context"]), {}).setdefault(
                 r["traj"], {})[r["t"]] = r["score"]
     specs = {"smollm2-135m": "smollm2", "trained": str(adapter), "oracle": "oracle"}

@@ -20,6 +20,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from jaxdm.jsonl import read_records
+
 __all__ = ["MetricsWriter", "read_metrics", "truncate_after", "Progress", "plot_curves",
            "jsonable", "format_table", "metric_series"]
 
@@ -104,25 +106,11 @@ def metric_series(records: Sequence[Mapping[str, Any]], series: Mapping[str, str
 def read_metrics(path: str | Path, *, drop_torn_tail: bool = False) -> list[dict[str, Any]]:
     """All records of a metrics file; a malformed line raises ValueError with its number.
 
-    ``drop_torn_tail``: a malformed *last* line is dropped with a message on stderr instead
-    (a crash while writing leaves a torn last line; records are written whole, so it can
-    never be a finished record). A malformed line before the last is still an error.
+    ``drop_torn_tail``: a torn last line (no newline: a crash while writing it; records are
+    written whole, so it can never be a finished record) is dropped with a message on stderr
+    instead (``jaxdm.jsonl.read_records``). A malformed line before it is still an error.
     """
-    out = []
-    with open(path, encoding="utf-8") as f:
-        lines = f.readlines()
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            if drop_torn_tail and n == len(lines):
-                print(f"{path}:{n}: dropping a torn last line ({e.msg}; {len(line)} bytes): "
-                      f"the run stopped while writing it", file=sys.stderr, flush=True)
-                break
-            raise ValueError(f"{path}:{n}: invalid JSON ({e.msg})") from None
-    return out
+    return [record for _, record in read_records(path, drop_torn_tail=drop_torn_tail)]
 
 
 def truncate_after(path: str | Path, step: int) -> int:

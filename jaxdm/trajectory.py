@@ -14,6 +14,8 @@ import json
 import math
 from typing import Any, Iterable, Iterator, Mapping
 
+from jaxdm.jsonl import parse_lines
+
 ACTION_TYPES = ("milestone", "other", "no_op")
 
 
@@ -175,14 +177,7 @@ def write_jsonl(path, trajectories: Iterable[Trajectory]) -> int:
 def iter_jsonl(path) -> Iterator[Trajectory]:
     """Read trajectories; a malformed line raises ValueError with the file and line number."""
     with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: invalid JSON ({e.msg})") from None
+        for where, d in parse_lines(f, path):
             yield Trajectory.from_dict(d, where=where)
 
 

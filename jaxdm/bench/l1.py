@@ -27,12 +27,12 @@ derived from the item id, never from global state).
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 import re
 from typing import Any, Iterable
 
 from jaxdm.decision.types import MultipleChoice
+from jaxdm.jsonl import parse_lines
 
 TOOL_CATEGORIES = ("multiple", "live_multiple")
 PARAM_CATEGORIES = ("simple_python", "multiple", "live_simple", "live_multiple")
@@ -44,14 +44,8 @@ WHEN2CALL_NOTE = ("When2Call is not available offline (no PyPI package ships it)
 def _read_lines(rel: str) -> list[dict[str, Any]]:
     import importlib.resources as resources
     path = resources.files("bfcl_eval").joinpath("data", *rel.split("/"))
-    rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"bfcl_eval data/{rel}:{n}: invalid JSON ({e.msg})") from None
-    return rows
+    return [row for _, row in parse_lines(path.read_text(encoding="utf-8").splitlines(),
+                                          f"bfcl_eval data/{rel}")]
 
 
 def _seed(*parts: Any) -> int:

@@ -35,6 +35,7 @@ from jaxdm.harness.dm import make_dm
 from jaxdm.harness.fit import binned, ece, estimate_point, fit_threshold
 from jaxdm.harness.llm import LLMProfile, PROFILES, RemoteLLM, SimulatedLLM
 from jaxdm.harness.modes import Delegation
+from jaxdm.jsonl import read_records
 from jaxdm.roles.harness import POINTS
 
 
@@ -242,14 +243,10 @@ def _write_jsonl(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
 def _read_jsonl(path: Path) -> list[dict]:
     if not path.is_file():
         raise HarnessError(f"{path} does not exist (run the earlier harness command first)")
-    out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise HarnessError(f"{path}:{n}: invalid JSON ({e.msg})") from None
-    return out
+    try:
+        return [row for _, row in read_records(path)]
+    except ValueError as e:
+        raise HarnessError(str(e)) from None
 
 
 def _harness(cfg: HarnessConfig, delegations: Sequence[Delegation], dm_spec: Mapping | None,

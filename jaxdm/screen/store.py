@@ -28,6 +28,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from jaxdm.jsonl import read_records
 from jaxdm.trajectory import Trajectory, read_jsonl, write_jsonl
 
 __all__ = ["PassResult", "ScreenError", "ScreenStore", "OUTPUT_FILES"]
@@ -199,27 +200,19 @@ def _restore(rec: dict, rows: list[dict], lengths: list[int]) -> PassResult | No
 
 
 def _read_lines(path: Path) -> list[dict]:
-    """JSON lines of ``path``; a torn (unparsable, unterminated) last line is dropped with a
+    """JSON objects of ``path``'s lines; a torn last line (a write cut short) is dropped with a
     message, a bad line elsewhere is an error naming it."""
     if not path.is_file():
         return []
-    text = path.read_text(encoding="utf-8")
-    lines = text.split("\n")
-    out = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-            if not isinstance(rec, dict):
-                raise ValueError("not an object")
-        except ValueError as e:
-            if n == len(lines):  # the last line has no newline: a write cut short
-                _say(f"resume: dropping the torn last line of {path} (a write cut short)")
-                break
-            raise _error(f"{path}:{n}: unreadable line ({e}); use --overwrite to start again")
-        out.append(rec)
-    return out
+    try:
+        records = read_records(path, drop_torn_tail=True)
+    except ValueError as e:
+        raise _error(f"{e}; use --overwrite to start again") from None
+    for where, rec in records:
+        if not isinstance(rec, dict):
+            raise _error(f"{where}: expected a JSON object, got {type(rec).__name__}; use "
+                         f"--overwrite to start again")
+    return [rec for _, rec in records]
 
 
 def _append(path: Path, lines: Iterable[str]) -> None:

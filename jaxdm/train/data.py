@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from jaxdm.decision.types import MultipleChoice, YesNo
+from jaxdm.jsonl import parse_lines
 from jaxdm.train.packing import SFTItem
 
 ANSWERS_YES_NO = {"yes": 0, "no": 1}
@@ -79,14 +80,7 @@ def read_states(path: str | Path, *, require_split: str | None = None
         raise FileNotFoundError(f"training data {path} does not exist")
     states: list[list[SFTItem]] = []
     with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{n}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+        for where, row in parse_lines(f, path):
             if not isinstance(row, dict):
                 raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
             context, qs = row.get("context"), row.get("questions")

@@ -53,7 +53,7 @@ def test_torn_last_line_is_dropped_but_a_corrupt_middle_line_is_an_error(tmp_pat
     assert "torn last line" in capsys.readouterr().err
     text = store.passes.read_text()
     store.passes.write_text("{not json\n" + text)
-    with pytest.raises(ScreenError, match=r"passes.jsonl:1: unreadable line"):
+    with pytest.raises(ScreenError, match=r"passes.jsonl:1: invalid JSON"):
         ScreenStore(tmp_path / "out").open(IDENTITY, TRAJS, resume=True, overwrite=False)
 
 

@@ -1,0 +1,51 @@
+"""Reading JSON Lines files: one reader for trajectories, training data, metrics, screen stores
+and harness logs, so every bad line gets the same error naming the file and line number.
+
+Writers append whole records, each with its newline, so the only damage a crash can leave is
+a *torn* last line: text without its newline. ``read_records(..., drop_torn_tail=True)``
+(resuming a job) drops such a line with a message; any other line that is not JSON is an
+error, never skipped.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+__all__ = ["parse_lines", "read_records"]
+
+
+def parse_lines(lines: Iterable[str], source: Any) -> Iterator[tuple[str, Any]]:
+    """(where, value) of each non-blank line, where = ``f"{source}:{n}"`` (n counts from 1,
+    blank lines included). A line that is not JSON raises ValueError
+    ``"{source}:{n}: invalid JSON (<parser message> at column c)"``."""
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{source}:{n}"
+        try:
+            value = json.loads(line.rstrip("\r\n"))  # columns then count on this line
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+        yield where, value
+
+
+def read_records(path: str | Path, *, drop_torn_tail: bool = False) -> list[tuple[str, Any]]:
+    """(where, value) of every line of ``path`` (``parse_lines``).
+
+    ``drop_torn_tail``: a last line without its newline that is not JSON (a write cut short)
+    is dropped with a message on stderr instead of raising; a bad line anywhere else, or a
+    bad last line that has its newline, is still an error."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.readlines()
+    torn = drop_torn_tail and bool(lines) and not lines[-1].endswith("\n")
+    records = list(parse_lines(lines[:-1] if torn else lines, path))
+    if torn and lines[-1].strip():
+        where = f"{path}:{len(lines)}"
+        try:
+            records.append((where, json.loads(lines[-1])))
+        except json.JSONDecodeError as e:
+            print(f"{where}: dropping a torn last line ({e.msg}; {len(lines[-1])} bytes): the "
+                  f"job stopped while writing it", file=sys.stderr, flush=True)
+    return records
