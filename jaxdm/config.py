@@ -79,6 +79,24 @@ def check_finite(value: Any, key: str) -> None:
             check_finite(v, f"{key}[{i}]")
 
 
+def kind_and_options(spec: Any, allowed: Mapping[str, Any], what: str
+                     ) -> tuple[str, dict[str, Any]]:
+    """(kind, the other keys) of a ``{"kind": ..., <options>}`` spec whose allowed option keys
+    depend on its kind (``allowed``: kind -> its option keys). Raises TypeError for a spec
+    that is not a mapping, ValueError naming ``what`` and the unknown kind or keys."""
+    if not isinstance(spec, Mapping):
+        raise TypeError(f"{what} spec must be a mapping, got {type(spec).__name__}")
+    kind = spec.get("kind")
+    if kind not in allowed:
+        raise ValueError(f"unknown {what} kind {kind!r}; known kinds: {list(allowed)}")
+    opts = {k: v for k, v in spec.items() if k != "kind"}
+    unknown = sorted(set(opts) - set(allowed[kind]))
+    if unknown:
+        raise ValueError(f"{what} kind {kind!r}: unknown key(s) {unknown}; allowed: "
+                         f"{sorted(allowed[kind])}")
+    return kind, opts
+
+
 class _Loader(yaml.SafeLoader):
     """SafeLoader that reads YAML 1.2 floats: ``1e-6`` is a float, not the string "1e-6"."""
 

@@ -125,3 +125,17 @@ def test_secret_key_names():
         assert not cfgmod.is_secret_key(key), key
     assert cfgmod.shown("x.api_key", SECRET) == "<value hidden>"
     assert cfgmod.shown("x.lr", 0.5) == "0.5"
+
+
+def test_kind_and_options_names_the_kind_and_the_keys():
+    from jaxdm.config import kind_and_options
+    allowed = {"a": {"x", "y"}, "b": set()}
+    assert kind_and_options({"kind": "a", "x": 1}, allowed, "thing") == ("a", {"x": 1})
+    assert kind_and_options({"kind": "b"}, allowed, "thing") == ("b", {})
+    with pytest.raises(TypeError, match="thing spec must be a mapping, got list"):
+        kind_and_options(["a"], allowed, "thing")
+    with pytest.raises(ValueError, match=r"unknown thing kind 'c'; known kinds: \['a', 'b'\]"):
+        kind_and_options({"kind": "c"}, allowed, "thing")
+    with pytest.raises(ValueError, match=r"thing kind 'a': unknown key\(s\) \['z'\]; allowed: "
+                                         r"\['x', 'y'\]"):
+        kind_and_options({"kind": "a", "z": 0}, allowed, "thing")

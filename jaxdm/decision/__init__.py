@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from jaxdm.config import kind_and_options
 from jaxdm.decision.types import (ChoiceResult, Cost, DecisionModel, MultipleChoice, ScoreResult,
                                   YesNo, choice_failed, choice_ok, score_failed, score_ok)
 from jaxdm.decision.oracle import Oracle
@@ -79,16 +80,7 @@ def make_backend(spec: Mapping[str, Any], *, pretrained: Any = None) -> Decision
     already loaded jaxdm.models.Pretrained) overrides ``path``. Unknown kinds or keys raise
     ValueError naming them.
     """
-    if not isinstance(spec, Mapping):
-        raise TypeError(f"backend spec must be a mapping, got {type(spec).__name__}")
-    kind = spec.get("kind")
-    if kind not in _SPEC_KEYS:
-        raise ValueError(f"unknown backend kind {kind!r}; known kinds: {list(BACKEND_KINDS)}")
-    opts = {k: v for k, v in spec.items() if k != "kind"}
-    unknown = sorted(set(opts) - _SPEC_KEYS[kind])
-    if unknown:
-        raise ValueError(f"backend kind {kind!r}: unknown key(s) {unknown}; allowed: "
-                         f"{sorted(_SPEC_KEYS[kind])}")
+    kind, opts = kind_and_options(spec, _SPEC_KEYS, "backend")
     if kind == "oracle":
         return Oracle(**opts)
     if kind == "remote":

@@ -30,6 +30,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from jaxdm.config import kind_and_options
 from jaxdm.harness.agent import AgentSettings, Episode, Harness
 from jaxdm.harness.dm import make_dm
 from jaxdm.harness.fit import binned, ece, estimate_point, fit_threshold
@@ -144,16 +145,10 @@ def make_llm(spec: Mapping[str, Any]):
     """An agent LLM from a dict: {"kind": "simulated", "profile": "strong" | "weak", overrides
     of LLMProfile fields...}, {"kind": "remote", "base_url", "model", "api_key_env", ...} or
     {"kind": "local", "path": "smollm2"}. Unknown kinds / keys raise naming them."""
-    if not isinstance(spec, Mapping):
-        raise HarnessError(f"llm spec must be a mapping, got {type(spec).__name__}")
-    kind = spec.get("kind")
-    if kind not in _LLM_KEYS:
-        raise HarnessError(f"unknown llm kind {kind!r}; known kinds: {list(LLM_KINDS)}")
-    opts = {k: v for k, v in spec.items() if k != "kind"}
-    unknown = sorted(set(opts) - _LLM_KEYS[kind])
-    if unknown:
-        raise HarnessError(f"llm kind {kind!r}: unknown key(s) {unknown}; allowed: "
-                           f"{sorted(_LLM_KEYS[kind])}")
+    try:
+        kind, opts = kind_and_options(spec, _LLM_KEYS, "llm")
+    except (TypeError, ValueError) as e:
+        raise HarnessError(str(e)) from None
     if kind == "simulated":
         name = opts.pop("profile", "strong")
         if name not in PROFILES:
