@@ -369,6 +369,13 @@ class DecideServer(ThreadingHTTPServer):
 
     def __init__(self, batcher: MicroBatcher, model: str, host: str = "127.0.0.1",
                  port: int = 0, *, verbose: bool = False, answer_timeout: float = 300.0):
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ValueError(f"port must be an integer in [0, 65535] (0: a free one), got "
+                             f"{port!r}")
+        if not (isinstance(answer_timeout, (int, float)) and math.isfinite(answer_timeout)
+                and answer_timeout > 0):
+            raise ValueError(f"answer_timeout must be a finite number of seconds > 0, got "
+                             f"{answer_timeout!r}")
         self.batcher = batcher
         self.model = model
         self.verbose = verbose
@@ -480,6 +487,9 @@ def run(args: argparse.Namespace) -> int:
             return 0
         try:
             server = DecideServer(batcher, name, args.host, args.port, verbose=args.verbose)
+        except ValueError as e:
+            print(f"jaxdm decide: error: --port: {e}", file=sys.stderr)
+            return 2
         except OSError as e:
             print(f"jaxdm decide: error: cannot bind {args.host}:{args.port}: {e}",
                   file=sys.stderr)

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -195,6 +196,31 @@ def test_cli_serve_process_and_bad_backend():
     bad = subprocess.run(_cli("--stdio", "--backend", "oracle:temperature=1"), input="",
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "temperature" in bad.stderr
+    # a port outside [0, 65535] and a port in use are named errors, not tracebacks
+    bad = subprocess.run(_cli("--serve", "--port", "99999", "--backend", "oracle"),
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--port: port must be an integer in [0, 65535]" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        bad = subprocess.run(_cli("--serve", "--port", str(port), "--backend", "oracle"),
+                             capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and f"cannot bind 127.0.0.1:{port}" in bad.stderr
+
+
+def test_server_rejects_bad_port_and_timeout():
+    b = MicroBatcher(Oracle())
+    try:
+        for port in (-1, 65536, 80.0, True):
+            with pytest.raises(ValueError, match="port must be an integer"):
+                DecideServer(b, "m", port=port)
+        for t in (0, float("nan"), float("inf")):
+            with pytest.raises(ValueError, match="answer_timeout"):
+                DecideServer(b, "m", answer_timeout=t)
+    finally:
+        b.close()
 
 
 # ------------------------------------------------------- a Remote backend behind decide
