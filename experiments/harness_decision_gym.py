@@ -35,7 +35,8 @@ VARIANTS = ("base", "shift", "hard")
 LLMS = ("strong", "weak")
 
 
-def run_setting(variant: str, llm: str, sizes: dict, out_root: Path, progress: bool) -> dict:
+def run_setting(variant: str, llm: str, sizes: dict, out_root: Path, progress: bool,
+                overwrite: bool = False) -> dict:
     out = out_root / f"{variant}_{llm}"
     overrides = [f"env.variant={variant}", f"llm.profile={llm}", f"out_dir={out}",
                  f"progress={'true' if progress else 'false'}"] + \
@@ -44,7 +45,7 @@ def run_setting(variant: str, llm: str, sizes: dict, out_root: Path, progress: b
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     for name in ("shadow", "fit", "run", "compare"):
-        hr.COMMANDS[name](cfg)
+        hr.COMMANDS[name](cfg, overwrite=overwrite)
     report = json.loads((out / "report.json").read_text())
     report["wall_s"] = time.perf_counter() - t0
     return report
@@ -91,7 +92,7 @@ def summary_md(reports: dict, sizes: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def smollm2_shadow(n: int, out_root: Path, progress: bool) -> None:
+def smollm2_shadow(n: int, out_root: Path, progress: bool, overwrite: bool = False) -> None:
     out = out_root / "base_strong_smollm2"
     cfg = hr.load("decision_gym", [
         "dm={kind: local_readout, path: smollm2}", f"shadow_tasks={n}", f"out_dir={out}",
@@ -99,8 +100,8 @@ def smollm2_shadow(n: int, out_root: Path, progress: bool) -> None:
         "agent={memory: false, reflection: false, cheap_tier: false, read_back: false}",
         "fit.points=[tool, params, stop]", "fit.min_support=2"])
     out.mkdir(parents=True, exist_ok=True)
-    hr.cmd_shadow(cfg)
-    hr.cmd_fit(cfg)
+    hr.cmd_shadow(cfg, overwrite=overwrite)
+    hr.cmd_fit(cfg, overwrite=overwrite)
 
 
 def main(argv=None) -> int:
@@ -113,9 +114,11 @@ def main(argv=None) -> int:
                     help="also shadow SmolLM2-135M on N base fit tasks")
     ap.add_argument("--only-smollm2", action="store_true", help="skip the oracle_noisy settings")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="run the settings again where --out already holds their results")
     args = ap.parse_args(argv)
     if args.only_smollm2:
-        smollm2_shadow(args.smollm2 or 5, Path(args.out), not args.no_progress)
+        smollm2_shadow(args.smollm2 or 5, Path(args.out), not args.no_progress, args.overwrite)
         return 0
     sizes = (dict(shadow_tasks=30, test_tasks=20, stage2_tasks=20) if args.quick else
              dict(shadow_tasks=150, test_tasks=200, stage2_tasks=200))
@@ -127,7 +130,7 @@ def main(argv=None) -> int:
     for variant in args.variants.split(","):
         for llm in args.llms.split(","):
             rep = run_setting(variant, llm, sizes if variant == "base" else secondary,
-                              out_root, not args.no_progress)
+                              out_root, not args.no_progress, args.overwrite)
             rep["sizes"] = sizes if variant == "base" else secondary
             rep["out"] = str(out_root / f"{variant}_{llm}")
             reports[f"{variant}/{llm}"] = rep
@@ -136,10 +139,14 @@ def main(argv=None) -> int:
     (out_root / "summary.md").write_text(text)
     print(text)
     if args.smollm2:
-        smollm2_shadow(args.smollm2, out_root, not args.no_progress)
+        smollm2_shadow(args.smollm2, out_root, not args.no_progress, args.overwrite)
     return 0
 
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except hr.HarnessError as e:
+        print(f"harness_decision_gym: error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -117,9 +117,11 @@ def cascade(model_path: str, tag: str, out: Path, args, progress: bool,
         fit=hr.FitConfig(points=tuple(args.cascade_points.split(",")), min_support=3),
         out_dir=str(out), progress=progress)
     out.mkdir(parents=True, exist_ok=True)
-    hr.cmd_shadow(cfg)
-    fits = hr.cmd_fit(cfg)
-    summary = hr.cmd_run(cfg)
+    # results.json lists the finished cascades; one that is not there is run again from the
+    # start (an interrupted one leaves partial harness results behind)
+    hr.cmd_shadow(cfg, overwrite=True)
+    fits = hr.cmd_fit(cfg, overwrite=True)
+    summary = hr.cmd_run(cfg, overwrite=True)
     ref, arm = summary["arms"]["llm_alone"], summary["arms"]["cascade_fitted"]
     return {"thresholds": {p: (f or {}).get("threshold") for p, f in
                            (hr.load_thresholds(out) or {}).items()},

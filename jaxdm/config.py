@@ -235,7 +235,7 @@ def _build(cls, data: Mapping[str, Any], prefix: str = ""):
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"{prefix or cls.__name__}: {e}") from None
+        raise ConfigError(f"{prefix.rstrip('.') or cls.__name__}: {e}") from None
 
 
 def from_dict(cls: type[C], data: Mapping[str, Any] | None) -> C:

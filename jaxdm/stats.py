@@ -454,16 +454,22 @@ class Registration:
                         stage2_comparisons=plan.get("stage2", ("combined",)))
 
 
-def register(candidates: Sequence[tuple[str, str] | Candidate], *, margin: float = 0.03,
-             alpha: float = 0.05, ni_method: str = "tango", cost_method: str = "t",
-             stage2_comparisons: Sequence[str] = ("combined",)) -> Registration:
-    """Register the Stage 1 candidates ((name, point) pairs) and the Stage 2 comparisons."""
+def check_settings(*, margin: float, alpha: float, ni_method: str, cost_method: str) -> None:
+    """Raise ValueError naming the setting of a registration that cannot be used (configs
+    check theirs with this before any episode runs)."""
     _check_level(margin, alpha)
     if ni_method not in NONINFERIORITY_METHODS:
         raise ValueError(f"unknown ni_method {ni_method!r}; known: "
                          f"{sorted(NONINFERIORITY_METHODS)}")
     if cost_method not in COST_METHODS:
         raise ValueError(f"unknown cost_method {cost_method!r}; known: {sorted(COST_METHODS)}")
+
+
+def register(candidates: Sequence[tuple[str, str] | Candidate], *, margin: float = 0.03,
+             alpha: float = 0.05, ni_method: str = "tango", cost_method: str = "t",
+             stage2_comparisons: Sequence[str] = ("combined",)) -> Registration:
+    """Register the Stage 1 candidates ((name, point) pairs) and the Stage 2 comparisons."""
+    check_settings(margin=margin, alpha=alpha, ni_method=ni_method, cost_method=cost_method)
     cands = []
     for i, c in enumerate(candidates):
         if not isinstance(c, Candidate):
@@ -567,6 +573,6 @@ def stage2(result1: StageResult, reference: Arm, arms: Mapping[str, Arm]) -> Sta
 
 
 __all__ = ["NonInferiority", "noninferiority", "NONINFERIORITY_METHODS", "paired_outcomes",
-           "CostTest", "cost_lower", "COST_METHODS", "Holm", "holm", "Arm", "Comparison",
-           "compare", "Candidate", "Registration", "STAGE2_RULE", "register", "StageResult",
-           "stage1", "stage2_selection", "stage2"]
+           "CostTest", "cost_lower", "COST_METHODS", "check_settings", "Holm", "holm", "Arm",
+           "Comparison", "compare", "Candidate", "Registration", "STAGE2_RULE", "register",
+           "StageResult", "stage1", "stage2_selection", "stage2"]

@@ -16,11 +16,14 @@
   ``savings_by_point.png``.
 
 Splits: shadow/fit on DECISION GYM's fit seeds, arms on test seeds; Stage 2 on test tasks
-Stage 1 never saw. Unknown config keys are errors (``jaxdm.config``).
+Stage 1 never saw. Unknown config keys and bad values are errors before any episode runs
+(``jaxdm.config``). ``harness_config.json`` records what each finished command's results were
+made with; ``overwrite`` is needed to run a command again (see ``COMMAND_KEYS``).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import sys
@@ -33,7 +36,7 @@ import numpy as np
 from jaxdm.config import kind_and_options
 from jaxdm.harness.agent import AgentSettings, Episode, Harness
 from jaxdm.harness.dm import make_dm
-from jaxdm.harness.fit import binned, ece, estimate_point, fit_threshold
+from jaxdm.harness.fit import CALIBRATIONS, binned, ece, estimate_point, fit_threshold
 from jaxdm.harness.llm import LLMProfile, PROFILES, RemoteLLM, SimulatedLLM
 from jaxdm.harness.modes import Delegation
 from jaxdm.jsonl import read_records
@@ -63,6 +66,12 @@ class DelegationConfig:
     threshold: float | None = None
     fitted: bool = False
     k: int = 3
+
+    def __post_init__(self):
+        if self.fitted and self.threshold is not None:
+            raise ValueError(f"delegation {self.point}/{self.mode}: give either a threshold or "
+                             f"fitted: true (the fit's threshold), not both")
+        Delegation(self.point, self.mode, self.threshold, self.k)  # its own checks, by name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +107,20 @@ class FitConfig:
     min_value_share: float = 0.05
     points: tuple[str, ...] = ("tool", "params", "stop", "memory", "reflect", "route", "notes")
 
+    def __post_init__(self):
+        if self.method not in CALIBRATIONS:
+            raise ValueError(f"method must be one of {list(CALIBRATIONS)}, got {self.method!r}")
+        if not (math.isfinite(self.value_per_task) and self.value_per_task > 0):
+            raise ValueError(f"value_per_task must be a finite number > 0, got "
+                             f"{self.value_per_task!r}")
+        if self.min_support < 1:
+            raise ValueError(f"min_support must be >= 1, got {self.min_support!r}")
+        if not 0.0 <= self.min_value_share <= 1.0:
+            raise ValueError(f"min_value_share must be in [0, 1], got {self.min_value_share!r}")
+        for point in self.points:
+            if point not in POINTS:
+                raise ValueError(f"points: {point!r} is not a decision point {list(POINTS)}")
+
 
 @dataclasses.dataclass(frozen=True)
 class StatsConfig:
@@ -105,6 +128,11 @@ class StatsConfig:
     alpha: float = 0.05
     ni_method: str = "tango"
     cost_method: str = "t"
+
+    def __post_init__(self):
+        from jaxdm.stats import check_settings  # scipy: imported when a config is built
+        check_settings(margin=self.margin, alpha=self.alpha, ni_method=self.ni_method,
+                       cost_method=self.cost_method)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +154,131 @@ class HarnessConfig:
     out_dir: str = "harness_out"
     seed: int = 0
     progress: bool = True
+
+    def __post_init__(self):
+        # Everything a command would otherwise find wrong only after the episodes before it.
+        for key in ("shadow_tasks", "test_tasks", "stage2_tasks"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)!r}")
+        if self.frontier_point not in POINTS:
+            raise ValueError(f"frontier_point {self.frontier_point!r} is not a decision point "
+                             f"{list(POINTS)}")
+        for i, th in enumerate(self.frontier_thresholds):
+            if not 0.0 <= th <= 1.0:
+                raise ValueError(f"frontier_thresholds[{i}] must be in [0, 1], got {th!r}")
+        names = [a.name for a in self.arms]
+        if "llm_alone" in names or len(set(names)) != len(names):
+            raise ValueError(f"arms: names must be unique and not 'llm_alone' (the reference), "
+                             f"got {names}")
+        for arm in self.arms:
+            for i, d in enumerate(arm.delegations):
+                if d.fitted and d.point not in self.fit.points:
+                    raise ValueError(f"arm {arm.name!r} delegations[{i}]: fitted threshold for "
+                                     f"{d.point!r}, which fit.points {list(self.fit.points)} "
+                                     f"leaves out")
+        try:
+            AgentSettings(**dataclasses.asdict(self.agent))
+        except ValueError as e:
+            raise ValueError(f"agent: {e}") from None
+
+
+# ---- what a folder holds ---------------------------------------------------------------------
+# Each command's results depend on its own config keys and on those of the commands before it;
+# ``harness_config.json`` records, per finished command, the values its results were made with.
+# A command never overwrites results without ``overwrite`` (which also removes the results of
+# the commands after it: they were made from the old ones), and never builds on results made
+# with other values of an earlier command's keys.
+
+COMMAND_ORDER = ("shadow", "fit", "run", "compare")
+COMMAND_KEYS: Mapping[str, tuple[str, ...]] = {
+    "shadow": ("env", "llm", "cheap_llm", "dm", "agent", "shadow_tasks", "seed"),
+    "fit": ("fit",),
+    "run": ("arms", "test_tasks", "frontier_point", "frontier_thresholds"),
+    "compare": ("stats", "stage2_tasks"),
+}
+UNRECORDED_KEYS = ("out_dir", "progress")   # where and how a job shows itself, not its results
+COMMAND_OUTPUTS: Mapping[str, tuple[str, ...]] = {
+    "shadow": ("shadow_decisions.jsonl", "shadow_episodes.jsonl"),
+    "fit": ("thresholds.json", "calibration.png"),
+    "run": ("summary.json", "runs"),
+    "compare": ("report.json", "report.md", "frontier.png", "savings_by_point.png",
+                "runs/stage2_llm_alone", "runs/stage2_combined"),
+}
+RECORD_FILE = "harness_config.json"
+
+
+def _command_values(cfg: HarnessConfig) -> dict[str, dict[str, Any]]:
+    from jaxdm.config import to_dict
+    values = json.loads(json.dumps(to_dict(cfg)))   # as the record file holds them
+    return {a: {k: values[k] for k in keys} for a, keys in COMMAND_KEYS.items()}
+
+
+def _read_record(out: Path) -> dict[str, Any]:
+    path = out / RECORD_FILE
+    if not path.is_file():
+        return {}
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise HarnessError(f"{path}: invalid JSON ({e.msg}); remove the folder or use another "
+                           f"--out") from None
+    if not isinstance(record, dict):
+        raise HarnessError(f"{path}: expected a JSON object of finished commands")
+    return record
+
+
+def _write_record(out: Path, record: Mapping[str, Any]) -> None:
+    tmp = out / (RECORD_FILE + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1), encoding="utf-8")
+    tmp.replace(out / RECORD_FILE)
+
+
+def _claim(cfg: HarnessConfig, action: str, overwrite: bool) -> None:
+    """Check that ``action`` may write into ``cfg.out_dir`` (see the block comment above)."""
+    import shutil
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    record, now = _read_record(out), _command_values(cfg)
+    i = COMMAND_ORDER.index(action)
+    for earlier in COMMAND_ORDER[:i]:
+        if earlier in record:
+            diff = [k for k in COMMAND_KEYS[earlier] if record[earlier].get(k) != now[earlier][k]]
+            if diff:
+                raise HarnessError(
+                    f"{out}: its `{earlier}` results were made with other values of {diff}; "
+                    f"run `jaxdm harness {earlier} --overwrite` with this config first, or use "
+                    f"another --out")
+        elif any((out / f).exists() for f in COMMAND_OUTPUTS[earlier]):
+            raise HarnessError(
+                f"{out}: `{earlier}` results there were never recorded as finished (an "
+                f"interrupted command, or a folder from before {RECORD_FILE}); run `jaxdm "
+                f"harness {earlier} --overwrite`, or use another --out")
+    present = sorted({f for a in COMMAND_ORDER[i:] for f in COMMAND_OUTPUTS[a]
+                      if (out / f).exists()})
+    if present and not overwrite:
+        raise HarnessError(f"{out} already holds results of `{action}` or a later command "
+                           f"({', '.join(present)}); pass --overwrite to run {action} again "
+                           f"(removing them), or use another --out")
+    for f in present:
+        path = out / f
+        if path.exists():   # runs/stage2_* go with runs/
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    if any(a in record for a in COMMAND_ORDER[i:]):
+        _write_record(out, {a: v for a, v in record.items() if a in COMMAND_ORDER[:i]})
+
+
+def _recorded(action: str):
+    """A command that claims its folder first and records its config values once finished."""
+    def wrap(command):
+        @functools.wraps(command)
+        def run(cfg: HarnessConfig, *, overwrite: bool = False) -> Any:
+            _claim(cfg, action, overwrite)
+            result = command(cfg)
+            out = Path(cfg.out_dir)
+            _write_record(out, {**_read_record(out), action: _command_values(cfg)[action]})
+            return result
+        return run
+    return wrap
 
 
 # ---- building --------------------------------------------------------------------------------
@@ -266,6 +419,7 @@ def _decision_rows(eps: Sequence[Episode], arm: str) -> list[dict]:
 
 # ---- shadow / fit ----------------------------------------------------------------------------
 
+@_recorded("shadow")
 def cmd_shadow(cfg: HarnessConfig) -> dict[str, Any]:
     out = Path(cfg.out_dir)
     h = _harness(cfg, (), None, shadow=True)
@@ -292,6 +446,7 @@ def _prices(cfg: HarnessConfig, eps_rows: Sequence[Mapping], dec_rows: Sequence[
     return act, 20 / 1000 * out_price
 
 
+@_recorded("fit")
 def cmd_fit(cfg: HarnessConfig) -> dict[str, Any]:
     out = Path(cfg.out_dir)
     dec = _read_jsonl(out / "shadow_decisions.jsonl")
@@ -300,8 +455,6 @@ def cmd_fit(cfg: HarnessConfig) -> dict[str, Any]:
     dm_q = cfg.agent.dm_price_per_call
     fits: dict[str, Any] = {}
     for point in cfg.fit.points:
-        if point not in POINTS:
-            raise HarnessError(f"fit.points: {point!r} is not a decision point {list(POINTS)}")
         est = estimate_point(dec, eps, point, value_per_task=cfg.fit.value_per_task,
                              llm_price_per_answer=answer_price, act_call_price=act_price,
                              dm_price_per_question=dm_q, min_value_share=cfg.fit.min_value_share)
@@ -382,13 +535,10 @@ def _run_rates(eps: Sequence[Episode]) -> dict[str, float]:
     return {p: float(np.mean(v)) for p, v in out.items()}
 
 
+@_recorded("run")
 def cmd_run(cfg: HarnessConfig) -> dict[str, Any]:
     out = Path(cfg.out_dir)
     thresholds = load_thresholds(out)
-    names = [a.name for a in cfg.arms]
-    if "llm_alone" in names or len(set(names)) != len(names):
-        raise HarnessError(f"arms: names must be unique and not 'llm_alone' (the reference), "
-                           f"got {names}")
     idx = range(cfg.test_tasks)
     summary: dict[str, Any] = {"arms": {}, "frontier": []}
     t0 = time.perf_counter()
@@ -467,6 +617,7 @@ def _arm_from_files(out: Path, name: str):
                tuple(r["task_id"] for r in rows))
 
 
+@_recorded("compare")
 def cmd_compare(cfg: HarnessConfig) -> dict[str, Any]:
     from jaxdm import stats
     out = Path(cfg.out_dir)
@@ -654,7 +805,7 @@ def _savings_figure(summary: Mapping, path: Path) -> None:
     plt.close(fig)
 
 
-COMMANDS: Mapping[str, Callable[[HarnessConfig], Any]] = {
+COMMANDS: Mapping[str, Callable[..., Any]] = {
     "shadow": cmd_shadow, "fit": cmd_fit, "run": cmd_run, "compare": cmd_compare}
 
 
@@ -665,6 +816,9 @@ def _options_parser(prog: str = "jaxdm harness ACTION", positional: bool = True)
                                     "experiments/configs/harness_<name>.yaml)")
     p.add_argument("--out", dest="out_dir", help="output folder")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--overwrite", action="store_true",
+                   help="run the command again where its results exist (removing them and "
+                        "the later commands' results)")
     p.add_argument("--set", action="append", default=[], metavar="key=value",
                    help="a config override (repeatable; same as a bare key=value)")
     if positional:
@@ -705,6 +859,7 @@ def main(args) -> int:
             if getattr(extra, k) is not None:
                 setattr(args, k, getattr(extra, k))
         args.no_progress = args.no_progress or extra.no_progress
+        args.overwrite = args.overwrite or extra.overwrite
         args.set = list(args.set) + list(extra.set)
         args.overrides = list(extra.overrides)
     args.overrides = list(getattr(args, "overrides", []) or [])
@@ -720,10 +875,9 @@ def main(args) -> int:
         overrides.append("progress=false")
     try:
         cfg = load(args.config, overrides)
-        Path(cfg.out_dir).mkdir(parents=True, exist_ok=True)
         actions = list(COMMANDS) if args.action == "all" else [args.action]
         for a in actions:
-            COMMANDS[a](cfg)
+            COMMANDS[a](cfg, overwrite=args.overwrite)
     except HarnessError as e:
         print(f"jaxdm harness {args.action}: error: {e}", file=sys.stderr)
         return 2

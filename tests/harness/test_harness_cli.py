@@ -64,3 +64,73 @@ def test_config_errors_name_the_key(tmp_path, capsys, override, match):
 def test_fit_before_shadow_names_the_missing_file(tmp_path, capsys):
     assert main(["harness", "fit", "--config", "smoke", "--out", str(tmp_path)]) == 2
     assert "shadow_decisions.jsonl does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("override,match", [
+    ("test_tasks=0", "test_tasks must be >= 1"),
+    ("stats.margin=-1", "stats: margin must be a number in [0, 1)"),
+    ("stats.alpha=1.5", "stats: alpha must be a number in (0, 1)"),
+    ("fit.method=foo", "fit: method must be one of"),
+    ("fit.points=[nope]", "'nope' is not a decision point"),
+    ("fit.points=[params]", "fitted threshold for 'tool', which fit.points ['params'] leaves out"),
+    ("frontier_thresholds=[2]", "frontier_thresholds[0] must be in [0, 1]"),
+    ("frontier_point=zz", "frontier_point 'zz' is not a decision point"),
+    ("agent.window=0", "agent: AgentSettings.window must be a positive int"),
+    ("arms=[{name: a, delegations: [{point: tool, mode: cascade, threshold: 0.5, fitted: true}]}]",
+     "give either a threshold or fitted: true"),
+    ("arms=[{name: a, delegations: [{point: tool, mode: nope}]}]", "delegation mode 'nope'"),
+])
+def test_bad_values_fail_before_any_episode(tmp_path, capsys, override, match):
+    # each of these used to surface only after the shadow pass (or as a traceback at the end)
+    rc = main(["harness", "all", "--config", "smoke", "--out", str(tmp_path), "--no-progress",
+               "--set", override])
+    assert rc == 2
+    assert match in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())   # nothing ran, nothing written
+
+
+def _smoke(tmp_path, action, *extra):
+    return main(["harness", action, "--config", "smoke", "--out", str(tmp_path), "--no-progress",
+                 "shadow_tasks=4", "test_tasks=4", "stage2_tasks=4", *extra])
+
+
+def test_results_are_never_overwritten_without_being_asked(tmp_path, capsys):
+    from jaxdm.harness.run import COMMAND_KEYS, HarnessConfig, RECORD_FILE, UNRECORDED_KEYS
+    import dataclasses
+    # every config key belongs to exactly one command (or shapes no result)
+    keys = [k for ks in COMMAND_KEYS.values() for k in ks] + list(UNRECORDED_KEYS)
+    assert sorted(keys) == sorted(f.name for f in dataclasses.fields(HarnessConfig))
+
+    assert _smoke(tmp_path, "shadow") == 0 and _smoke(tmp_path, "fit") == 0
+    shadow = (tmp_path / "shadow_decisions.jsonl").read_text()
+    record = json.loads((tmp_path / RECORD_FILE).read_text())
+    assert list(record) == ["shadow", "fit"] and record["shadow"]["shadow_tasks"] == 4
+    capsys.readouterr()
+    # the same command again: refused, files untouched
+    assert _smoke(tmp_path, "shadow") == 2
+    err = capsys.readouterr().err
+    assert "already holds results of `shadow` or a later command" in err and "--overwrite" in err
+    assert (tmp_path / "shadow_decisions.jsonl").read_text() == shadow
+    # a later command with another value of an earlier command's key: refused by name
+    assert _smoke(tmp_path, "run", "seed=3") == 2
+    assert "`shadow` results were made with other values of ['seed']" in capsys.readouterr().err
+    assert not (tmp_path / "summary.json").exists()
+    # fitting again with another method is asked for: the shadow pass is reused
+    assert _smoke(tmp_path, "fit", "fit.method=binned", "--overwrite") == 0
+    assert (tmp_path / "shadow_decisions.jsonl").read_text() == shadow
+    assert json.loads((tmp_path / RECORD_FILE).read_text())["fit"]["fit"]["method"] == "binned"
+    # ... and a run made with the old fit cannot go on with the new one
+    assert _smoke(tmp_path, "run") == 2
+    assert "`fit` results were made with other values of ['fit']" in capsys.readouterr().err
+    assert _smoke(tmp_path, "run", "fit.method=binned") == 0
+    # redoing shadow removes what was built on the old pass
+    assert _smoke(tmp_path, "shadow", "--overwrite") == 0
+    assert not any((tmp_path / f).exists() for f in ("thresholds.json", "summary.json", "runs"))
+    assert list(json.loads((tmp_path / RECORD_FILE).read_text())) == ["shadow"]
+
+
+def test_an_interrupted_command_is_not_built_on(tmp_path, capsys):
+    assert _smoke(tmp_path, "shadow") == 0
+    (tmp_path / "harness_config.json").unlink()   # as if shadow had stopped before its record
+    assert _smoke(tmp_path, "fit") == 2
+    assert "`shadow` results there were never recorded as finished" in capsys.readouterr().err
