@@ -98,7 +98,8 @@ def bench(judges: list, out: Path, args, progress: bool, levels: tuple[str, ...]
                       l1_param=args.l1, l2_tasks=args.test_tasks, l2_max_states=args.test_states,
                       l3_envs=tuple(args.l3_envs.split(",")), l3_tasks=args.l3_tasks,
                       l3_max_steps=args.l3_max_steps, seed=0, progress=progress, batch=8)
-    return run(cfg)
+    # results.json lists the finished levels; an interrupted one continues where it stopped
+    return run(cfg, resume=True)
 
 
 def cascade(model_path: str, tag: str, out: Path, args, progress: bool,

@@ -20,6 +20,10 @@ def add_parser(sub) -> None:
                    help="a bench level to run (repeatable; default: the config's levels)")
     p.add_argument("--out", dest="out_dir", help="output folder")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out (same settings): finished backend x level "
+                        "units are kept")
+    p.add_argument("--overwrite", action="store_true", help="replace the run in --out")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
 
 
@@ -38,7 +42,7 @@ def main(args) -> int:
             cfg = type(cfg)(**{**cfg.__dict__, "judges": tuple(args.judges)})
         if args.levels:
             cfg = type(cfg)(**{**cfg.__dict__, "levels": tuple(dict.fromkeys(args.levels))})
-        run(cfg)
+        run(cfg, resume=args.resume, overwrite=args.overwrite)
     except (ConfigError, BenchError) as e:
         print(f"jaxdm bench: error: {e}", file=sys.stderr)
         return 2

@@ -20,7 +20,10 @@ backends: Kendall τ between each level's step-level accuracy and L3 task succes
 Writes ``bench.json``, ``records.jsonl`` (one line per question / keyed takeover decision and
 backend), ``l3_episodes.jsonl`` (one line per L3 episode and backend), ``report.md``,
 ``accuracy.png`` and ``levels.png`` (L1 vs L2 accuracy vs L3 task success per backend) to
-``out_dir``.
+``out_dir``, after ``units.jsonl`` (``jaxdm.bench.store``) got each backend x level unit as it
+finished: ``--resume`` continues an interrupted run, ``--overwrite`` replaces one, and neither
+given, a folder holding files is refused. A unit whose every answer failed makes the job fail
+(exit 2) after the others are written; it is not recorded as finished.
 """
 from __future__ import annotations
 
@@ -121,47 +124,58 @@ def answer_all(backend: Any, questions: Sequence[Any], batch: int, bar=None) -> 
     return out
 
 
-def run(cfg: BenchConfig) -> dict[str, Any]:
+# Config keys that do not shape a unit's answers (a resumed run may change them).
+UNRECORDED_KEYS = ("out_dir", "progress", "ece_bins")
+
+
+def run(cfg: BenchConfig, *, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
+    """Answer every question of every level with every backend; write the folder (see
+    ``jaxdm.bench.store``: unit by unit; ``resume`` continues a run there with the same
+    settings, ``overwrite`` replaces it). A unit (backend x level) whose every answer failed
+    is reported and makes the job fail after the rest has run and been written."""
+    from jaxdm.bench.store import BenchStore
     from jaxdm.screen.run import ScreenError, build_judges
 
     try:
         judges = build_judges(cfg.judges)
     except ScreenError as e:
         raise BenchError(str(e)) from e
-    out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    questions, stats = build_questions(cfg)
-    stats["build_seconds"] = round(time.perf_counter() - t0, 3)
-    n_total = sum(len(v) for v in questions.values())
-    result: dict[str, Any] = {"config": dataclasses.asdict(cfg), "data": stats, "backends": {}}
-    all_recs, l3_rows = [], []
     if "l3" in cfg.levels:
         from jaxdm.harness.run import HarnessError, make_llm
         try:
             make_llm(dict(cfg.l3_llm))
         except (HarnessError, ValueError, TypeError) as e:
             raise BenchError(f"l3_llm: {e}") from None
+    store = BenchStore(cfg.out_dir)
+    identity = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in UNRECORDED_KEYS}
+    try:
+        done = store.open(identity, resume=resume, overwrite=overwrite)
+    except ValueError as e:
+        raise BenchError(str(e)) from None
+    if done:
+        print(f"bench: resuming {cfg.out_dir}: {len(done)} finished unit(s) kept "
+              f"({', '.join(f'{b}/{lv}' for b, lv in done)})", flush=True)
+    out = Path(cfg.out_dir)
+    t0 = time.perf_counter()
+    questions, stats = build_questions(cfg)
+    stats["build_seconds"] = round(time.perf_counter() - t0, 3)
+    result: dict[str, Any] = {"config": dataclasses.asdict(cfg), "data": stats, "backends": {}}
+    all_recs, l3_rows, all_failed = [], [], []
     for name, backend in judges:
-        bar = None
-        if cfg.progress:
-            from tqdm.auto import tqdm
-            bar = tqdm(total=n_total, desc=f"bench {name}", unit="q")
-        recs, seconds = [], {}
-        for level, qs in questions.items():
-            t1 = time.perf_counter()
-            res = answer_all(backend, qs, cfg.batch, bar)
-            seconds[level] = time.perf_counter() - t1
-            recs.extend(metrics.records(qs, res, level))
-        if bar is not None:
-            bar.close()
-        rows = []
-        if "l3" in cfg.levels:
-            t1 = time.perf_counter()
-            l3_recs, rows = _run_l3(backend, cfg, name)
-            seconds["l3"] = time.perf_counter() - t1
-            recs.extend(l3_recs)
-            l3_rows.extend(dict(r, backend=name) for r in rows)
+        units = {}
+        for level in cfg.levels:
+            unit = done.get((name, level))
+            if unit is None:
+                unit = _run_unit(backend, name, level, questions.get(level, []), cfg)
+                if unit["records"] and all(r["failed"] for r in unit["records"]):
+                    all_failed.append((name, level, unit["records"][0]["error"]))
+                else:
+                    store.append(unit)
+            units[level] = unit
+        recs = [r for u in units.values() for r in u["records"]]
+        rows = units["l3"]["l3_rows"] if "l3" in units else []
+        l3_rows.extend(dict(r, backend=name) for r in rows)
+        seconds = {lv: u["seconds"] for lv, u in units.items()}
         summary = metrics.breakdown(recs, cfg.ece_bins)
         if rows:
             summary["l3_tasks"] = l3_lib.breakdown(rows)
@@ -180,6 +194,9 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         all_recs.extend(dict(r, backend=name) for r in recs)
     if "l3" in cfg.levels:
         result["kendall"] = metrics.level_agreement(result["backends"])
+    if all_failed:
+        result["failed_units"] = [{"backend": b, "level": lv, "reason": why}
+                                  for b, lv, why in all_failed]
     with open(out / "records.jsonl", "w", encoding="utf-8") as f:
         for r in all_recs:
             f.write(json.dumps(r) + "\n")
@@ -192,7 +209,30 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     levels_figure(result, out / "levels.png")
     (out / "report.md").write_text(report(result), encoding="utf-8")
     print(report(result))
+    if all_failed:
+        listed = "; ".join(f"{b} on {lv} ({why})" for b, lv, why in all_failed)
+        raise BenchError(f"every answer failed for {listed}; the other units are written to "
+                         f"{out}, and `jaxdm bench --resume` runs the failed ones again")
     return result
+
+
+def _run_unit(backend: Any, name: str, level: str, questions: Sequence[Any],
+              cfg: BenchConfig) -> dict[str, Any]:
+    """One backend on one level: {"backend", "level", "records", "l3_rows", "seconds"}."""
+    t0 = time.perf_counter()
+    rows: list[dict] = []
+    if level == "l3":
+        recs, rows = _run_l3(backend, cfg, name)
+    else:
+        bar = None
+        if cfg.progress:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=len(questions), desc=f"bench {name} {level}", unit="q")
+        recs = metrics.records(questions, answer_all(backend, questions, cfg.batch, bar), level)
+        if bar is not None:
+            bar.close()
+    return {"backend": name, "level": level, "records": recs, "l3_rows": rows,
+            "seconds": time.perf_counter() - t0}
 
 
 def _run_l3(backend: Any, cfg: BenchConfig, name: str) -> tuple[list, list]:
@@ -274,6 +314,9 @@ def report(result: dict[str, Any]) -> str:
     for name, b in result["backends"].items():
         if b["failure_reasons"]:
             lines += ["", f"{name} failures (first reasons): " + "; ".join(b["failure_reasons"])]
+    for u in result.get("failed_units", []):
+        lines += ["", f"**{u['backend']} failed every answer on {u['level']}** ({u['reason']}): "
+                      f"not recorded as finished; `jaxdm bench --resume` runs it again."]
     return "\n".join(lines) + "\n"
 
 

@@ -60,3 +60,70 @@ def test_backend_refusals_are_counted_not_dropped():
     qs = [MultipleChoice("c", "q", ("a", "b")), MultipleChoice("c", "q", tuple("abcde"))]
     res = answer_all(Small(), qs, batch=8)
     assert res[0].ok and not res[1].ok and "more than 3 options" in res[1].error
+
+
+def _small(tmp_path, **kw):
+    base = dict(levels=("l1", "l2"), judges=("oracle", "oracle:noise=0.3,name=noisy"),
+                out_dir=str(tmp_path), l1_tool=8, l1_param=8, l2_tasks=2, progress=False)
+    return BenchConfig(**{**base, **kw})
+
+
+def _without_seconds(res):
+    for b in res["backends"].values():
+        b["cost"].pop("seconds"), b["cost"].pop("seconds_per_call")
+    res["data"].pop("build_seconds")
+    return res
+
+
+def test_an_interrupted_bench_resumes_unit_by_unit(tmp_path, monkeypatch):
+    from jaxdm.bench import run as bench_run
+    fresh = _without_seconds(run(_small(tmp_path / "fresh")))
+    calls = []
+    real = bench_run._run_unit
+
+    def crash_on_third(backend, name, level, *args):
+        calls.append((name, level))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(backend, name, level, *args)
+
+    monkeypatch.setattr(bench_run, "_run_unit", crash_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        run(_small(tmp_path / "cut"))
+    assert len((tmp_path / "cut" / "units.jsonl").read_text().splitlines()) == 2
+    # a second start without a flag is refused; with other settings, --resume is refused
+    with pytest.raises(BenchError, match="already holds a bench run .*--resume.*--overwrite"):
+        run(_small(tmp_path / "cut"))
+    with pytest.raises(BenchError, match=r"different settings: l1_tool \(saved 8, now 9\)"):
+        run(_small(tmp_path / "cut", l1_tool=9), resume=True)
+    calls.clear()
+    resumed = _without_seconds(run(_small(tmp_path / "cut"), resume=True))
+    assert calls == [("noisy", "l1"), ("noisy", "l2")]   # the finished units were kept
+    resumed["config"]["out_dir"] = fresh["config"]["out_dir"]
+    assert resumed == fresh
+    assert [json.loads(x) for x in (tmp_path / "cut" / "records.jsonl").read_text().splitlines()
+            ] == [json.loads(x) for x in (tmp_path / "fresh" / "records.jsonl").read_text()
+                  .splitlines()]
+
+
+def test_overwrite_replaces_only_our_files(tmp_path):
+    run(_small(tmp_path, judges=("oracle",), levels=("l1",)))
+    (tmp_path / "notes.txt").write_text("mine")
+    run(_small(tmp_path, judges=("oracle",), levels=("l1",), l1_tool=4), overwrite=True)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert json.loads((tmp_path / "bench_run.json").read_text())["l1_tool"] == 4
+    with pytest.raises(BenchError, match="exclude each other"):
+        run(_small(tmp_path), resume=True, overwrite=True)
+
+
+def test_a_backend_failing_every_answer_fails_the_job_and_keeps_the_rest(tmp_path):
+    down = "remote:base_url=http://127.0.0.1:9/v1,model=m,max_retries=0,timeout=2,name=down"
+    cfg = _small(tmp_path, judges=("oracle", down), levels=("l1",))
+    with pytest.raises(BenchError, match=r"every answer failed for down on l1 \(.*--resume"):
+        run(cfg)
+    res = json.loads((tmp_path / "bench.json").read_text())
+    assert res["failed_units"][0]["backend"] == "down"
+    assert res["backends"]["oracle"]["all"]["accuracy"] == 1.0
+    assert "down failed every answer on l1" in (tmp_path / "report.md").read_text()
+    units = [json.loads(x) for x in (tmp_path / "units.jsonl").read_text().splitlines()]
+    assert [(u["backend"], u["level"]) for u in units] == [("oracle", "l1")]

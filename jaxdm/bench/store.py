@@ -1,0 +1,106 @@
+"""A bench run's output folder: written unit by unit (one backend on one level), resumable.
+
+``bench_run.json`` holds the settings that shape the answers (the config without where and how
+the job shows itself); ``units.jsonl`` one line per finished unit (its records, L3 episode rows
+and seconds), appended and fsync'd as each finishes. A folder that holds files is never
+written into without ``resume`` (same settings: finished units are kept, the rest run) or
+``overwrite`` (our own files removed, then a fresh run). A unit whose every question failed is
+not recorded as finished: a resumed run tries it again.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+from jaxdm.jsonl import read_records
+
+IDENTITY_FILE = "bench_run.json"
+UNITS_FILE = "units.jsonl"
+OUTPUT_FILES = (IDENTITY_FILE, UNITS_FILE, "bench.json", "records.jsonl", "l3_episodes.jsonl",
+                "report.md", "accuracy.png", "levels.png")
+
+
+def _short(v: Any) -> str:
+    s = json.dumps(v)
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
+class BenchStore:
+    """Opens (fresh, overwrite or resume) and appends to one bench run's folder. Errors are
+    ValueError naming the folder and what to pass."""
+
+    def __init__(self, out_dir: str | Path):
+        self.out = Path(out_dir)
+        self.identity = self.out / IDENTITY_FILE
+        self.units = self.out / UNITS_FILE
+
+    def open(self, identity: Mapping[str, Any], *, resume: bool, overwrite: bool
+             ) -> dict[tuple[str, str], dict[str, Any]]:
+        """Prepare the folder; returns the finished units (resume) keyed (backend, level)."""
+        if resume and overwrite:
+            raise ValueError("--resume and --overwrite exclude each other")
+        if self.out.exists() and not self.out.is_dir():
+            raise ValueError(f"output folder {self.out} is a file")
+        identity = json.loads(json.dumps(dict(identity)))   # compare in its saved form
+        if resume and self.identity.is_file():
+            return self._resume(identity)
+        existing = sorted(p.name for p in self.out.iterdir()) if self.out.is_dir() else []
+        if existing and not overwrite:
+            listed = ", ".join(existing[:5]) + (", ..." if len(existing) > 5 else "")
+            if resume:
+                raise ValueError(f"--resume: {self.out} holds no bench run (no {IDENTITY_FILE}) "
+                                 f"but is not empty ({listed}); choose another --out")
+            what = "a bench run" if self.identity.is_file() else "files"
+            raise ValueError(f"output folder {self.out} already holds {what} ({listed}); pass "
+                             f"--resume to continue it or --overwrite to replace it")
+        for name in OUTPUT_FILES if overwrite else ():   # only our files, never a whole folder
+            (self.out / name).unlink(missing_ok=True)
+        self.out.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.identity, json.dumps(identity, indent=1))
+        _atomic_write(self.units, "")
+        return {}
+
+    def _resume(self, identity: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+        try:
+            saved = json.loads(self.identity.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{self.identity}: invalid JSON ({e.msg}); use --overwrite to start "
+                             f"again") from None
+        changed = [k for k in sorted(set(saved) | set(identity)) if saved.get(k) != identity.get(k)]
+        if changed:
+            parts = [f"{k} (saved {_short(saved.get(k))}, now {_short(identity.get(k))})"
+                     for k in changed]
+            raise ValueError(f"--resume: {self.out} holds a run with different settings: "
+                             f"{'; '.join(parts)}; resume with the same settings, or use "
+                             f"--overwrite / another --out")
+        done: dict[tuple[str, str], dict[str, Any]] = {}
+        if self.units.is_file():
+            try:
+                lines = read_records(self.units, drop_torn_tail=True)
+            except ValueError as e:
+                raise ValueError(f"{e}; use --overwrite to start again") from None
+            for where, unit in lines:
+                if not (isinstance(unit, dict) and {"backend", "level", "records"} <= set(unit)):
+                    raise ValueError(f"{where}: not a bench unit; use --overwrite to start "
+                                     f"again")
+                done[(unit["backend"], unit["level"])] = unit
+        # rewritten whole: a torn last line must not stay in front of the next append
+        _atomic_write(self.units, "".join(json.dumps(u) + "\n" for u in done.values()))
+        return done
+
+    def append(self, unit: Mapping[str, Any]) -> None:
+        with open(self.units, "a", encoding="utf-8") as f:
+            f.write(json.dumps(dict(unit)) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+__all__ = ["BenchStore", "OUTPUT_FILES", "IDENTITY_FILE", "UNITS_FILE"]
