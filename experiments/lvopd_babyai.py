@@ -76,16 +76,13 @@ def teacher_report(cfg, episodes: int) -> dict:
         max_steps=cfg.max_actions) for i, split in enumerate(("train", "id_test", "ood_test"))}}
 
 
-def run_one(method: str, seed: int, out: Path, overrides: list[str], coef: float, log) -> dict:
-    from lvrl_babyai import run_curves  # experiments/ (this script's folder)
-
-    from jaxdm.rl.trainer import Trainer
+def run_one(method: str, seed: int, out: Path, overrides: list[str], coef: float, log, *,
+            resume: bool = False, overwrite: bool = False) -> dict:
+    from lvrl_babyai import run_curves, train_run  # experiments/ (this script's folder)
 
     cfg = train_config(method, seed, out / "runs" / method / f"seed_{seed}", overrides, coef)
     t0 = time.perf_counter()
-    tr = Trainer(cfg, log=False)
-    recs = tr.run(overwrite=True)
-    tr.close()
+    recs = train_run(cfg, resume=resume, overwrite=overwrite)
     for r in recs:
         log({"method": method, "seed": seed, **{k: v for k, v in r.items()
                                                  if not isinstance(v, (list, dict))}})
@@ -181,6 +178,9 @@ def main(argv=None) -> int:
     ap.add_argument("--set", action="append", default=[],
                     help="extra TrainConfig override key=value (repeatable)")
     ap.add_argument("--out", default="experiments/results/lvopd_babyai")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the experiment in --out: finished runs are kept")
+    ap.add_argument("--overwrite", action="store_true", help="replace the experiment in --out")
     args = ap.parse_args(argv)
     overrides = list(args.set)
     if args.quick:
@@ -195,6 +195,8 @@ def main(argv=None) -> int:
         raise SystemExit(f"unknown method(s) {bad}; known: {list(METHODS)}")
     seeds = [int(s) for s in args.seeds.split(",")]
     out = Path(args.out)
+    from lvrl_babyai import claim_results  # experiments/ (this script's folder)
+    claim_results(out, resume=args.resume, overwrite=args.overwrite)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     cfg0 = train_config("lvrl_lvopd", 0, out, overrides, args.coef)
@@ -205,7 +207,7 @@ def main(argv=None) -> int:
     (out / "PRODUCED_BY.txt").write_text(
         f"commit {commit}\ncommand python experiments/lvopd_babyai.py "
         f"{' '.join(argv if argv is not None else sys.argv[1:])}\n")
-    log_f = open(out / "metrics.jsonl", "w")
+    log_f = open(out / "metrics.jsonl", "w")  # rebuilt: run_one gives each run's whole history
 
     def log(rec):
         log_f.write(json.dumps(rec) + "\n")
@@ -216,7 +218,8 @@ def main(argv=None) -> int:
     for s in seeds:  # seed-major: a cut run still compares every method on the seeds done
         print(f"[seed {s}] methods {methods}", flush=True)
         for m in methods:
-            results[m].append(run_one(m, s, out, overrides, args.coef, log))
+            results[m].append(run_one(m, s, out, overrides, args.coef, log,
+                                      resume=args.resume, overwrite=args.overwrite))
         plot(results, out, teacher)
         lines, summary = table(results)
         (out / "table.md").write_text("\n".join(lines) + "\n")

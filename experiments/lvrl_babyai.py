@@ -82,6 +82,33 @@ CURVE_KEYS = {"train": "train/success", "all_fail": "train/all_fail_groups",
               "iter_seconds": "time/iteration", "update_seconds": "time/update"}
 
 
+def claim_results(out: Path, *, resume: bool, overwrite: bool) -> None:
+    """Refuse to write over an earlier experiment in ``out`` unless asked: ``resume`` keeps
+    every finished (method, seed) run and continues the others from their checkpoints;
+    ``overwrite`` starts every run again."""
+    if resume and overwrite:
+        raise SystemExit("--resume and --overwrite exclude each other")
+    held = [p.name for p in (out / "metrics.jsonl", out / "runs") if p.exists()]
+    if held and not (resume or overwrite):
+        raise SystemExit(f"{out} holds results of an earlier run ({', '.join(held)}); pass "
+                         f"--resume to continue it (finished runs are kept) or --overwrite to "
+                         f"replace it")
+
+
+def train_run(cfg, *, resume: bool, overwrite: bool) -> list[dict]:
+    """Runs (``resume``: continues, or keeps if finished) one Trainer run; returns all its
+    metric records, earlier sessions' included."""
+    from jaxdm.rl.trainer import Trainer
+    from jaxdm.runlog import read_metrics
+
+    tr = Trainer(cfg, log=False)
+    try:
+        tr.run(resume=resume, overwrite=overwrite)
+    finally:
+        tr.close()
+    return read_metrics(Path(cfg.out_dir) / "metrics.jsonl")
+
+
 def run_curves(recs, series: dict[str, str], defaults: dict[str, float] | None = None) -> dict:
     """A Trainer run's curves: ID / OOD success at each evaluation (``id_iter``, ``id``,
     ``ood``, fractions) and ``series`` at each training iteration (``iteration``, ...)."""
@@ -94,14 +121,11 @@ def run_curves(recs, series: dict[str, str], defaults: dict[str, float] | None =
     return curve
 
 
-def run_one(method: str, seed: int, out: Path, overrides: list[str], noise: float, log) -> dict:
-    from jaxdm.rl.trainer import Trainer
-
+def run_one(method: str, seed: int, out: Path, overrides: list[str], noise: float, log, *,
+            resume: bool = False, overwrite: bool = False) -> dict:
     cfg = train_config(method, seed, out / "runs" / method / f"seed_{seed}", overrides, noise)
     t0 = time.perf_counter()
-    tr = Trainer(cfg, log=False)
-    recs = tr.run(overwrite=True)
-    tr.close()
+    recs = train_run(cfg, resume=resume, overwrite=overwrite)
     wall = time.perf_counter() - t0
     for r in recs:
         log({"method": method, "seed": seed, **{k: v for k, v in r.items()
@@ -162,6 +186,9 @@ def main(argv=None) -> int:
     ap.add_argument("--set", action="append", default=[],
                     help="extra TrainConfig override key=value (repeatable)")
     ap.add_argument("--out", default="experiments/results/lvrl_babyai")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the experiment in --out: finished runs are kept")
+    ap.add_argument("--overwrite", action="store_true", help="replace the experiment in --out")
     args = ap.parse_args(argv)
     overrides = list(args.set)
     if args.quick:
@@ -176,6 +203,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"unknown method(s) {bad}; known: {list(METHODS)}")
     seeds = [int(s) for s in args.seeds.split(",")]
     out = Path(args.out)
+    claim_results(out, resume=args.resume, overwrite=args.overwrite)
     out.mkdir(parents=True, exist_ok=True)
     noise = measure_noise(overrides) if args.noise < 0 else args.noise
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -183,7 +211,7 @@ def main(argv=None) -> int:
     (out / "PRODUCED_BY.txt").write_text(
         f"commit {commit}\ncommand python experiments/lvrl_babyai.py "
         f"{' '.join(argv if argv is not None else sys.argv[1:])}\nnoise {noise}\n")
-    log_f = open(out / "metrics.jsonl", "w")
+    log_f = open(out / "metrics.jsonl", "w")  # rebuilt: run_one gives each run's whole history
 
     def log(rec):
         log_f.write(json.dumps(rec) + "\n")
@@ -193,7 +221,8 @@ def main(argv=None) -> int:
     results: dict[str, list] = {}
     for m in methods:
         print(f"[{m}] seeds {seeds}", flush=True)
-        results[m] = [run_one(m, s, out, overrides, noise, log) for s in seeds]
+        results[m] = [run_one(m, s, out, overrides, noise, log, resume=args.resume,
+                              overwrite=args.overwrite) for s in seeds]
     log_f.close()
     cfg0 = train_config("grpo", 0, out, overrides, noise)
     plot(results, out, cfg0.max_actions)

@@ -65,7 +65,14 @@ import time
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
-from scipy import stats as _sps
+
+
+def _sps():
+    """scipy.stats, imported on first use: configs import this module to check their
+    settings (``check_settings``), and start-up must not pay for scipy."""
+    from scipy import stats
+    return stats
+
 
 # ----------------------------------------------------------------------------- validation
 
@@ -185,12 +192,12 @@ def _invert(zfun: Callable[[float], float], zcrit: float, hi: float) -> float:
 def _wald_bound(n: int, n10: int, n01: int, alpha: float) -> float:
     d = (n01 - n10) / n
     var = max(((n01 + n10) / n - d * d) / n, 0.0)
-    return d - _sps.norm.ppf(1 - alpha) * math.sqrt(var)
+    return d - _sps().norm.ppf(1 - alpha) * math.sqrt(var)
 
 
 def _tango_bound(n: int, n10: int, n01: int, alpha: float) -> float:
     d = (n01 - n10) / n
-    zcrit = _sps.norm.ppf(1 - alpha)
+    zcrit = _sps().norm.ppf(1 - alpha)
     return _invert(lambda d0: _tango_z(n, n10, n01, d0), zcrit, hi=d)
 
 
@@ -223,7 +230,7 @@ def noninferiority(success_a: Any, success_b: Any, *, margin: float = 0.03,
     n, n10, n01 = a.size, int(np.sum((a == 1) & (b == 0))), int(np.sum((a == 0) & (b == 1)))
     zfun, bound = NONINFERIORITY_METHODS[method]
     z = float(zfun(n, n10, n01, -float(margin)))
-    p = float(_sps.norm.sf(z))
+    p = float(_sps().norm.sf(z))
     return NonInferiority(method=method, n=n, p_a=float(a.mean()), p_b=float(b.mean()),
                           diff=(n01 - n10) / n, n10=n10, n01=n01, margin=float(margin),
                           alpha=float(alpha), z=z, p_value=p,
@@ -271,14 +278,14 @@ def _cost_t(d: np.ndarray) -> tuple[float, float]:
     if np.all(d == d[0]):
         # Zero variance: every task differs by the same amount, the sign is certain.
         return (-math.inf, 0.0) if d[0] < 0 else (math.inf, 1.0) if d[0] > 0 else (0.0, 1.0)
-    r = _sps.ttest_1samp(d, 0.0, alternative="less")
+    r = _sps().ttest_1samp(d, 0.0, alternative="less")
     return float(r.statistic), float(r.pvalue)
 
 
 def _cost_wilcoxon(d: np.ndarray) -> tuple[float, float]:
     if np.all(d == 0):
         return 0.0, 1.0
-    r = _sps.wilcoxon(d, alternative="less", zero_method="wilcox")
+    r = _sps().wilcoxon(d, alternative="less", zero_method="wilcox")
     return float(r.statistic), float(r.pvalue)
 
 
