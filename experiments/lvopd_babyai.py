@@ -78,11 +78,13 @@ def teacher_report(cfg, episodes: int) -> dict:
 
 def run_one(method: str, seed: int, out: Path, overrides: list[str], coef: float, log, *,
             resume: bool = False, overwrite: bool = False) -> dict:
-    from lvrl_babyai import run_curves, train_run  # experiments/ (this script's folder)
+    from lvrl_babyai import run_curves  # experiments/ (this script's folder)
+
+    from jaxdm.rl.trainer import train_run
 
     cfg = train_config(method, seed, out / "runs" / method / f"seed_{seed}", overrides, coef)
     t0 = time.perf_counter()
-    recs = train_run(cfg, resume=resume, overwrite=overwrite)
+    recs = train_run(cfg, resume=resume, overwrite=overwrite, log=False)
     for r in recs:
         log({"method": method, "seed": seed, **{k: v for k, v in r.items()
                                                  if not isinstance(v, (list, dict))}})

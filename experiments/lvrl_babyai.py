@@ -95,20 +95,6 @@ def claim_results(out: Path, *, resume: bool, overwrite: bool) -> None:
                          f"replace it")
 
 
-def train_run(cfg, *, resume: bool, overwrite: bool) -> list[dict]:
-    """Runs (``resume``: continues, or keeps if finished) one Trainer run; returns all its
-    metric records, earlier sessions' included."""
-    from jaxdm.rl.trainer import Trainer
-    from jaxdm.runlog import read_metrics
-
-    tr = Trainer(cfg, log=False)
-    try:
-        tr.run(resume=resume, overwrite=overwrite)
-    finally:
-        tr.close()
-    return read_metrics(Path(cfg.out_dir) / "metrics.jsonl")
-
-
 def run_curves(recs, series: dict[str, str], defaults: dict[str, float] | None = None) -> dict:
     """A Trainer run's curves: ID / OOD success at each evaluation (``id_iter``, ``id``,
     ``ood``, fractions) and ``series`` at each training iteration (``iteration``, ...)."""
@@ -125,7 +111,8 @@ def run_one(method: str, seed: int, out: Path, overrides: list[str], noise: floa
             resume: bool = False, overwrite: bool = False) -> dict:
     cfg = train_config(method, seed, out / "runs" / method / f"seed_{seed}", overrides, noise)
     t0 = time.perf_counter()
-    recs = train_run(cfg, resume=resume, overwrite=overwrite)
+    from jaxdm.rl.trainer import train_run
+    recs = train_run(cfg, resume=resume, overwrite=overwrite, log=False)
     wall = time.perf_counter() - t0
     for r in recs:
         log({"method": method, "seed": seed, **{k: v for k, v in r.items()

@@ -37,7 +37,7 @@ import numpy as np
 from jaxdm import config as cfgmod
 from jaxdm import runlog
 from jaxdm.rl.estimators import ESTIMATORS
-from jaxdm.rl.trainer import RunDirError, TrainConfig, Trainer, TrainingStopped
+from jaxdm.rl.trainer import RunDirError, TrainConfig, TrainingStopped, train_run
 
 PRESETS = Path(__file__).resolve().parent / "configs"
 
@@ -52,14 +52,6 @@ def resolve_preset(argv: list[str]) -> list[str]:
             if not Path(name).is_file() and cand.is_file():
                 out[i + 1] = str(cand)
     return out
-
-
-def run_one(cfg: TrainConfig, resume: bool, overwrite: bool = False) -> list[dict]:
-    trainer = Trainer(cfg)
-    try:
-        return trainer.run(resume=resume, overwrite=overwrite)
-    finally:
-        trainer.close()
 
 
 def teacher_for(judge: str, base):
@@ -108,9 +100,7 @@ def compare(cfg: TrainConfig, estimators: list[str], seeds: list[int], resume: b
                 algo=dataclasses.replace(cfg.algo, advantage=name),
                 model=dataclasses.replace(cfg.model, init_seed=s))
             print(f"== {est}, seed {s} -> {c.out_dir}", flush=True)
-            run_one(c, resume, overwrite)
-            # the whole run's records (a resumed run returns only the iterations it added)
-            runs.append(runlog.read_metrics(Path(c.out_dir) / "metrics.jsonl"))
+            runs.append(train_run(c, resume=resume, overwrite=overwrite))
         train = [[r for r in recs if "train/success" in r] for recs in runs]
         n_it = min(len(t) for t in train)
         succ = np.array([[t[i]["train/success"] for i in range(n_it)] for t in train])
@@ -181,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             compare(cfg, args.compare.split(","), [int(s) for s in args.seeds.split(",")],
                     args.resume, args.overwrite)
         else:
-            run_one(cfg, args.resume, args.overwrite)
+            train_run(cfg, resume=args.resume, overwrite=args.overwrite)
     except (RunDirError, TrainingStopped, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

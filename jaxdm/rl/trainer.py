@@ -55,7 +55,7 @@ from jaxdm.rl.train_config import (AlgoSection, CriticSection, EnvSection,  # no
                                    ModelSection, OptimSection, PolicySection, TeacherSection,
                                    TrainConfig, signals_needed)
 
-__all__ = ["TrainConfig", "Trainer", "RunDirError", "ResumeMismatchError",
+__all__ = ["TrainConfig", "Trainer", "train_run", "RunDirError", "ResumeMismatchError",
            "TrainingStopped", "NonFiniteLossError", "TeacherFailureError"]
 
 _LOSS_KEYS = ("loss/pg", "loss/kl", "loss/entropy", "loss/value", "loss/total")
@@ -405,3 +405,16 @@ class Trainer:
     def close(self) -> None:
         self.collector.close()
         self.checkpointer.close()
+
+
+def train_run(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False,
+              log: bool = True) -> list[dict[str, Any]]:
+    """Runs (``resume``: continues; a finished run only re-reads) the training run of ``cfg``
+    and returns every metric record of it, earlier sessions' included (``Trainer.run`` returns
+    only the records it added)."""
+    trainer = Trainer(cfg, log=log)
+    try:
+        trainer.run(resume=resume, overwrite=overwrite)
+    finally:
+        trainer.close()
+    return runlog.read_metrics(Path(cfg.out_dir) / "metrics.jsonl")

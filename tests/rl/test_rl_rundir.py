@@ -8,7 +8,8 @@ import pytest
 from jaxdm import runlog
 from jaxdm.rl import rundir
 from jaxdm.rl.state import NonFiniteCheckpointError
-from jaxdm.rl.trainer import (NonFiniteLossError, ResumeMismatchError, RunDirError, Trainer)
+from jaxdm.rl.trainer import (NonFiniteLossError, ResumeMismatchError, RunDirError, Trainer,
+                               train_run)
 from tests.rl import test_rl_trainer as base
 
 
@@ -218,3 +219,17 @@ def test_real_sigint_then_resume_matches_pinned_run(tmp_path, delay=0.2):
                                rtol=1e-5, atol=1e-5)
     steps = [r["step"] for r in runlog.read_metrics(out / "metrics.jsonl")]
     assert steps == [1, 2, 2]
+
+
+def test_train_run_gives_the_whole_run_when_resumed(tmp_path):
+    # Trainer.run returns only what it added; experiments summarise whole runs (train_run)
+    cfg = cfg_at(tmp_path, "iterations=2", "checkpoint_every=1")
+    tr = Trainer(cfg, log=False)
+    first = tr.run(stop_after=1)
+    tr.close()
+    recs = train_run(cfg, resume=True, log=False)
+    assert recs[:len(first)] == runlog.read_metrics(tmp_path / "metrics.jsonl")[:len(first)]
+    assert sorted({r["step"] for r in recs}) == [1, 2]
+    assert train_run(cfg, resume=True, log=False) == recs   # finished: nothing added
+    with pytest.raises(RunDirError):
+        train_run(cfg, log=False)                             # never overwritten unasked

@@ -75,16 +75,17 @@ def test_compare_summarises_whole_runs_when_resumed(tmp_path, monkeypatch):
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
 
-    def finished_run(cfg, resume, overwrite=False):     # a finished run, resumed: adds nothing
+    def finished_run(cfg, *, resume, overwrite=False):  # a finished run, resumed: re-read
+        assert resume and not overwrite
         out = Path(cfg.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         succ = 0.25 * (cfg.seed + 1)
         recs = [{"step": 1, "train/success": succ, "teacher/score_std": 0.01},
                 {"step": 1, "eval/All": 100 * succ}]
         (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-        return []
+        return recs
 
-    monkeypatch.setattr(script, "run_one", finished_run)
+    monkeypatch.setattr(script, "train_run", finished_run)
     summary = script.compare(TrainConfig(out_dir=str(tmp_path), iterations=1),
                              ["teacher@oracle"], [0, 1], resume=True)
     row = summary["teacher@oracle"]
