@@ -166,6 +166,18 @@ class Episode:
         """Simulated / measured model time plus the harness's own measured overhead."""
         return sum(c.seconds for c in self.calls) + self.overhead_s
 
+    def to_dict(self) -> dict[str, Any]:
+        """Everything (every decision and call), JSON-ready; ``from_dict`` restores it."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Episode":
+        tup = lambda v: None if v is None else tuple(v)  # noqa: E731
+        decisions = [DecisionRecord(**{**r, "probs": tup(r.get("probs")),
+                                       "answer": tup(r.get("answer"))}) for r in d["decisions"]]
+        return cls(**{**d, "decisions": decisions,
+                      "calls": [CallRecord(**c) for c in d["calls"]]})
+
     def summary(self) -> dict[str, Any]:
         return {"task_id": self.task_id, "seed": self.seed, "success": self.success,
                 "steps": self.steps, "cost": self.cost, "seconds": self.seconds,

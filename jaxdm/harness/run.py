@@ -18,7 +18,8 @@
 Splits: shadow/fit on DECISION GYM's fit seeds, arms on test seeds; Stage 2 on test tasks
 Stage 1 never saw. Unknown config keys and bad values are errors before any episode runs
 (``jaxdm.config``). ``harness_config.json`` records what each finished command's results were
-made with; ``overwrite`` is needed to run a command again (see ``COMMAND_KEYS``).
+made with; ``overwrite`` is needed to run a command again (see ``COMMAND_KEYS``), and
+``resume`` continues an interrupted one from its journal of finished episodes.
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ import dataclasses
 import functools
 import json
 import math
+import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -187,7 +190,9 @@ class HarnessConfig:
 # ``harness_config.json`` records, per finished command, the values its results were made with.
 # A command never overwrites results without ``overwrite`` (which also removes the results of
 # the commands after it: they were made from the old ones), and never builds on results made
-# with other values of an earlier command's keys.
+# with other values of an earlier command's keys. While it runs, every finished episode is
+# appended to ``journal/<command>/<pass>.jsonl``: ``resume`` continues an interrupted command
+# with the same config (its finished episodes are kept) and skips a finished one.
 
 COMMAND_ORDER = ("shadow", "fit", "run", "compare")
 COMMAND_KEYS: Mapping[str, tuple[str, ...]] = {
@@ -205,6 +210,7 @@ COMMAND_OUTPUTS: Mapping[str, tuple[str, ...]] = {
                 "runs/stage2_llm_alone", "runs/stage2_combined"),
 }
 RECORD_FILE = "harness_config.json"
+JOURNAL_DIR = "journal"
 
 
 def _command_values(cfg: HarnessConfig) -> dict[str, dict[str, Any]]:
@@ -233,9 +239,16 @@ def _write_record(out: Path, record: Mapping[str, Any]) -> None:
     tmp.replace(out / RECORD_FILE)
 
 
-def _claim(cfg: HarnessConfig, action: str, overwrite: bool) -> None:
-    """Check that ``action`` may write into ``cfg.out_dir`` (see the block comment above)."""
+def _journal(cfg: HarnessConfig, action: str) -> Path:
+    return Path(cfg.out_dir) / JOURNAL_DIR / action
+
+
+def _claim(cfg: HarnessConfig, action: str, *, overwrite: bool, resume: bool) -> bool:
+    """Check that ``action`` may write into ``cfg.out_dir`` (see the block comment above);
+    True when ``resume`` finds it finished with this config (nothing to run)."""
     import shutil
+    if overwrite and resume:
+        raise HarnessError("--resume and --overwrite exclude each other")
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     record, now = _read_record(out), _command_values(cfg)
@@ -248,34 +261,75 @@ def _claim(cfg: HarnessConfig, action: str, overwrite: bool) -> None:
                     f"{out}: its `{earlier}` results were made with other values of {diff}; "
                     f"run `jaxdm harness {earlier} --overwrite` with this config first, or use "
                     f"another --out")
+        elif _journal(cfg, earlier).is_dir():
+            raise HarnessError(f"{out}: `{earlier}` was interrupted there; run `jaxdm harness "
+                               f"{earlier} --resume` first")
         elif any((out / f).exists() for f in COMMAND_OUTPUTS[earlier]):
             raise HarnessError(
                 f"{out}: `{earlier}` results there were never recorded as finished (an "
                 f"interrupted command, or a folder from before {RECORD_FILE}); run `jaxdm "
-                f"harness {earlier} --overwrite`, or use another --out")
+                f"harness {earlier} --resume` or `--overwrite`, or use another --out")
+    if resume and record.get(action) == now[action] and all(
+            (out / f).exists() for f in COMMAND_OUTPUTS[action] if not f.startswith("runs/")):
+        print(f"harness {action}: finished in {out} with this config; kept", flush=True)
+        return True
     present = sorted({f for a in COMMAND_ORDER[i:] for f in COMMAND_OUTPUTS[a]
                       if (out / f).exists()})
     if present and not overwrite:
         raise HarnessError(f"{out} already holds results of `{action}` or a later command "
                            f"({', '.join(present)}); pass --overwrite to run {action} again "
                            f"(removing them), or use another --out")
+    journal = _journal(cfg, action)
+    values = {a: now[a] for a in COMMAND_ORDER[:i + 1]}
+    if journal.is_dir() and not overwrite:
+        done = sum(len(p.read_text(encoding="utf-8").splitlines())
+                   for p in journal.glob("*.jsonl"))
+        if not resume:
+            raise HarnessError(f"{out} holds an interrupted `{action}` ({done} episodes "
+                               f"finished, {journal}); pass --resume to continue it or "
+                               f"--overwrite to start it again")
+        saved = _read_json(journal / "config.json")
+        diff = sorted(k for a in values for k in COMMAND_KEYS[a]
+                      if (saved.get(a) or {}).get(k) != values[a][k])
+        if diff:
+            raise HarnessError(f"--resume: the interrupted `{action}` in {out} ran with other "
+                               f"values of {diff}; resume with its config, or --overwrite")
+        print(f"harness {action}: resuming in {out} ({done} episodes kept)", flush=True)
     for f in present:
         path = out / f
         if path.exists():   # runs/stage2_* go with runs/
             shutil.rmtree(path) if path.is_dir() else path.unlink()
+    for a in COMMAND_ORDER[i:] if overwrite else COMMAND_ORDER[i + 1:]:
+        shutil.rmtree(_journal(cfg, a), ignore_errors=True)
     if any(a in record for a in COMMAND_ORDER[i:]):
         _write_record(out, {a: v for a, v in record.items() if a in COMMAND_ORDER[:i]})
+    journal.mkdir(parents=True, exist_ok=True)
+    (journal / "config.json").write_text(json.dumps(values, indent=1), encoding="utf-8")
+    return False
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise HarnessError(f"{path}: unreadable ({e}); use --overwrite") from None
+    if not isinstance(value, dict):
+        raise HarnessError(f"{path}: expected a JSON object; use --overwrite")
+    return value
 
 
 def _recorded(action: str):
     """A command that claims its folder first and records its config values once finished."""
     def wrap(command):
         @functools.wraps(command)
-        def run(cfg: HarnessConfig, *, overwrite: bool = False) -> Any:
-            _claim(cfg, action, overwrite)
+        def run(cfg: HarnessConfig, *, overwrite: bool = False, resume: bool = False) -> Any:
+            import shutil
+            if _claim(cfg, action, overwrite=overwrite, resume=resume):
+                return None
             result = command(cfg)
             out = Path(cfg.out_dir)
             _write_record(out, {**_read_record(out), action: _command_values(cfg)[action]})
+            shutil.rmtree(_journal(cfg, action))   # its episodes are in the results now
             return result
         return run
     return wrap
@@ -366,13 +420,32 @@ def _progress(cfg: HarnessConfig, total: int, desc: str):
 
 
 def run_episodes(cfg: HarnessConfig, harness: Harness, split: str, indices: Sequence[int],
-                 desc: str) -> list[Episode]:
+                 desc: str, journal: Path | None = None) -> list[Episode]:
+    """One episode per task index, in order. ``journal`` (a folder): each finished episode is
+    appended to ``<journal>/<desc>.jsonl`` as it ends, and episodes already there are kept
+    instead of run again (a resumed command)."""
     from jaxdm.envs.decision_gym import DecisionGym
     env, params = DecisionGym(), _gym_params(cfg, split)
+    path = None if journal is None else journal / (re.sub(r"[^\w.-]+", "_", desc) + ".jsonl")
+    kept: dict[int, Episode] = {}
+    if path is not None and path.is_file():
+        try:
+            for _, row in read_records(path, drop_torn_tail=True):
+                kept[int(row["index"])] = Episode.from_dict(row["episode"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise HarnessError(f"{path}: not a harness journal ({e}); use --overwrite") from None
     bar = _progress(cfg, len(indices), desc)
     eps = []
     for i in indices:
-        eps.append(harness.run_task(env, i, params))
+        if i in kept:
+            eps.append(kept[i])
+        else:
+            eps.append(harness.run_task(env, i, params))
+            if path is not None:
+                with path.open("a", encoding="utf-8") as f:
+                    f.write(json.dumps({"index": i, "episode": eps[-1].to_dict()}) + "\n")
+                    f.flush()
+                    os.fsync(f.fileno())
         if bar is not None:
             bar.update(1)
             bar.set_postfix(success=f"{np.mean([e.success for e in eps]):.3f}")
@@ -423,7 +496,8 @@ def _decision_rows(eps: Sequence[Episode], arm: str) -> list[dict]:
 def cmd_shadow(cfg: HarnessConfig) -> dict[str, Any]:
     out = Path(cfg.out_dir)
     h = _harness(cfg, (), None, shadow=True)
-    eps = run_episodes(cfg, h, "fit", range(cfg.shadow_tasks), "shadow")
+    eps = run_episodes(cfg, h, "fit", range(cfg.shadow_tasks), "shadow",
+                       _journal(cfg, "shadow"))
     _write_jsonl(out / "shadow_decisions.jsonl", _decision_rows(eps, "shadow"))
     _write_jsonl(out / "shadow_episodes.jsonl", [e.summary() for e in eps])
     summary = _arm_summary("shadow", eps)
@@ -508,7 +582,8 @@ def _arm_summary(name: str, eps: Sequence[Episode]) -> dict[str, Any]:
             "points": per_point}
 
 
-def _run_arm(cfg: HarnessConfig, arm: ArmConfig, thresholds, indices, desc, rates) -> tuple:
+def _run_arm(cfg: HarnessConfig, arm: ArmConfig, thresholds, indices, desc, rates,
+             journal: Path | None = None) -> tuple:
     dels = _delegations(arm, thresholds)
     dm = None
     if arm.random_trigger_like is not None:
@@ -521,7 +596,7 @@ def _run_arm(cfg: HarnessConfig, arm: ArmConfig, thresholds, indices, desc, rate
         from jaxdm.harness.dm import RandomTrigger
         dm = RandomTrigger(rates[arm.random_trigger_like].get(dels[0].point, 0.0), cfg.seed)
     h = _harness(cfg, dels, arm.dm, dm=dm)
-    eps = run_episodes(cfg, h, "test", indices, desc)
+    eps = run_episodes(cfg, h, "test", indices, desc, journal)
     return eps, dels
 
 
@@ -542,11 +617,12 @@ def cmd_run(cfg: HarnessConfig) -> dict[str, Any]:
     idx = range(cfg.test_tasks)
     summary: dict[str, Any] = {"arms": {}, "frontier": []}
     t0 = time.perf_counter()
-    ref = run_episodes(cfg, _harness(cfg, (), None), "test", idx, "llm_alone")
+    journal = _journal(cfg, "run")
+    ref = run_episodes(cfg, _harness(cfg, (), None), "test", idx, "llm_alone", journal)
     _save_arm(out, "llm_alone", ref, summary, [])
     rates: dict[str, dict[str, float]] = {}
     for arm in cfg.arms:
-        eps, dels = _run_arm(cfg, arm, thresholds, idx, arm.name, rates)
+        eps, dels = _run_arm(cfg, arm, thresholds, idx, arm.name, rates, journal)
         rates[arm.name] = _run_rates(eps)
         _save_arm(out, arm.name, eps, summary, dels, arm)
         drift = _drift(arm, dels, eps, thresholds)
@@ -560,7 +636,7 @@ def cmd_run(cfg: HarnessConfig) -> dict[str, Any]:
     for th in sorted(set(ths)):
         arm = ArmConfig(f"frontier_{cfg.frontier_point}_{th:g}",
                         (DelegationConfig(cfg.frontier_point, "cascade", th),))
-        eps, _ = _run_arm(cfg, arm, thresholds, idx, arm.name, rates)
+        eps, _ = _run_arm(cfg, arm, thresholds, idx, arm.name, rates, journal)
         s = _arm_summary(arm.name, eps)
         summary["frontier"].append({"threshold": th, "success": s["success"], "cost": s["cost"]})
     summary["wall_s"] = time.perf_counter() - t0
@@ -643,11 +719,13 @@ def cmd_compare(cfg: HarnessConfig) -> dict[str, Any]:
         if chosen:  # nothing passed: the LLM keeps every point and there is no Stage 2 test
             idx2 = range(cfg.test_tasks, cfg.test_tasks + cfg.stage2_tasks)
             thresholds = load_thresholds(out)
-            ref2 = run_episodes(cfg, _harness(cfg, (), None), "test", idx2, "stage2 llm_alone")
+            journal = _journal(cfg, "compare")
+            ref2 = run_episodes(cfg, _harness(cfg, (), None), "test", idx2, "stage2 llm_alone",
+                                journal)
             arms_by_name = {a.name: a for a in cfg.arms}
             arm = ArmConfig("combined", tuple(d for n in chosen
                                               for d in arms_by_name[n].delegations))
-            eps2, dels2 = _run_arm(cfg, arm, thresholds, idx2, "stage2 combined", {})
+            eps2, dels2 = _run_arm(cfg, arm, thresholds, idx2, "stage2 combined", {}, journal)
             s2: dict[str, Any] = {"arms": {}}
             _save_arm(out, "stage2_llm_alone", ref2, s2, [])
             _save_arm(out, "stage2_combined", eps2, s2, dels2)
@@ -819,6 +897,9 @@ def _options_parser(prog: str = "jaxdm harness ACTION", positional: bool = True)
     p.add_argument("--overwrite", action="store_true",
                    help="run the command again where its results exist (removing them and "
                         "the later commands' results)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted command (its finished episodes are kept); "
+                        "a finished one is skipped")
     p.add_argument("--set", action="append", default=[], metavar="key=value",
                    help="a config override (repeatable; same as a bare key=value)")
     if positional:
@@ -860,6 +941,7 @@ def main(args) -> int:
                 setattr(args, k, getattr(extra, k))
         args.no_progress = args.no_progress or extra.no_progress
         args.overwrite = args.overwrite or extra.overwrite
+        args.resume = args.resume or extra.resume
         args.set = list(args.set) + list(extra.set)
         args.overrides = list(extra.overrides)
     args.overrides = list(getattr(args, "overrides", []) or [])
@@ -877,7 +959,7 @@ def main(args) -> int:
         cfg = load(args.config, overrides)
         actions = list(COMMANDS) if args.action == "all" else [args.action]
         for a in actions:
-            COMMANDS[a](cfg, overwrite=args.overwrite)
+            COMMANDS[a](cfg, overwrite=args.overwrite, resume=args.resume)
     except HarnessError as e:
         print(f"jaxdm harness {args.action}: error: {e}", file=sys.stderr)
         return 2

@@ -134,3 +134,47 @@ def test_an_interrupted_command_is_not_built_on(tmp_path, capsys):
     (tmp_path / "harness_config.json").unlink()   # as if shadow had stopped before its record
     assert _smoke(tmp_path, "fit") == 2
     assert "`shadow` results there were never recorded as finished" in capsys.readouterr().err
+
+
+def _timeless(path):
+    drop = ("seconds", "overhead_s")
+    return [{k: v for k, v in json.loads(x).items() if k not in drop}
+            for x in path.read_text().splitlines()]
+
+
+def test_an_interrupted_command_resumes_episode_by_episode(tmp_path, capsys, monkeypatch):
+    from jaxdm.harness.agent import Harness
+    assert _smoke(tmp_path / "whole", "all") == 0
+    real, ran = Harness.run_task, []
+
+    def cut_at_third(self, env, seed, params):
+        ran.append(seed)
+        if len(ran) == 3:
+            raise KeyboardInterrupt     # a kill mid-pass: two episodes are in the journal
+        return real(self, env, seed, params)
+
+    monkeypatch.setattr(Harness, "run_task", cut_at_third)
+    with pytest.raises(KeyboardInterrupt):
+        _smoke(tmp_path / "cut", "shadow")
+    assert len((tmp_path / "cut/journal/shadow/shadow.jsonl").read_text().splitlines()) == 2
+    capsys.readouterr()
+    assert _smoke(tmp_path / "cut", "shadow") == 2
+    assert "holds an interrupted `shadow` (2 episodes finished" in capsys.readouterr().err
+    assert _smoke(tmp_path / "cut", "fit") == 2
+    assert "`shadow` was interrupted there; run `jaxdm harness shadow --resume`" in \
+        capsys.readouterr().err
+    assert _smoke(tmp_path / "cut", "shadow", "--resume", "seed=1") == 2
+    assert "ran with other values of ['seed']" in capsys.readouterr().err
+    ran.clear()
+    monkeypatch.setattr(Harness, "run_task", lambda self, env, seed, params: (
+        ran.append(seed), real(self, env, seed, params))[1])
+    assert _smoke(tmp_path / "cut", "all", "--resume") == 0
+    assert ran[:2] == [2, 3]           # shadow: only the two tasks the cut left
+    assert not (tmp_path / "cut/journal/shadow").exists()
+    for f in ("shadow_decisions.jsonl", "shadow_episodes.jsonl",
+              "runs/llm_alone/episodes.jsonl", "runs/tool_replace/decisions.jsonl"):
+        assert _timeless(tmp_path / "cut" / f) == _timeless(tmp_path / "whole" / f), f
+    # everything finished: a resumed `all` keeps it and runs nothing
+    ran.clear()
+    assert _smoke(tmp_path / "cut", "all", "--resume") == 0 and ran == []
+    assert "finished in" in capsys.readouterr().out
