@@ -44,6 +44,7 @@ from jaxdm.harness.llm import LLMProfile, PROFILES, RemoteLLM, SimulatedLLM
 from jaxdm.harness.modes import Delegation
 from jaxdm.jsonl import read_records
 from jaxdm.roles.harness import POINTS
+from jaxdm.stats import check_settings
 
 
 class HarnessError(ValueError):
@@ -133,7 +134,6 @@ class StatsConfig:
     cost_method: str = "t"
 
     def __post_init__(self):
-        from jaxdm.stats import check_settings  # scipy: imported when a config is built
         check_settings(margin=self.margin, alpha=self.alpha, ni_method=self.ni_method,
                        cost_method=self.cost_method)
 
@@ -221,16 +221,7 @@ def _command_values(cfg: HarnessConfig) -> dict[str, dict[str, Any]]:
 
 def _read_record(out: Path) -> dict[str, Any]:
     path = out / RECORD_FILE
-    if not path.is_file():
-        return {}
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise HarnessError(f"{path}: invalid JSON ({e.msg}); remove the folder or use another "
-                           f"--out") from None
-    if not isinstance(record, dict):
-        raise HarnessError(f"{path}: expected a JSON object of finished commands")
-    return record
+    return _read_json(path) if path.is_file() else {}
 
 
 def _write_record(out: Path, record: Mapping[str, Any]) -> None:
@@ -275,13 +266,14 @@ def _claim(cfg: HarnessConfig, action: str, *, overwrite: bool, resume: bool) ->
         return True
     present = sorted({f for a in COMMAND_ORDER[i:] for f in COMMAND_OUTPUTS[a]
                       if (out / f).exists()})
-    if present and not overwrite:
+    journal = _journal(cfg, action)
+    interrupted = journal.is_dir()   # then `present` are its partial results (written again)
+    if present and not overwrite and not interrupted:
         raise HarnessError(f"{out} already holds results of `{action}` or a later command "
                            f"({', '.join(present)}); pass --overwrite to run {action} again "
                            f"(removing them), or use another --out")
-    journal = _journal(cfg, action)
     values = {a: now[a] for a in COMMAND_ORDER[:i + 1]}
-    if journal.is_dir() and not overwrite:
+    if interrupted and not overwrite:
         done = sum(len(p.read_text(encoding="utf-8").splitlines())
                    for p in journal.glob("*.jsonl"))
         if not resume:
@@ -312,9 +304,11 @@ def _read_json(path: Path) -> dict[str, Any]:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
-        raise HarnessError(f"{path}: unreadable ({e}); use --overwrite") from None
+        raise HarnessError(f"{path}: unreadable ({e}); use another --out, or --overwrite "
+                           f"from the first command") from None
     if not isinstance(value, dict):
-        raise HarnessError(f"{path}: expected a JSON object; use --overwrite")
+        raise HarnessError(f"{path}: expected a JSON object; use another --out, or "
+                           f"--overwrite from the first command")
     return value
 
 

@@ -178,3 +178,32 @@ def test_an_interrupted_command_resumes_episode_by_episode(tmp_path, capsys, mon
     ran.clear()
     assert _smoke(tmp_path / "cut", "all", "--resume") == 0 and ran == []
     assert "finished in" in capsys.readouterr().out
+
+
+def test_an_interrupted_run_resumes_with_its_finished_arms(tmp_path, capsys, monkeypatch):
+    from jaxdm.harness.agent import Harness
+    assert _smoke(tmp_path / "whole", "all") == 0
+    assert _smoke(tmp_path / "cut", "shadow") == 0 and _smoke(tmp_path / "cut", "fit") == 0
+    real, ran = Harness.run_task, []
+
+    def cut(self, env, seed, params):
+        ran.append(seed)
+        if len(ran) == 7:     # the reference arm (4 tasks) is saved, the next arm cut
+            raise KeyboardInterrupt
+        return real(self, env, seed, params)
+
+    monkeypatch.setattr(Harness, "run_task", cut)
+    with pytest.raises(KeyboardInterrupt):
+        _smoke(tmp_path / "cut", "run")
+    assert (tmp_path / "cut/runs/llm_alone/episodes.jsonl").is_file()   # partial results
+    ran.clear()
+    monkeypatch.setattr(Harness, "run_task", lambda self, env, seed, params: (
+        ran.append(seed), real(self, env, seed, params))[1])
+    assert _smoke(tmp_path / "cut", "run", "--resume") == 0
+    assert ran[:2] == [2, 3]    # the cut arm's two missing tasks first, nothing run twice
+    for f in ("runs/llm_alone/episodes.jsonl", "runs/tool_replace/decisions.jsonl"):
+        assert _timeless(tmp_path / "cut" / f) == _timeless(tmp_path / "whole" / f), f
+    s_cut = json.loads((tmp_path / "cut/summary.json").read_text())
+    s_whole = json.loads((tmp_path / "whole/summary.json").read_text())
+    assert [a["success"] for a in s_cut["arms"].values()] == \
+        [a["success"] for a in s_whole["arms"].values()]
