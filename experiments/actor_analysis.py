@@ -35,6 +35,7 @@ DEPENDENCY_TYPES = tuple(t for t in TASK_TYPES if t.startswith(("pick_clean", "p
 _STATIONS = {"pick_clean_then_place_in_recep": "sinks", "pick_heat_then_place_in_recep": "microwaves",
              "pick_cool_then_place_in_recep": "fridges"}
 VARIANTS = ("original", "hint", "hint_example")
+OUTPUTS = ("actor_analysis.json", "actor_analysis.md", "goal_masking.png", "prompt_variants.png")
 
 
 @dataclasses.dataclass
@@ -210,7 +211,15 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="actor_out")
     ap.add_argument("--quick", action="store_true", help="4 states, budget 14")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace the results already in --out")
     args = ap.parse_args(argv)
+    out = Path(args.out)
+    held = [f for f in OUTPUTS if (out / f).exists()]
+    if held and not args.overwrite:   # checked before minutes of scoring, not after
+        print(f"actor_analysis: error: {out} already holds results ({', '.join(held)}); pass "
+              f"--overwrite to replace them or choose another --out", file=sys.stderr)
+        return 2
     if args.quick:
         args.states, args.budget = 4, 14
     from jaxdm.screen.run import ScreenError, build_judges
@@ -223,7 +232,6 @@ def main(argv=None) -> int:
     states = diagnostic_states(args.states, seed=args.seed)
     res = {"judge": name, "budget": args.budget, "goal_masking": goal_masking(backend, states, args.budget),
            "variants": {v: continuations(backend, states, args.budget, v) for v in VARIANTS}}
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "actor_analysis.json").write_text(json.dumps(res, indent=1))
     gm = res["goal_masking"]
