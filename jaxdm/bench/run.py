@@ -161,21 +161,27 @@ def run(cfg: BenchConfig, *, resume: bool = False, overwrite: bool = False) -> d
     stats["build_seconds"] = round(time.perf_counter() - t0, 3)
     result: dict[str, Any] = {"config": dataclasses.asdict(cfg), "data": stats, "backends": {}}
     all_recs, l3_rows, all_failed = [], [], []
+    # units: L1, L2, and L3 one env at a time (the longest part of a bench)
+    parts = [p for lv in cfg.levels
+             for p in ([f"l3/{env}" for env in cfg.l3_envs] if lv == "l3" else [lv])]
     for name, backend in judges:
         units = {}
-        for level in cfg.levels:
-            unit = done.get((name, level))
+        for part in parts:
+            unit = done.get((name, part))
             if unit is None:
-                unit = _run_unit(backend, name, level, questions.get(level, []), cfg)
+                unit = _run_unit(backend, name, part, questions.get(part, []), cfg)
                 if unit["records"] and all(r["failed"] for r in unit["records"]):
-                    all_failed.append((name, level, unit["records"][0]["error"]))
+                    all_failed.append((name, part, unit["records"][0]["error"]))
                 else:
                     store.append(unit)
-            units[level] = unit
+            units[part] = unit
         recs = [r for u in units.values() for r in u["records"]]
-        rows = units["l3"]["l3_rows"] if "l3" in units else []
+        rows = [r for u in units.values() for r in u["l3_rows"]]
         l3_rows.extend(dict(r, backend=name) for r in rows)
-        seconds = {lv: u["seconds"] for lv, u in units.items()}
+        seconds: dict[str, float] = {}
+        for part, u in units.items():
+            level = part.split("/")[0]
+            seconds[level] = seconds.get(level, 0.0) + u["seconds"]
         summary = metrics.breakdown(recs, cfg.ece_bins)
         if rows:
             summary["l3_tasks"] = l3_lib.breakdown(rows)
@@ -218,11 +224,12 @@ def run(cfg: BenchConfig, *, resume: bool = False, overwrite: bool = False) -> d
 
 def _run_unit(backend: Any, name: str, level: str, questions: Sequence[Any],
               cfg: BenchConfig) -> dict[str, Any]:
-    """One backend on one level: {"backend", "level", "records", "l3_rows", "seconds"}."""
+    """One backend on one level ("l1", "l2") or L3 env ("l3/<env>"): {"backend", "level",
+    "records", "l3_rows", "seconds"}."""
     t0 = time.perf_counter()
     rows: list[dict] = []
-    if level == "l3":
-        recs, rows = _run_l3(backend, cfg, name)
+    if level.startswith("l3/"):
+        recs, rows = _run_l3(backend, cfg, name, level.split("/", 1)[1])
     else:
         bar = None
         if cfg.progress:
@@ -235,12 +242,12 @@ def _run_unit(backend: Any, name: str, level: str, questions: Sequence[Any],
             "seconds": time.perf_counter() - t0}
 
 
-def _run_l3(backend: Any, cfg: BenchConfig, name: str) -> tuple[list, list]:
-    l3cfg = cfg.l3_config()
+def _run_l3(backend: Any, cfg: BenchConfig, name: str, env: str) -> tuple[list, list]:
+    l3cfg = dataclasses.replace(cfg.l3_config(), envs=(env,))
     bar = None
     if cfg.progress:
         from tqdm.auto import tqdm
-        bar = tqdm(total=len(l3cfg.envs) * l3cfg.tasks, desc=f"L3 {name}", unit="task")
+        bar = tqdm(total=l3cfg.tasks, desc=f"L3 {name} {env}", unit="task")
     recs, rows = l3_lib.run_l3(backend, l3cfg,
                                on_episode=(lambda r: bar.update(1)) if bar is not None else None)
     if bar is not None:

@@ -1,4 +1,5 @@
-"""A bench run's output folder: written unit by unit (one backend on one level), resumable.
+"""A bench run's output folder: written unit by unit (one backend on one level, or on one L3
+env), resumable.
 
 ``bench_run.json`` holds the settings that shape the answers (the config without where and how
 the job shows itself); ``units.jsonl`` one line per finished unit (its records, L3 episode rows

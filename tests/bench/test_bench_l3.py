@@ -85,3 +85,7 @@ def test_bench_job_with_l3(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "l3_episodes.jsonl").read_text().splitlines()]
     assert len(rows) == 2 * 2 * 2 and {r["backend"] for r in rows} == {"oracle", "noisy"}
     assert "L3 (taking over" in (tmp_path / "report.md").read_text()
+    # saved as it goes: L3 one env at a time (what a resumed bench keeps)
+    units = [json.loads(x) for x in (tmp_path / "units.jsonl").read_text().splitlines()]
+    assert [(u["backend"], u["level"]) for u in units] == [
+        (b, part) for b in ("oracle", "noisy") for part in ("l2", "l3/base", "l3/alfworld")]
