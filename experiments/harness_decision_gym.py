@@ -36,7 +36,7 @@ LLMS = ("strong", "weak")
 
 
 def run_setting(variant: str, llm: str, sizes: dict, out_root: Path, progress: bool,
-                overwrite: bool = False) -> dict:
+                overwrite: bool = False, resume: bool = False) -> dict:
     out = out_root / f"{variant}_{llm}"
     overrides = [f"env.variant={variant}", f"llm.profile={llm}", f"out_dir={out}",
                  f"progress={'true' if progress else 'false'}"] + \
@@ -45,7 +45,7 @@ def run_setting(variant: str, llm: str, sizes: dict, out_root: Path, progress: b
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     for name in ("shadow", "fit", "run", "compare"):
-        hr.COMMANDS[name](cfg, overwrite=overwrite)
+        hr.COMMANDS[name](cfg, overwrite=overwrite, resume=resume)
     report = json.loads((out / "report.json").read_text())
     report["wall_s"] = time.perf_counter() - t0
     return report
@@ -116,6 +116,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--overwrite", action="store_true",
                     help="run the settings again where --out already holds their results")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue interrupted settings (finished commands and episodes kept)")
     args = ap.parse_args(argv)
     if args.only_smollm2:
         smollm2_shadow(args.smollm2 or 5, Path(args.out), not args.no_progress, args.overwrite)
@@ -130,7 +132,7 @@ def main(argv=None) -> int:
     for variant in args.variants.split(","):
         for llm in args.llms.split(","):
             rep = run_setting(variant, llm, sizes if variant == "base" else secondary,
-                              out_root, not args.no_progress, args.overwrite)
+                              out_root, not args.no_progress, args.overwrite, args.resume)
             rep["sizes"] = sizes if variant == "base" else secondary
             rep["out"] = str(out_root / f"{variant}_{llm}")
             reports[f"{variant}/{llm}"] = rep
