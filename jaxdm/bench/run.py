@@ -31,7 +31,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from jaxdm.bench import l1 as l1_lib
 from jaxdm.bench import l3 as l3_lib
@@ -170,8 +170,9 @@ def run(cfg: BenchConfig, *, resume: bool = False, overwrite: bool = False) -> d
             unit = done.get((name, part))
             if unit is None:
                 unit = _run_unit(backend, name, part, questions.get(part, []), cfg)
-                if unit["records"] and all(r["failed"] for r in unit["records"]):
-                    all_failed.append((name, part, unit["records"][0]["error"]))
+                why = _measured_nothing(unit)
+                if why is not None:
+                    all_failed.append((name, part, why))
                 else:
                     store.append(unit)
             units[part] = unit
@@ -217,9 +218,21 @@ def run(cfg: BenchConfig, *, resume: bool = False, overwrite: bool = False) -> d
     print(report(result))
     if all_failed:
         listed = "; ".join(f"{b} on {lv} ({why})" for b, lv, why in all_failed)
-        raise BenchError(f"every answer failed for {listed}; the other units are written to "
+        raise BenchError(f"nothing was measured for {listed}; the other units are written to "
                          f"{out}, and `jaxdm bench --resume` runs the failed ones again")
     return result
+
+
+def _measured_nothing(unit: Mapping[str, Any]) -> str | None:
+    """Why a unit measured nothing (every answer of the model failed, or in L3 every call of
+    the agent LLM), else None."""
+    recs, rows = unit["records"], unit["l3_rows"]
+    if recs and all(r["failed"] for r in recs):
+        return recs[0]["error"]
+    llm_calls = sum(r["llm_calls"] for r in rows)
+    if llm_calls and sum(r["llm_failures"] for r in rows) >= llm_calls:
+        return f"every one of the agent LLM's {llm_calls} calls failed"
+    return None
 
 
 def _run_unit(backend: Any, name: str, level: str, questions: Sequence[Any],
@@ -322,7 +335,7 @@ def report(result: dict[str, Any]) -> str:
         if b["failure_reasons"]:
             lines += ["", f"{name} failures (first reasons): " + "; ".join(b["failure_reasons"])]
     for u in result.get("failed_units", []):
-        lines += ["", f"**{u['backend']} failed every answer on {u['level']}** ({u['reason']}): "
+        lines += ["", f"**{u['backend']} measured nothing on {u['level']}** ({u['reason']}): "
                       f"not recorded as finished; `jaxdm bench --resume` runs it again."]
     return "\n".join(lines) + "\n"
 

@@ -272,15 +272,20 @@ class Harness:
         usd = self.settings.dm_price_per_call + sum((r.cost.usd or 0.0) for r in results
                                                     if r is not None)
         secs = self.settings.dm_latency_s + sum(r.cost.seconds for r in results if r is not None)
-        ep.calls.append(CallRecord("dm", getattr(self.dm, "name", "dm"), step, usd=usd,
-                                   seconds=secs))
         out: list[ChoiceResult | None] = []
+        reasons = []
         for q, r in zip(questions, results):
             if r is None or not r.ok or r.probs is None or len(r.probs) != len(q.options):
                 ep.dm_failures += 1
                 out.append(None)
+                reasons.append(getattr(r, "error", None) or "no usable distribution")
             else:
                 out.append(r)
+        # the call went through; what failed were answers (counted above): their first reason
+        ep.calls.append(CallRecord("dm", getattr(self.dm, "name", "dm"), step, usd=usd,
+                                   seconds=secs, error=(f"{len(reasons)} of {len(questions)} "
+                                                        f"answers failed: {reasons[0]}"
+                                                        if reasons else None)))
         self._last_dm_share = (usd / len(questions), secs / len(questions))
         return out
 

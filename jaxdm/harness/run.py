@@ -445,7 +445,33 @@ def run_episodes(cfg: HarnessConfig, harness: Harness, split: str, indices: Sequ
             bar.set_postfix(success=f"{np.mean([e.success for e in eps]):.3f}")
     if bar is not None:
         bar.close()
+    _check_pass(eps, desc, path)
     return eps
+
+
+def _check_pass(eps: Sequence[Episode], desc: str, journal: Path | None) -> None:
+    """A pass in which every call of the agent LLM, or every answer of the decision model,
+    failed measured nothing (the harness fell back at every decision): the job says so and
+    fails, keeping none of it (a resumed command runs it again); some failures are only
+    counted (``llm_failures``, ``dm_failures``)."""
+    llm = [c for e in eps for c in e.calls if c.kind == "llm"]
+    dm_failed = sum(e.dm_failures for e in eps)
+    dm_answered = sum(r.dm_choice is not None for e in eps for r in e.decisions)
+    failed = None
+    if llm and not any(c.ok for c in llm):
+        first = next((c.error for c in llm if c.error), "no error given")
+        failed = ("agent LLM", f"every agent LLM call failed ({len(llm)} calls over {len(eps)} "
+                               f"tasks; first error: {first})")
+    elif dm_failed and not dm_answered:
+        errors = [c.error for e in eps for c in e.calls if c.kind == "dm" and c.error]
+        errors.sort(key=lambda m: "answers failed" not in m)  # a backend's own reason first
+        failed = ("decision model", f"every decision model answer failed ({dm_failed} over "
+                                    f"{len(eps)} tasks{'; first error: ' + errors[0] if errors else ''})")
+    if failed is not None:
+        if journal is not None:
+            journal.unlink(missing_ok=True)
+        raise HarnessError(f"{desc}: {failed[1]}; this pass is not kept: fix the {failed[0]} "
+                           f"and run the command again with --resume")
 
 
 def _write_jsonl(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:

@@ -89,3 +89,13 @@ def test_bench_job_with_l3(tmp_path):
     units = [json.loads(x) for x in (tmp_path / "units.jsonl").read_text().splitlines()]
     assert [(u["backend"], u["level"]) for u in units] == [
         (b, part) for b in ("oracle", "noisy") for part in ("l2", "l3/base", "l3/alfworld")]
+
+
+def test_l3_with_the_agent_llm_down_measures_nothing(tmp_path):
+    cfg = BenchConfig(levels=("l3",), judges=("oracle",), out_dir=str(tmp_path), l3_tasks=2,
+                      l3_envs=("base",), progress=False,
+                      l3_llm={"kind": "simulated", "profile": "strong", "fail_rate": 1.0})
+    with pytest.raises(BenchError, match=r"nothing was measured for oracle on l3/base \(every "
+                                         r"one of the agent LLM's \d+ calls failed\)"):
+        run(cfg)
+    assert (tmp_path / "units.jsonl").read_text() == ""

@@ -119,11 +119,11 @@ def test_overwrite_replaces_only_our_files(tmp_path):
 def test_a_backend_failing_every_answer_fails_the_job_and_keeps_the_rest(tmp_path):
     down = "remote:base_url=http://127.0.0.1:9/v1,model=m,max_retries=0,timeout=2,name=down"
     cfg = _small(tmp_path, judges=("oracle", down), levels=("l1",))
-    with pytest.raises(BenchError, match=r"every answer failed for down on l1 \(.*--resume"):
+    with pytest.raises(BenchError, match=r"nothing was measured for down on l1 \(.*--resume"):
         run(cfg)
     res = json.loads((tmp_path / "bench.json").read_text())
     assert res["failed_units"][0]["backend"] == "down"
     assert res["backends"]["oracle"]["all"]["accuracy"] == 1.0
-    assert "down failed every answer on l1" in (tmp_path / "report.md").read_text()
+    assert "down measured nothing on l1" in (tmp_path / "report.md").read_text()
     units = [json.loads(x) for x in (tmp_path / "units.jsonl").read_text().splitlines()]
     assert [(u["backend"], u["level"]) for u in units] == [("oracle", "l1")]

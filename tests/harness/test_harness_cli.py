@@ -207,3 +207,24 @@ def test_an_interrupted_run_resumes_with_its_finished_arms(tmp_path, capsys, mon
     s_whole = json.loads((tmp_path / "whole/summary.json").read_text())
     assert [a["success"] for a in s_cut["arms"].values()] == \
         [a["success"] for a in s_whole["arms"].values()]
+
+
+@pytest.mark.parametrize("override,who", [
+    ("llm={kind: simulated, profile: strong, fail_rate: 1.0}", "agent LLM"),
+    ("dm={kind: remote, base_url: 'http://127.0.0.1:9/v1', model: m, max_retries: 0, "
+     "timeout: 2}", "decision model"),
+])
+def test_a_pass_where_every_call_failed_fails_the_job(tmp_path, capsys, override, who):
+    # the harness falls back at every decision, so the pass would "succeed" and measure nothing
+    assert _smoke(tmp_path, "shadow", "--set", override) == 2
+    err = capsys.readouterr().err
+    assert f"shadow: every {who} " in err and "failed" in err and "--resume" in err
+    assert not (tmp_path / "shadow_decisions.jsonl").exists()
+    assert not list((tmp_path / "journal/shadow").glob("*.jsonl"))   # nothing of it kept
+
+
+def test_some_failed_calls_are_counted_not_fatal(tmp_path):
+    assert _smoke(tmp_path, "shadow", "--set",
+                  "llm={kind: simulated, profile: strong, fail_rate: 0.3}") == 0
+    eps = [json.loads(x) for x in (tmp_path / "shadow_episodes.jsonl").read_text().splitlines()]
+    assert 0 < sum(e["llm_failures"] for e in eps) < sum(e["llm_calls"] for e in eps)
