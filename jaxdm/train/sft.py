@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import json
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -127,8 +128,11 @@ def load_adapted(folder, dtype: str = "float32"):
     return dataclasses.replace(pre, params=params, path=Path(folder))
 
 
-def with_teacher(states, spec: dict) -> list[list[packing.SFTItem]]:
-    """Items with teacher probabilities from a backend (where a line gave none)."""
+def with_teacher(states, spec: dict) -> tuple[list[list[packing.SFTItem]], dict[str, Any]]:
+    """Items with teacher probabilities from a backend (where a line gave none), and what was
+    asked: {"asked", "failed", "first_error"}. An item whose teacher answer failed keeps the
+    one-hot target (counted); when every answer failed the run stops (TrainingError): it
+    would train without the teacher it was configured with."""
     from jaxdm.decision import make_backend
     from jaxdm.decision.types import YesNo
     teacher = make_backend(spec)
@@ -136,14 +140,25 @@ def with_teacher(states, spec: dict) -> list[list[packing.SFTItem]]:
     mcs = [it for it in flat if not isinstance(it.question, YesNo)]
     yns = [it for it in flat if isinstance(it.question, YesNo)]
     got: dict[int, tuple[float, ...]] = {}
+    errors = []
     for it, r in zip(mcs, teacher.choose([it.question for it in mcs]) if mcs else []):
         if r.ok and r.probs is not None:
             got[id(it)] = tuple(float(p) for p in r.probs)
+        else:
+            errors.append(r.error or "no distribution")
     for it, r in zip(yns, teacher.score([it.question for it in yns]) if yns else []):
         if r.ok and r.score is not None:
             got[id(it)] = (float(r.score), 1.0 - float(r.score))
+        else:
+            errors.append(r.error or "no score")
+    report = {"asked": len(flat), "failed": len(errors),
+              "first_error": errors[0] if errors else None}
+    if flat and len(errors) == len(flat):
+        raise TrainingError(f"train-dm: every teacher answer failed ({len(flat)} questions; "
+                            f"first error: {errors[0]}); fix the teacher ({spec.get('kind')}) "
+                            f"or train without one")
     return [[dataclasses.replace(it, teacher=got[id(it)]) if id(it) in got else it for it in s]
-            for s in states]
+            for s in states], report
 
 
 def batch_order(n_states: int, states_per_step: int, seed: int, step: int) -> list[int]:
@@ -202,8 +217,13 @@ def train(cfg: TrainDMConfig) -> dict[str, Any]:
         states = [s for s in states if s]
         if not states:
             raise TrainingError("train-dm: every question was skipped (indistinct options)")
+    teacher_report = None
     if cfg.teacher:
-        states = with_teacher(states, dict(cfg.teacher))
+        states, teacher_report = with_teacher(states, dict(cfg.teacher))
+        if teacher_report["failed"]:
+            print(f"train-dm: {teacher_report['failed']} of {teacher_report['asked']} teacher "
+                  f"answers failed (their questions keep the one-hot target); first: "
+                  f"{teacher_report['first_error']}", file=sys.stderr, flush=True)
     n_q = sum(len(s) for s in states)
     per_epoch = -(-len(states) // cfg.states_per_step)
     total = per_epoch * cfg.epochs
@@ -280,7 +300,8 @@ def train(cfg: TrainDMConfig) -> dict[str, Any]:
         "seconds": round(time.perf_counter() - t_start, 3),
         "questions_per_second": (trained_q / (time.perf_counter() - t_start)
                                  if trained_q else None),
-        "skipped_indistinct": skipped, "out_dir": str(out)}
+        "skipped_indistinct": skipped, "out_dir": str(out),
+        "teacher": teacher_report}
     try:
         plot_curves({"train": metrics_path}, ["sft/loss", "sft/accuracy"], out / "curves.png",
                     title=f"train-dm ({cfg.mode}, {Path(cfg.data).name})")
