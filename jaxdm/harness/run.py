@@ -230,8 +230,33 @@ def _write_record(out: Path, record: Mapping[str, Any]) -> None:
     tmp.replace(out / RECORD_FILE)
 
 
-def _journal(cfg: HarnessConfig, action: str) -> Path:
-    return Path(cfg.out_dir) / JOURNAL_DIR / action
+@dataclasses.dataclass(frozen=True)
+class Journal:
+    """Where a command's finished episodes go as they end (one JSONL per pass), with the
+    config values they are made with (written with the first episode: a command that stops
+    before any episode leaves no journal)."""
+
+    folder: Path
+    values: Mapping[str, Any]
+
+    def path(self, desc: str) -> Path:
+        return self.folder / (re.sub(r"[^\w.-]+", "_", desc) + ".jsonl")
+
+    def append(self, desc: str, index: int, episode: Episode) -> None:
+        if not self.folder.is_dir():
+            self.folder.mkdir(parents=True)
+            (self.folder / "config.json").write_text(json.dumps(dict(self.values), indent=1),
+                                                     encoding="utf-8")
+        with self.path(desc).open("a", encoding="utf-8") as f:
+            f.write(json.dumps({"index": index, "episode": episode.to_dict()}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _journal(cfg: HarnessConfig, action: str) -> Journal:
+    now = _command_values(cfg)
+    return Journal(Path(cfg.out_dir) / JOURNAL_DIR / action,
+                   {a: now[a] for a in COMMAND_ORDER[:COMMAND_ORDER.index(action) + 1]})
 
 
 def _claim(cfg: HarnessConfig, action: str, *, overwrite: bool, resume: bool) -> bool:
@@ -252,7 +277,7 @@ def _claim(cfg: HarnessConfig, action: str, *, overwrite: bool, resume: bool) ->
                     f"{out}: its `{earlier}` results were made with other values of {diff}; "
                     f"run `jaxdm harness {earlier} --overwrite` with this config first, or use "
                     f"another --out")
-        elif _journal(cfg, earlier).is_dir():
+        elif _journal(cfg, earlier).folder.is_dir():
             raise HarnessError(f"{out}: `{earlier}` was interrupted there; run `jaxdm harness "
                                f"{earlier} --resume` first")
         elif any((out / f).exists() for f in COMMAND_OUTPUTS[earlier]):
@@ -267,22 +292,21 @@ def _claim(cfg: HarnessConfig, action: str, *, overwrite: bool, resume: bool) ->
     present = sorted({f for a in COMMAND_ORDER[i:] for f in COMMAND_OUTPUTS[a]
                       if (out / f).exists()})
     journal = _journal(cfg, action)
-    interrupted = journal.is_dir()   # then `present` are its partial results (written again)
+    interrupted = journal.folder.is_dir()   # then `present` are its partial results (written again)
     if present and not overwrite and not interrupted:
         raise HarnessError(f"{out} already holds results of `{action}` or a later command "
                            f"({', '.join(present)}); pass --overwrite to run {action} again "
                            f"(removing them), or use another --out")
-    values = {a: now[a] for a in COMMAND_ORDER[:i + 1]}
     if interrupted and not overwrite:
         done = sum(len(p.read_text(encoding="utf-8").splitlines())
-                   for p in journal.glob("*.jsonl"))
+                   for p in journal.folder.glob("*.jsonl"))
         if not resume:
             raise HarnessError(f"{out} holds an interrupted `{action}` ({done} episodes "
-                               f"finished, {journal}); pass --resume to continue it or "
+                               f"finished, {journal.folder}); pass --resume to continue it or "
                                f"--overwrite to start it again")
-        saved = _read_json(journal / "config.json")
-        diff = sorted(k for a in values for k in COMMAND_KEYS[a]
-                      if (saved.get(a) or {}).get(k) != values[a][k])
+        saved = _read_json(journal.folder / "config.json")
+        diff = sorted(k for a, now_a in journal.values.items() for k in COMMAND_KEYS[a]
+                      if (saved.get(a) or {}).get(k) != now_a[k])
         if diff:
             raise HarnessError(f"--resume: the interrupted `{action}` in {out} ran with other "
                                f"values of {diff}; resume with its config, or --overwrite")
@@ -292,11 +316,9 @@ def _claim(cfg: HarnessConfig, action: str, *, overwrite: bool, resume: bool) ->
         if path.exists():   # runs/stage2_* go with runs/
             shutil.rmtree(path) if path.is_dir() else path.unlink()
     for a in COMMAND_ORDER[i:] if overwrite else COMMAND_ORDER[i + 1:]:
-        shutil.rmtree(_journal(cfg, a), ignore_errors=True)
+        shutil.rmtree(_journal(cfg, a).folder, ignore_errors=True)
     if any(a in record for a in COMMAND_ORDER[i:]):
         _write_record(out, {a: v for a, v in record.items() if a in COMMAND_ORDER[:i]})
-    journal.mkdir(parents=True, exist_ok=True)
-    (journal / "config.json").write_text(json.dumps(values, indent=1), encoding="utf-8")
     return False
 
 
@@ -323,7 +345,8 @@ def _recorded(action: str):
             result = command(cfg)
             out = Path(cfg.out_dir)
             _write_record(out, {**_read_record(out), action: _command_values(cfg)[action]})
-            shutil.rmtree(_journal(cfg, action))   # its episodes are in the results now
+            # its episodes are in the results now
+            shutil.rmtree(_journal(cfg, action).folder, ignore_errors=True)
             return result
         return run
     return wrap
@@ -414,13 +437,13 @@ def _progress(cfg: HarnessConfig, total: int, desc: str):
 
 
 def run_episodes(cfg: HarnessConfig, harness: Harness, split: str, indices: Sequence[int],
-                 desc: str, journal: Path | None = None) -> list[Episode]:
-    """One episode per task index, in order. ``journal`` (a folder): each finished episode is
-    appended to ``<journal>/<desc>.jsonl`` as it ends, and episodes already there are kept
-    instead of run again (a resumed command)."""
+                 desc: str, journal: Journal | None = None) -> list[Episode]:
+    """One episode per task index, in order. ``journal``: each finished episode is appended
+    to its ``<desc>.jsonl`` as it ends, and episodes already there are kept instead of run
+    again (a resumed command)."""
     from jaxdm.envs.decision_gym import DecisionGym
     env, params = DecisionGym(), _gym_params(cfg, split)
-    path = None if journal is None else journal / (re.sub(r"[^\w.-]+", "_", desc) + ".jsonl")
+    path = None if journal is None else journal.path(desc)
     kept: dict[int, Episode] = {}
     if path is not None and path.is_file():
         try:
@@ -435,11 +458,8 @@ def run_episodes(cfg: HarnessConfig, harness: Harness, split: str, indices: Sequ
             eps.append(kept[i])
         else:
             eps.append(harness.run_task(env, i, params))
-            if path is not None:
-                with path.open("a", encoding="utf-8") as f:
-                    f.write(json.dumps({"index": i, "episode": eps[-1].to_dict()}) + "\n")
-                    f.flush()
-                    os.fsync(f.fileno())
+            if journal is not None:
+                journal.append(desc, i, eps[-1])
         if bar is not None:
             bar.update(1)
             bar.set_postfix(success=f"{np.mean([e.success for e in eps]):.3f}")
@@ -603,7 +623,7 @@ def _arm_summary(name: str, eps: Sequence[Episode]) -> dict[str, Any]:
 
 
 def _run_arm(cfg: HarnessConfig, arm: ArmConfig, thresholds, indices, desc, rates,
-             journal: Path | None = None) -> tuple:
+             journal: Journal | None = None) -> tuple:
     dels = _delegations(arm, thresholds)
     dm = None
     if arm.random_trigger_like is not None:
