@@ -1,19 +1,22 @@
-"""Reading JSON Lines files: one reader for trajectories, training data, metrics, screen stores
-and harness logs, so every bad line gets the same error naming the file and line number.
+"""JSON Lines files of long jobs: one reader for trajectories, training data, metrics, screen
+and bench stores and harness journals (every bad line gets the same error naming the file and
+line number), and the two ways their records are written.
 
-Writers append whole records, each with its newline, so the only damage a crash can leave is
-a *torn* last line: text without its newline. ``read_records(..., drop_torn_tail=True)``
-(resuming a job) drops such a line with a message; any other line that is not JSON is an
-error, never skipped.
+``append_records`` appends whole records, each with its newline, flushed and fsync'd, so the
+only damage a crash can leave is a *torn* last line: text without its newline.
+``read_records(..., drop_torn_tail=True)`` (resuming a job) drops such a line with a message;
+any other line that is not JSON is an error, never skipped. ``write_atomic`` replaces a whole
+file (a rewrite never leaves half a file).
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-__all__ = ["parse_lines", "read_records"]
+__all__ = ["parse_lines", "read_records", "append_records", "write_atomic"]
 
 
 def parse_lines(lines: Iterable[str], source: Any) -> Iterator[tuple[str, Any]]:
@@ -49,3 +52,24 @@ def read_records(path: str | Path, *, drop_torn_tail: bool = False) -> list[tupl
             print(f"{where}: dropping a torn last line ({e.msg}; {len(lines[-1])} bytes): the "
                   f"job stopped while writing it", file=sys.stderr, flush=True)
     return records
+
+
+def append_records(path: str | Path, records: Iterable[Any]) -> None:
+    """Appends one JSON line per record, then flushes and fsyncs (finished work survives a
+    crash right after)."""
+    with open(path, "a", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Replaces ``path`` with ``text`` whole (a temporary file fsync'd, then renamed)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

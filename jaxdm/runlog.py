@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from jaxdm.jsonl import read_records
+from jaxdm.jsonl import read_records, write_atomic
 
 __all__ = ["MetricsWriter", "read_metrics", "truncate_after", "Progress", "plot_curves",
            "jsonable", "format_table", "metric_series"]
@@ -122,9 +121,7 @@ def truncate_after(path: str | Path, step: int) -> int:
         p.write_text("", encoding="utf-8")
         return 0
     keep = [r for r in read_metrics(p, drop_torn_tail=True) if int(r.get("step", -1)) <= step]
-    tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep), encoding="utf-8")
-    os.replace(tmp, p)
+    write_atomic(p, "".join(json.dumps(r) + "\n" for r in keep))
     return len(keep)
 
 

@@ -33,3 +33,15 @@ def test_read_records_drops_only_an_unterminated_bad_last_line(tmp_path, capsys)
     with pytest.raises(ValueError, match=r"m\.jsonl:2: invalid JSON"):
         read_records(p, drop_torn_tail=True)
     assert "dropping" not in capsys.readouterr().err
+
+
+def test_appended_records_read_back_and_a_rewrite_is_whole(tmp_path):
+    from jaxdm.jsonl import append_records, write_atomic
+    p = tmp_path / "r.jsonl"
+    append_records(p, [{"a": 1}, [2]])
+    append_records(p, [])
+    append_records(p, ["three"])
+    assert [v for _, v in read_records(p)] == [{"a": 1}, [2], "three"]
+    write_atomic(p, '{"b": 2}\n')
+    assert [v for _, v in read_records(p)] == [{"b": 2}]
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["r.jsonl"]   # no temporary left

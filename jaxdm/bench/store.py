@@ -11,11 +11,10 @@ not recorded as finished: a resumed run tries it again.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from jaxdm.jsonl import read_records
+from jaxdm.jsonl import append_records, read_records, write_atomic
 
 IDENTITY_FILE = "bench_run.json"
 UNITS_FILE = "units.jsonl"
@@ -59,8 +58,8 @@ class BenchStore:
         for name in OUTPUT_FILES if overwrite else ():   # only our files, never a whole folder
             (self.out / name).unlink(missing_ok=True)
         self.out.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.identity, json.dumps(identity, indent=1))
-        _atomic_write(self.units, "")
+        write_atomic(self.identity, json.dumps(identity, indent=1))
+        write_atomic(self.units, "")
         return {}
 
     def _resume(self, identity: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -88,20 +87,11 @@ class BenchStore:
                                      f"again")
                 done[(unit["backend"], unit["level"])] = unit
         # rewritten whole: a torn last line must not stay in front of the next append
-        _atomic_write(self.units, "".join(json.dumps(u) + "\n" for u in done.values()))
+        write_atomic(self.units, "".join(json.dumps(u) + "\n" for u in done.values()))
         return done
 
     def append(self, unit: Mapping[str, Any]) -> None:
-        with open(self.units, "a", encoding="utf-8") as f:
-            f.write(json.dumps(dict(unit)) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+        append_records(self.units, [dict(unit)])
 
 
 __all__ = ["BenchStore", "OUTPUT_FILES", "IDENTITY_FILE", "UNITS_FILE"]

@@ -27,7 +27,6 @@ import dataclasses
 import functools
 import json
 import math
-import os
 import re
 import sys
 import time
@@ -42,7 +41,7 @@ from jaxdm.harness.dm import make_dm
 from jaxdm.harness.fit import CALIBRATIONS, binned, ece, estimate_point, fit_threshold
 from jaxdm.harness.llm import LLMProfile, PROFILES, RemoteLLM, SimulatedLLM
 from jaxdm.harness.modes import Delegation
-from jaxdm.jsonl import read_records
+from jaxdm.jsonl import append_records, read_records, write_atomic
 from jaxdm.roles.harness import POINTS
 from jaxdm.stats import check_settings
 
@@ -225,9 +224,7 @@ def _read_record(out: Path) -> dict[str, Any]:
 
 
 def _write_record(out: Path, record: Mapping[str, Any]) -> None:
-    tmp = out / (RECORD_FILE + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1), encoding="utf-8")
-    tmp.replace(out / RECORD_FILE)
+    write_atomic(out / RECORD_FILE, json.dumps(record, indent=1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,12 +242,8 @@ class Journal:
     def append(self, desc: str, index: int, episode: Episode) -> None:
         if not self.folder.is_dir():
             self.folder.mkdir(parents=True)
-            (self.folder / "config.json").write_text(json.dumps(dict(self.values), indent=1),
-                                                     encoding="utf-8")
-        with self.path(desc).open("a", encoding="utf-8") as f:
-            f.write(json.dumps({"index": index, "episode": episode.to_dict()}) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+            write_atomic(self.folder / "config.json", json.dumps(dict(self.values), indent=1))
+        append_records(self.path(desc), [{"index": index, "episode": episode.to_dict()}])
 
 
 def _journal(cfg: HarnessConfig, action: str) -> Journal:

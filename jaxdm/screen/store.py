@@ -21,14 +21,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from jaxdm.jsonl import read_records
+from jaxdm.jsonl import append_records, read_records, write_atomic
 from jaxdm.trajectory import Trajectory, read_jsonl, write_jsonl
 
 __all__ = ["PassResult", "ScreenError", "ScreenStore", "OUTPUT_FILES"]
@@ -114,9 +113,9 @@ class ScreenStore:
                 (self.out / name).unlink(missing_ok=True)
         self.out.mkdir(parents=True, exist_ok=True)
         write_jsonl(self.trajectories, trajs)
-        _atomic_write(self.identity, json.dumps(dict(identity), indent=1))
-        _atomic_write(self.scores, "")
-        _atomic_write(self.passes, "")
+        write_atomic(self.identity, json.dumps(dict(identity), indent=1))
+        write_atomic(self.scores, "")
+        write_atomic(self.passes, "")
         return {}
 
     def _resume(self, identity, trajs) -> dict[tuple[str, str], PassResult]:
@@ -157,16 +156,16 @@ class ScreenStore:
             _say(f"resume: keeping {len(done)} finished passes; dropping {dropped} failed or "
                  f"incomplete pass record(s) and {len(rows) - n_rows} score row(s) of unfinished "
                  "passes (they run again)")
-        _atomic_write(self.passes, "".join(json.dumps(done[k].record()) + "\n" for k in done))
-        _atomic_write(self.scores, "".join(json.dumps(r) + "\n" for k in done
+        write_atomic(self.passes, "".join(json.dumps(done[k].record()) + "\n" for k in done))
+        write_atomic(self.scores, "".join(json.dumps(r) + "\n" for k in done
                                            for r in by_pass[k]))
         return done
 
     # ---- appending -------------------------------------------------------------------
     def append(self, p: PassResult, trajs: Sequence[Trajectory]) -> None:
         """The pass's rows, then its record; each file flushed and fsync'd."""
-        _append(self.scores, (json.dumps(r) for r in pass_rows(p, trajs)))
-        _append(self.passes, [json.dumps(p.record())])
+        append_records(self.scores, pass_rows(p, trajs))
+        append_records(self.passes, [p.record()])
 
 
 def pass_rows(p: PassResult, trajs: Sequence[Trajectory]) -> Iterable[dict]:
@@ -213,23 +212,6 @@ def _read_lines(path: Path) -> list[dict]:
             raise _error(f"{where}: expected a JSON object, got {type(rec).__name__}; use "
                          f"--overwrite to start again")
     return [rec for _, rec in records]
-
-
-def _append(path: Path, lines: Iterable[str]) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        for line in lines:
-            f.write(line + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _flat(identity: Mapping[str, Any]) -> dict[str, Any]:
