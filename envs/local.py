@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from jaxdm.envs.recorder import BatchStep, EpisodeRecorder, check_actions, reset_info_of
-from jaxdm.trajectory import Trajectory
+from jaxdm.envs.recorder import (BatchStep, EpisodeRecorder, RecordedPool, check_actions,
+                                 reset_info_of)
 
 __all__ = ["LocalVectorEnv"]
 
 
-class LocalVectorEnv:
+class LocalVectorEnv(RecordedPool):
     """In-process stand-in for ``VectorEnv`` (same reset/step contract, no workers).
 
     Slot ``i`` starts task ``seed + i // group_size``; finished slots are skipped and report
@@ -37,43 +37,13 @@ class LocalVectorEnv:
         self.env, self.num_envs, self.group_size = env, num_envs, group_size
         self.num_groups = num_envs // group_size
         self.params = params if params is not None else env.default_params
-        self._pending: BatchStep | None = None
-
-    @property
-    def states(self) -> list[Any]:
-        """The current env state of every slot (immutable: copy/replay freely)."""
-        return self.recorder.states
-
-    @property
-    def trajectories(self) -> list[Trajectory]:
-        return self.recorder.trajectories
-
-    def pop_trajectories(self) -> list[Trajectory]:
-        return self.recorder.pop_trajectories()
-
-    def task_seed(self, slot: int, reset_count: int = 0) -> int:
-        return self.recorder.task_seed(slot, reset_count)
-
-    def reset(self, seed: int = 0):
-        if self._pending is not None:
-            raise RuntimeError("reset called while a step_async is in flight; call step_wait")
-        seeds = self.recorder.begin(seed)
-        results = self._resets(seeds)
-        obs, infos = [None] * self.num_envs, [None] * self.num_envs
-        for i, task_seed in seeds.items():
-            obs[i], infos[i] = self.recorder.start(i, task_seed, results[i])
-        return obs, infos
-
-    def step(self, actions: Sequence[Any]) -> BatchStep:
-        """One action per slot (``None``: leave that slot as it is); see ``step_async``."""
-        self.step_async(actions)
-        return self.step_wait()
+        self._in_flight: BatchStep | None = None   # the finished step step_wait returns
 
     def step_async(self, actions: Sequence[Any]) -> None:
         """Step every slot whose action is not ``None`` (synchronously); ``step_wait`` returns
         the ``BatchStep``. The env key of a step depends only on the slot's task and step
         count, so skipping other slots never changes a slot's trajectory."""
-        if self._pending is not None:
+        if self._in_flight is not None:
             raise RuntimeError("step_async called twice without step_wait")
         if not self.recorder.started:
             raise RuntimeError("LocalVectorEnv.step called before reset()")
@@ -81,18 +51,18 @@ class LocalVectorEnv:
         eps = self.recorder.episodes
         results = {i: ("ok", self.env.step(key, eps[i].state, actions[i], self.params))
                    for i, key in self.recorder.stepping(actions).items()}
-        self._pending = self.recorder.collect(actions, results, self._resets)
+        self._in_flight = self.recorder.collect(actions, results, self._run_resets)
 
     def step_wait(self) -> BatchStep:
-        if self._pending is None:
+        if self._in_flight is None:
             raise RuntimeError("step_wait called without step_async")
-        out, self._pending = self._pending, None
+        out, self._in_flight = self._in_flight, None
         return out
 
     def close(self) -> None:
         pass
 
-    def _resets(self, seeds: dict[int, int]) -> dict[int, tuple]:
+    def _run_resets(self, seeds: dict[int, int]) -> dict[int, tuple]:
         out = {}
         for i, s in seeds.items():
             obs, state = self.env.reset(s, self.params)

@@ -37,7 +37,7 @@ from jaxdm.envs.core import step_key
 from jaxdm.trajectory import Step, Trajectory
 
 __all__ = ["ANNOTATION_KEYS", "BatchStep", "RecordedStep", "RecordedEpisode", "EpisodeRecorder",
-           "RecordedBatch", "to_trajectory", "reset_info_of", "check_actions", "play_episode"]
+           "RecordedPool", "RecordedBatch", "to_trajectory", "reset_info_of", "check_actions", "play_episode"]
 
 # Annotation keys copied from step info into RecordedStep.annotations / Step.annotations.
 ANNOTATION_KEYS = ("milestone", "no_op", "subgoal")
@@ -325,6 +325,62 @@ class EpisodeRecorder:
         ep.trajectory = to_trajectory(ep)
         self.trajectories.append(ep.trajectory)
         info["trajectory"] = ep.trajectory
+
+
+class RecordedPool:
+    """What every env pool shares over its ``EpisodeRecorder``: the task schedule and the
+    episodes' states and trajectories, ``reset`` and the synchronous ``step``. A pool sets
+    ``recorder`` and ``num_envs`` and implements ``step_async``, ``step_wait``, ``close`` and
+    ``_run_resets(seeds) -> {slot: result}`` (``EpisodeRecorder.start``'s results); between
+    ``step_async`` and ``step_wait`` it holds ``_in_flight``."""
+
+    recorder: EpisodeRecorder
+    num_envs: int
+    _in_flight: Any = None
+
+    @property
+    def states(self) -> list[Any]:
+        """The current env state of every slot (immutable: copy/replay freely)."""
+        return self.recorder.states
+
+    @property
+    def trajectories(self) -> list[Trajectory]:
+        """Trajectories of the episodes finished so far (``pop_trajectories`` drains them)."""
+        return self.recorder.trajectories
+
+    def pop_trajectories(self) -> list[Trajectory]:
+        """Return and clear the trajectories of episodes finished so far."""
+        return self.recorder.pop_trajectories()
+
+    def task_seed(self, slot: int, reset_count: int = 0) -> int:
+        """The task seed slot ``slot`` gets on its ``reset_count``-th reset (0 = first)."""
+        return self.recorder.task_seed(slot, reset_count)
+
+    def reset(self, seed: int = 0) -> tuple[list[str], list[dict]]:
+        """Start a new episode in every slot; slot ``i`` gets task ``seed + i // G``."""
+        self._check_open()
+        if self._in_flight is not None:
+            raise RuntimeError("reset called while a step_async is in flight; call step_wait")
+        seeds = self.recorder.begin(seed)
+        results = self._run_resets(seeds)
+        obs, infos = [None] * self.num_envs, [None] * self.num_envs
+        for i, task_seed in seeds.items():
+            obs[i], infos[i] = self.recorder.start(i, task_seed, results[i])
+        return obs, infos
+
+    def step(self, actions: Sequence[Any]) -> BatchStep:
+        """Apply one action per slot. Slots whose episode already ended (no auto-reset) are
+        skipped: their action is ignored and they report ``done=True``, ``inactive=True``.
+        A ``None`` action leaves that slot's episode untouched this time (see
+        ``step_async``)."""
+        self.step_async(actions)
+        return self.step_wait()
+
+    def _check_open(self) -> None:
+        """Raise if the pool can no longer step (a closed worker pool)."""
+
+    def _run_resets(self, seeds: Mapping[int, int]) -> dict[int, tuple]:
+        raise NotImplementedError
 
 
 def play_episode(env: Any, key: Any, act: Callable[[Any, Any], Any], *, params: Any = None,

@@ -63,8 +63,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 
 from jaxdm.envs.recorder import (  # noqa: F401 - BatchStep, ANNOTATION_KEYS re-exported
-    ANNOTATION_KEYS, BatchStep, EpisodeRecorder, check_actions, reset_info_of)
-from jaxdm.trajectory import Trajectory
+    ANNOTATION_KEYS, BatchStep, EpisodeRecorder, RecordedPool, check_actions, reset_info_of)
 
 
 # ---------------------------------------------------------------------------------------
@@ -314,7 +313,7 @@ def _close_all_live() -> None:
             pass
 
 
-class VectorEnv:
+class VectorEnv(RecordedPool):
     """Batched ``reset``/``step`` of ``num_envs`` text-env episodes over worker processes.
 
     Args:
@@ -426,40 +425,6 @@ class VectorEnv:
     def slot_ranges(self) -> list[range]:
         return list(self._slot_ranges)
 
-    @property
-    def states(self) -> list[Any]:
-        """The current env state of every slot (immutable: copy/replay freely)."""
-        return self.recorder.states
-
-    @property
-    def trajectories(self) -> list[Trajectory]:
-        """Trajectories of the episodes finished so far (``pop_trajectories`` drains them)."""
-        return self.recorder.trajectories
-
-    def task_seed(self, slot: int, reset_count: int = 0) -> int:
-        """The task seed slot ``slot`` gets on its ``reset_count``-th reset (0 = first)."""
-        return self.recorder.task_seed(slot, reset_count)
-
-    def reset(self, seed: int = 0) -> tuple[list[str], list[dict]]:
-        """Start a new episode in every slot; slot ``i`` gets task ``seed + i // G``."""
-        self._check_open()
-        if self._in_flight is not None:
-            raise RuntimeError("reset called while a step_async is in flight; call step_wait")
-        seeds = self.recorder.begin(seed)
-        results = self._run_resets(seeds)
-        obs, infos = [None] * self.num_envs, [None] * self.num_envs
-        for i, task_seed in seeds.items():
-            obs[i], infos[i] = self.recorder.start(i, task_seed, results[i])
-        return obs, infos
-
-    def step(self, actions: Sequence[Any]) -> BatchStep:
-        """Apply one action per slot. Slots whose episode already ended (no auto-reset) are
-        skipped: their action is ignored and they report ``done=True``, ``inactive=True``.
-        A ``None`` action leaves that slot's episode untouched this time (see
-        ``step_async``)."""
-        self.step_async(actions)
-        return self.step_wait()
-
     def step_async(self, actions: Sequence[Any]) -> None:
         """Send the actions to the workers and return at once, so the caller can work (e.g.
         run the policy on another batch) while the environments step; then ``step_wait``.
@@ -495,10 +460,6 @@ class VectorEnv:
         finally:
             self._in_flight = None
         return self.recorder.collect(actions, results, self._run_resets)
-
-    def pop_trajectories(self) -> list[Trajectory]:
-        """Return and clear the trajectories of episodes finished so far."""
-        return self.recorder.pop_trajectories()
 
     def close(self) -> None:
         """Stop every worker (idempotent); leaves no child processes behind."""
