@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -171,44 +170,19 @@ def table(results: dict) -> tuple[list[str], dict]:
 
 
 def main(argv=None) -> int:
+    from lvrl_babyai import (add_experiment_args, experiment_setup,  # experiments/
+                             write_produced_by)
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="smoke run")
-    ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--iterations", type=int)
+    add_experiment_args(ap, METHODS, "experiments/results/lvopd_babyai")
     ap.add_argument("--coef", type=float, default=1.0, help="distillation coefficient")
-    ap.add_argument("--set", action="append", default=[],
-                    help="extra TrainConfig override key=value (repeatable)")
-    ap.add_argument("--out", default="experiments/results/lvopd_babyai")
-    ap.add_argument("--resume", action="store_true",
-                    help="continue the experiment in --out: finished runs are kept")
-    ap.add_argument("--overwrite", action="store_true", help="replace the experiment in --out")
     args = ap.parse_args(argv)
-    overrides = list(args.set)
-    if args.quick:
-        overrides += ["iterations=3", "eval_every=2", "eval_tasks=16", "tasks_per_iter=4",
-                      "group_size=4", "max_actions=32", "eval_seeds=[0]"]
-        args.out += "_quick"
-    if args.iterations:
-        overrides.append(f"iterations={args.iterations}")
-    methods = [m for m in args.methods.split(",") if m]
-    bad = [m for m in methods if m not in METHODS]
-    if bad:
-        raise SystemExit(f"unknown method(s) {bad}; known: {list(METHODS)}")
-    seeds = [int(s) for s in args.seeds.split(",")]
-    out = Path(args.out)
-    from lvrl_babyai import claim_results  # experiments/ (this script's folder)
-    claim_results(out, resume=args.resume, overwrite=args.overwrite)
-    out.mkdir(parents=True, exist_ok=True)
+    overrides, methods, seeds, out = experiment_setup(args, METHODS)
     t0 = time.perf_counter()
     cfg0 = train_config("lvrl_lvopd", 0, out, overrides, args.coef)
     teacher = teacher_report(cfg0, cfg0.eval_tasks or 64)
     print(f"teacher {teacher}", flush=True)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
-    (out / "PRODUCED_BY.txt").write_text(
-        f"commit {commit}\ncommand python experiments/lvopd_babyai.py "
-        f"{' '.join(argv if argv is not None else sys.argv[1:])}\n")
+    write_produced_by(out, "lvopd_babyai.py", argv)
     log_f = open(out / "metrics.jsonl", "w")  # rebuilt: run_one gives each run's whole history
 
     def log(rec):

@@ -39,6 +39,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -82,17 +83,57 @@ CURVE_KEYS = {"train": "train/success", "all_fail": "train/all_fail_groups",
               "iter_seconds": "time/iteration", "update_seconds": "time/update"}
 
 
-def claim_results(out: Path, *, resume: bool, overwrite: bool) -> None:
-    """Refuse to write over an earlier experiment in ``out`` unless asked: ``resume`` keeps
-    every finished (method, seed) run and continues the others from their checkpoints;
-    ``overwrite`` starts every run again."""
-    if resume and overwrite:
+def add_experiment_args(ap: argparse.ArgumentParser, methods: Sequence[str], out: str) -> None:
+    """The options both BabyAI experiments take (this one and ``lvopd_babyai.py``)."""
+    ap.add_argument("--quick", action="store_true", help="smoke run (~1-2 min)")
+    ap.add_argument("--methods", default=",".join(methods))
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--iterations", type=int)
+    ap.add_argument("--set", action="append", default=[],
+                    help="extra TrainConfig override key=value (repeatable)")
+    ap.add_argument("--out", default=out)
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the experiment in --out: finished runs are kept")
+    ap.add_argument("--overwrite", action="store_true", help="replace the experiment in --out")
+
+
+def experiment_setup(args: argparse.Namespace, known: Sequence[str]
+                     ) -> tuple[list[str], list[str], list[int], Path]:
+    """(TrainConfig overrides, methods, seeds, the output folder) of ``add_experiment_args``'
+    options. Refuses to write over an earlier experiment unless asked: ``--resume`` keeps
+    every finished (method, seed) run and continues the others from their checkpoints,
+    ``--overwrite`` starts every run again."""
+    overrides = list(args.set)
+    out = args.out
+    if args.quick:
+        overrides += ["iterations=3", "eval_every=2", "eval_tasks=16", "tasks_per_iter=4",
+                      "group_size=4", "max_actions=32", "eval_seeds=[0]"]
+        out += "_quick"
+    if args.iterations:
+        overrides.append(f"iterations={args.iterations}")
+    methods = [m for m in args.methods.split(",") if m]
+    bad = [m for m in methods if m not in known]
+    if bad:
+        raise SystemExit(f"unknown method(s) {bad}; known: {list(known)}")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    out = Path(out)
+    if args.resume and args.overwrite:
         raise SystemExit("--resume and --overwrite exclude each other")
     held = [p.name for p in (out / "metrics.jsonl", out / "runs") if p.exists()]
-    if held and not (resume or overwrite):
+    if held and not (args.resume or args.overwrite):
         raise SystemExit(f"{out} holds results of an earlier run ({', '.join(held)}); pass "
                          f"--resume to continue it (finished runs are kept) or --overwrite to "
                          f"replace it")
+    out.mkdir(parents=True, exist_ok=True)
+    return overrides, methods, seeds, out
+
+
+def write_produced_by(out: Path, script: str, argv: Sequence[str] | None, *extra: str) -> None:
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()
+    (out / "PRODUCED_BY.txt").write_text("\n".join([
+        f"commit {commit}", f"command python experiments/{script} "
+        f"{' '.join(argv if argv is not None else sys.argv[1:])}", *extra]) + "\n")
 
 
 def run_curves(recs, series: dict[str, str], defaults: dict[str, float] | None = None) -> dict:
@@ -164,40 +205,13 @@ def plot(results: dict, out: Path, budget: int) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="smoke run (~1-2 min)")
-    ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--iterations", type=int)
+    add_experiment_args(ap, METHODS, "experiments/results/lvrl_babyai")
     ap.add_argument("--noise", type=float, default=DEFAULT_NOISE,
                     help="lvrl_noisy's σ (-1: measure the mean |ΔV| first)")
-    ap.add_argument("--set", action="append", default=[],
-                    help="extra TrainConfig override key=value (repeatable)")
-    ap.add_argument("--out", default="experiments/results/lvrl_babyai")
-    ap.add_argument("--resume", action="store_true",
-                    help="continue the experiment in --out: finished runs are kept")
-    ap.add_argument("--overwrite", action="store_true", help="replace the experiment in --out")
     args = ap.parse_args(argv)
-    overrides = list(args.set)
-    if args.quick:
-        overrides += ["iterations=3", "eval_every=2", "eval_tasks=16", "tasks_per_iter=4",
-                      "group_size=4", "max_actions=32", "eval_seeds=[0]"]
-        args.out = args.out + "_quick"
-    if args.iterations:
-        overrides.append(f"iterations={args.iterations}")
-    methods = [m for m in args.methods.split(",") if m]
-    bad = [m for m in methods if m not in METHODS]
-    if bad:
-        raise SystemExit(f"unknown method(s) {bad}; known: {list(METHODS)}")
-    seeds = [int(s) for s in args.seeds.split(",")]
-    out = Path(args.out)
-    claim_results(out, resume=args.resume, overwrite=args.overwrite)
-    out.mkdir(parents=True, exist_ok=True)
+    overrides, methods, seeds, out = experiment_setup(args, METHODS)
     noise = measure_noise(overrides) if args.noise < 0 else args.noise
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
-    (out / "PRODUCED_BY.txt").write_text(
-        f"commit {commit}\ncommand python experiments/lvrl_babyai.py "
-        f"{' '.join(argv if argv is not None else sys.argv[1:])}\nnoise {noise}\n")
+    write_produced_by(out, "lvrl_babyai.py", argv, f"noise {noise}")
     log_f = open(out / "metrics.jsonl", "w")  # rebuilt: run_one gives each run's whole history
 
     def log(rec):
