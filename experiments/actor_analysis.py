@@ -215,10 +215,11 @@ def main(argv=None) -> int:
                     help="replace the results already in --out")
     args = ap.parse_args(argv)
     out = Path(args.out)
-    held = [f for f in OUTPUTS if (out / f).exists()]
-    if held and not args.overwrite:   # checked before minutes of scoring, not after
-        print(f"actor_analysis: error: {out} already holds results ({', '.join(held)}); pass "
-              f"--overwrite to replace them or choose another --out", file=sys.stderr)
+    from jaxdm.runlog import refuse_overwrite
+    try:   # before minutes of scoring, not after
+        refuse_overwrite([out / f for f in OUTPUTS], overwrite=args.overwrite)
+    except FileExistsError as e:
+        print(f"actor_analysis: error: {e}", file=sys.stderr)
         return 2
     if args.quick:
         args.states, args.budget = 4, 14

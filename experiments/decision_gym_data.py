@@ -34,11 +34,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--lenient", action="store_true", help="non-strict mode (errors continue)")
     ap.add_argument("--max-steps", type=int, default=30)
     ap.add_argument("--episodes", default=None, help="also write the episodes (trajectories)")
+    ap.add_argument("--overwrite", action="store_true", help="replace existing output files")
     args = ap.parse_args(argv)
     if args.n < 1:
         ap.error(f"--n must be >= 1, got {args.n}")
     if not 0.0 <= args.error_rate <= 1.0:
         ap.error(f"--error-rate must be in [0, 1], got {args.error_rate}")
+    from jaxdm.runlog import refuse_overwrite
+    try:
+        refuse_overwrite([p for p in (args.out, args.episodes) if p], overwrite=args.overwrite)
+    except FileExistsError as e:
+        ap.error(str(e))
     return args
 
 

@@ -155,11 +155,18 @@ def main() -> None:
     ap.add_argument("--summary-steps", type=int, default=6)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(ROOT / "experiments/results/lvrl_smollm2_values"))
+    ap.add_argument("--overwrite", action="store_true", help="replace the results in --out")
     args = ap.parse_args()
     if args.quick:
         args.groups, args.rollouts, args.budget = 1, 3, 10
     qs = [float(x) for x in args.q.split(",")]
     out = Path(args.out)
+    from jaxdm.runlog import refuse_overwrite
+    try:
+        refuse_overwrite([out / "summary.json", out / "trajectories.jsonl"],
+                         overwrite=args.overwrite)
+    except FileExistsError as e:
+        raise SystemExit(f"lvrl_smollm2_values: error: {e}") from None
     out.mkdir(parents=True, exist_ok=True)
 
     from jaxdm.decision import LocalReadout

@@ -238,6 +238,7 @@ def main(argv=None) -> int:
     p.add_argument("--smollm2-episodes", type=int, default=None,
                    help="episodes valued by SmolLM2 per env (default 8, --quick 1; 0 = off)")
     p.add_argument("--out", default=None)
+    p.add_argument("--overwrite", action="store_true", help="replace the results in --out")
     args = p.parse_args(argv)
     args.episodes = args.episodes or (6 if args.quick else 64)
     if args.smollm2_episodes is None:
@@ -245,6 +246,12 @@ def main(argv=None) -> int:
     args.out = args.out or ("experiments/results/mc_validation" + ("_quick" if args.quick
                                                                    else ""))
     out = Path(args.out)
+    from jaxdm.runlog import refuse_overwrite
+    try:
+        refuse_overwrite([out / "summary.json", out / "report.md"], overwrite=args.overwrite)
+    except FileExistsError as e:
+        print(f"mc_validation: error: {e}", file=sys.stderr)
+        return 2
     out.mkdir(parents=True, exist_ok=True)
     runners = {"babyai": run_babyai, "alfworld": run_alfworld}
     results = []

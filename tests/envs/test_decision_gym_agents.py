@@ -145,6 +145,12 @@ def test_data_script_writes_states_with_context_options_and_keys(tmp_path):
     assert len(read_jsonl(eps)) == 12
     with pytest.raises(SystemExit):
         main(["--n", "0", "--out", str(out)])
+    before = out.read_text()
+    with pytest.raises(SystemExit):      # the data already there is not replaced unasked
+        main(["--n", "2", "--out", str(out)])
+    assert out.read_text() == before
+    main(["--n", "2", "--out", str(out), "--overwrite"])
+    assert out.read_text() != before
 
 
 def test_vector_env_runs_decision_gym_episodes():
