@@ -35,6 +35,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--eval-tasks", type=int, default=16)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--overwrite", action="store_true", help="replace the run in --out")
     args = ap.parse_args(argv)
     sizes = dict(iterations=args.iterations, tasks_per_iter=args.tasks, group_size=args.group,
                  eval_tasks=args.eval_tasks)
@@ -43,7 +44,10 @@ def main(argv=None) -> dict:
     cfg = HarnessGRPOConfig(model=args.model, out_dir=args.out, lr=args.lr,
                             max_context_tokens=256, max_option_tokens=6, mini_batch=32,
                             **sizes)
-    out = train(cfg)
+    try:
+        out = train(cfg, overwrite=args.overwrite)
+    except FileExistsError as e:
+        raise SystemExit(f"bench_harness_grpo: error: {e}") from None
     b, a = out["before"] or {}, out["after"] or {}
     lines = ["| | success | reward | LLM calls | irreversible errors | steps |",
              "|---|---|---|---|---|---|"]

@@ -337,9 +337,15 @@ class HarnessGRPO:
         return {"split": split, "tasks": n, **_row_summary(rows)}
 
 
-def train(cfg: HarnessGRPOConfig) -> dict[str, Any]:
+def train(cfg: HarnessGRPOConfig, *, overwrite: bool = False) -> dict[str, Any]:
     """Evaluate, run ``cfg.iterations`` iterations, evaluate again; writes ``metrics.jsonl``
-    and ``summary.json`` to ``cfg.out_dir``."""
+    and ``summary.json`` to ``cfg.out_dir``. An earlier run's files there are replaced only
+    with ``overwrite`` (else FileExistsError): metrics would otherwise append to them."""
+    from jaxdm.runlog import refuse_overwrite
+    files = [Path(cfg.out_dir) / name for name in ("metrics.jsonl", "summary.json")]
+    refuse_overwrite(files, overwrite=overwrite)
+    for f in files:
+        f.unlink(missing_ok=True)
     t0 = time.perf_counter()
     g = HarnessGRPO(cfg)
     before = g.evaluate() if cfg.eval_tasks else None

@@ -60,3 +60,11 @@ def test_one_iteration_smoke(tmp_path):
     assert moved == (met["groups_with_signal"] > 0)
     logged = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert logged[-1]["iteration"] == 1
+
+
+def test_a_second_run_never_appends_to_the_first(tmp_path):
+    from jaxdm.train.harness_grpo import train
+    (tmp_path / "metrics.jsonl").write_text('{"eval": "before"}\n')
+    with pytest.raises(FileExistsError, match="metrics.jsonl"):
+        train(HarnessGRPOConfig(out_dir=str(tmp_path), **TINY))
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"eval": "before"}\n'
