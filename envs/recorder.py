@@ -37,7 +37,8 @@ from jaxdm.envs.core import step_key
 from jaxdm.trajectory import Step, Trajectory
 
 __all__ = ["ANNOTATION_KEYS", "BatchStep", "RecordedStep", "RecordedEpisode", "EpisodeRecorder",
-           "RecordedPool", "RecordedBatch", "to_trajectory", "reset_info_of", "check_actions", "play_episode"]
+           "RecordedPool", "RecordedBatch", "to_trajectory", "reset_info_of", "check_actions",
+           "play_episode"]
 
 # Annotation keys copied from step info into RecordedStep.annotations / Step.annotations.
 ANNOTATION_KEYS = ("milestone", "no_op", "subgoal")

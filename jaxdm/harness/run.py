@@ -478,8 +478,9 @@ def _check_pass(eps: Sequence[Episode], desc: str, journal: Path | None) -> None
     elif dm_failed and not dm_answered:
         errors = [c.error for e in eps for c in e.calls if c.kind == "dm" and c.error]
         errors.sort(key=lambda m: "answers failed" not in m)  # a backend's own reason first
+        first = f"; first error: {errors[0]}" if errors else ""
         failed = ("decision model", f"every decision model answer failed ({dm_failed} over "
-                                    f"{len(eps)} tasks{'; first error: ' + errors[0] if errors else ''})")
+                                    f"{len(eps)} tasks{first})")
     if failed is not None:
         if journal is not None:
             journal.unlink(missing_ok=True)
