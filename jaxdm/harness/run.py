@@ -291,7 +291,7 @@ def _claim(cfg: HarnessConfig, action: str, *, overwrite: bool, resume: bool) ->
                            f"({', '.join(present)}); pass --overwrite to run {action} again "
                            f"(removing them), or use another --out")
     if interrupted and not overwrite:
-        done = sum(len(p.read_text(encoding="utf-8").splitlines())
+        done = sum(p.read_text(encoding="utf-8").count("\n")   # whole lines: not a torn one
                    for p in journal.folder.glob("*.jsonl"))
         if not resume:
             raise HarnessError(f"{out} holds an interrupted `{action}` ({done} episodes "
@@ -440,10 +440,13 @@ def run_episodes(cfg: HarnessConfig, harness: Harness, split: str, indices: Sequ
     kept: dict[int, Episode] = {}
     if path is not None and path.is_file():
         try:
-            for _, row in read_records(path, drop_torn_tail=True):
+            rows = [row for _, row in read_records(path, drop_torn_tail=True)]
+            for row in rows:
                 kept[int(row["index"])] = Episode.from_dict(row["episode"])
         except (ValueError, KeyError, TypeError) as e:
             raise HarnessError(f"{path}: not a harness journal ({e}); use --overwrite") from None
+        # rewritten whole: a torn last line must not stay in front of the next append
+        write_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
     bar = _progress(cfg, len(indices), desc)
     eps = []
     for i in indices:

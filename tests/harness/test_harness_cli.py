@@ -156,7 +156,10 @@ def test_an_interrupted_command_resumes_episode_by_episode(tmp_path, capsys, mon
     monkeypatch.setattr(Harness, "run_task", cut_at_third)
     with pytest.raises(KeyboardInterrupt):
         _smoke(tmp_path / "cut", "shadow")
-    assert len((tmp_path / "cut/journal/shadow/shadow.jsonl").read_text().splitlines()) == 2
+    journal = tmp_path / "cut/journal/shadow/shadow.jsonl"
+    assert len(journal.read_text().splitlines()) == 2
+    with journal.open("a") as f:
+        f.write('{"index": 2, "episo')          # a kill in the middle of writing the third
     capsys.readouterr()
     assert _smoke(tmp_path / "cut", "shadow") == 2
     assert "holds an interrupted `shadow` (2 episodes finished" in capsys.readouterr().err
