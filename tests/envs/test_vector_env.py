@@ -103,7 +103,9 @@ def broken_env():
     raise ValueError("no such task file: tasks.json")
 
 
-def _gone_soon(pids, seconds: float = 10.0) -> bool:
+def _gone_soon(pids, seconds: float = 30.0) -> bool:
+    # generous: a SIGKILLed Ray worker is reaped by its raylet, which on a loaded 2-core
+    # machine once took over 10 s (returns as soon as the processes are gone)
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and any(_alive(p) for p in pids):
         time.sleep(0.1)
