@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-__all__ = ["parse_lines", "read_records", "append_records", "write_atomic"]
+__all__ = ["parse_lines", "read_records", "append_records", "write_records", "write_atomic"]
 
 
 def parse_lines(lines: Iterable[str], source: Any) -> Iterator[tuple[str, Any]]:
@@ -62,6 +62,14 @@ def append_records(path: str | Path, records: Iterable[Any]) -> None:
             f.write(json.dumps(record) + "\n")
         f.flush()
         os.fsync(f.fileno())
+
+
+def write_records(path: str | Path, records: Iterable[Any]) -> int:
+    """Replaces ``path`` with one JSON line per record, whole (``write_atomic``); returns the
+    count."""
+    lines = [json.dumps(record) + "\n" for record in records]
+    write_atomic(path, "".join(lines))
+    return len(lines)
 
 
 def write_atomic(path: str | Path, text: str) -> None:

@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from jaxdm.jsonl import read_records, write_atomic
+from jaxdm.jsonl import read_records, write_records
 
 __all__ = ["MetricsWriter", "read_metrics", "truncate_after", "Progress", "plot_curves",
            "jsonable", "format_table", "metric_series", "refuse_overwrite"]
@@ -130,7 +130,7 @@ def truncate_after(path: str | Path, step: int) -> int:
         p.write_text("", encoding="utf-8")
         return 0
     keep = [r for r in read_metrics(p, drop_torn_tail=True) if int(r.get("step", -1)) <= step]
-    write_atomic(p, "".join(json.dumps(r) + "\n" for r in keep))
+    write_records(p, keep)
     return len(keep)
 
 

@@ -10,11 +10,10 @@ carried for judges and metrics, never shown to a judge (``jaxdm.roles`` masks th
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from typing import Any, Iterable, Iterator, Mapping
 
-from jaxdm.jsonl import parse_lines
+from jaxdm.jsonl import parse_lines, write_records
 
 ACTION_TYPES = ("milestone", "other", "no_op")
 
@@ -165,13 +164,9 @@ def _check_field(kind: str, value: Any, field: str, where: str) -> None:
 
 
 def write_jsonl(path, trajectories: Iterable[Trajectory]) -> int:
-    """Write trajectories one JSON object per line; returns the count."""
-    n = 0
-    with open(path, "w", encoding="utf-8") as f:
-        for traj in trajectories:
-            f.write(json.dumps(traj.to_dict()) + "\n")
-            n += 1
-    return n
+    """Write trajectories one JSON object per line (whole: ``jsonl.write_records``); returns
+    the count."""
+    return write_records(path, (traj.to_dict() for traj in trajectories))
 
 
 def iter_jsonl(path) -> Iterator[Trajectory]:

@@ -36,7 +36,7 @@ def test_read_records_drops_only_an_unterminated_bad_last_line(tmp_path, capsys)
 
 
 def test_appended_records_read_back_and_a_rewrite_is_whole(tmp_path):
-    from jaxdm.jsonl import append_records, write_atomic
+    from jaxdm.jsonl import append_records, write_atomic, write_records
     p = tmp_path / "r.jsonl"
     append_records(p, [{"a": 1}, [2]])
     append_records(p, [])
@@ -44,4 +44,6 @@ def test_appended_records_read_back_and_a_rewrite_is_whole(tmp_path):
     assert [v for _, v in read_records(p)] == [{"a": 1}, [2], "three"]
     write_atomic(p, '{"b": 2}\n')
     assert [v for _, v in read_records(p)] == [{"b": 2}]
+    assert write_records(p, iter([{"c": 3}, None])) == 2
+    assert [v for _, v in read_records(p)] == [{"c": 3}, None]
     assert sorted(x.name for x in tmp_path.iterdir()) == ["r.jsonl"]   # no temporary left

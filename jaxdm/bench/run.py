@@ -38,6 +38,7 @@ from jaxdm.bench import l3 as l3_lib
 from jaxdm.bench import metrics
 from jaxdm.bench.l2 import AFTER_ERROR_SHARE, L2Config, build_l2
 from jaxdm.decision.types import choice_failed
+from jaxdm.jsonl import write_records
 
 LEVELS = ("l1", "l2", "l3")
 
@@ -204,13 +205,9 @@ def run(cfg: BenchConfig, *, resume: bool = False, overwrite: bool = False) -> d
     if all_failed:
         result["failed_units"] = [{"backend": b, "level": lv, "reason": why}
                                   for b, lv, why in all_failed]
-    with open(out / "records.jsonl", "w", encoding="utf-8") as f:
-        for r in all_recs:
-            f.write(json.dumps(r) + "\n")
+    write_records(out / "records.jsonl", all_recs)
     if l3_rows:
-        with open(out / "l3_episodes.jsonl", "w", encoding="utf-8") as f:
-            for r in l3_rows:
-                f.write(json.dumps(r) + "\n")
+        write_records(out / "l3_episodes.jsonl", l3_rows)
     (out / "bench.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
     _figure(result, out / "accuracy.png")
     levels_figure(result, out / "levels.png")

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from jaxdm.jsonl import append_records, read_records, write_atomic
+from jaxdm.jsonl import append_records, read_records, write_atomic, write_records
 
 IDENTITY_FILE = "bench_run.json"
 UNITS_FILE = "units.jsonl"
@@ -87,7 +87,7 @@ class BenchStore:
                                      f"again")
                 done[(unit["backend"], unit["level"])] = unit
         # rewritten whole: a torn last line must not stay in front of the next append
-        write_atomic(self.units, "".join(json.dumps(u) + "\n" for u in done.values()))
+        write_records(self.units, done.values())
         return done
 
     def append(self, unit: Mapping[str, Any]) -> None:

@@ -28,6 +28,7 @@ import functools
 import json
 import math
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -41,7 +42,7 @@ from jaxdm.harness.dm import make_dm
 from jaxdm.harness.fit import CALIBRATIONS, binned, ece, estimate_point, fit_threshold
 from jaxdm.harness.llm import LLMProfile, PROFILES, RemoteLLM, SimulatedLLM
 from jaxdm.harness.modes import Delegation
-from jaxdm.jsonl import append_records, read_records, write_atomic
+from jaxdm.jsonl import append_records, read_records, write_atomic, write_records
 from jaxdm.roles.harness import POINTS
 from jaxdm.stats import check_settings
 
@@ -255,7 +256,6 @@ def _journal(cfg: HarnessConfig, action: str) -> Journal:
 def _claim(cfg: HarnessConfig, action: str, *, overwrite: bool, resume: bool) -> bool:
     """Check that ``action`` may write into ``cfg.out_dir`` (see the block comment above);
     True when ``resume`` finds it finished with this config (nothing to run)."""
-    import shutil
     if overwrite and resume:
         raise HarnessError("--resume and --overwrite exclude each other")
     out = Path(cfg.out_dir)
@@ -332,7 +332,6 @@ def _recorded(action: str):
     def wrap(command):
         @functools.wraps(command)
         def run(cfg: HarnessConfig, *, overwrite: bool = False, resume: bool = False) -> Any:
-            import shutil
             if _claim(cfg, action, overwrite=overwrite, resume=resume):
                 return None
             result = command(cfg)
@@ -446,7 +445,7 @@ def run_episodes(cfg: HarnessConfig, harness: Harness, split: str, indices: Sequ
         except (ValueError, KeyError, TypeError) as e:
             raise HarnessError(f"{path}: not a harness journal ({e}); use --overwrite") from None
         # rewritten whole: a torn last line must not stay in front of the next append
-        write_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
+        write_records(path, rows)
     bar = _progress(cfg, len(indices), desc)
     eps = []
     for i in indices:
@@ -479,8 +478,10 @@ def _check_pass(eps: Sequence[Episode], desc: str, journal: Path | None) -> None
         failed = ("agent LLM", f"every agent LLM call failed ({len(llm)} calls over {len(eps)} "
                                f"tasks; first error: {first})")
     elif dm_failed and not dm_answered:
-        errors = [c.error for e in eps for c in e.calls if c.kind == "dm" and c.error]
-        errors.sort(key=lambda m: "answers failed" not in m)  # a backend's own reason first
+        # calls that went through carry the backend's own reason for its failed answers;
+        # those that raised (then asked one question at a time) come after
+        errors = [c.error for c in sorted((c for e in eps for c in e.calls
+                                           if c.kind == "dm" and c.error), key=lambda c: not c.ok)]
         first = f"; first error: {errors[0]}" if errors else ""
         failed = ("decision model", f"every decision model answer failed ({dm_failed} over "
                                     f"{len(eps)} tasks{first})")
@@ -493,9 +494,7 @@ def _check_pass(eps: Sequence[Episode], desc: str, journal: Path | None) -> None
 
 def _write_jsonl(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
+    write_records(path, rows)
 
 
 def _read_jsonl(path: Path) -> list[dict]:

@@ -27,7 +27,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from jaxdm.jsonl import append_records, read_records, write_atomic
+from jaxdm.jsonl import append_records, read_records, write_atomic, write_records
 from jaxdm.trajectory import Trajectory, read_jsonl, write_jsonl
 
 __all__ = ["PassResult", "ScreenError", "ScreenStore", "OUTPUT_FILES"]
@@ -156,8 +156,8 @@ class ScreenStore:
             _say(f"resume: keeping {len(done)} finished passes; dropping {dropped} failed or "
                  f"incomplete pass record(s) and {len(rows) - n_rows} score row(s) of unfinished "
                  "passes (they run again)")
-        write_atomic(self.passes, "".join(json.dumps(done[k].record()) + "\n" for k in done))
-        write_atomic(self.scores, "".join(json.dumps(r) + "\n" for k in done
+        write_records(self.passes, (done[k].record() for k in done))
+        write_records(self.scores, (r for k in done
                                            for r in by_pass[k]))
         return done
 

@@ -15,13 +15,12 @@ malformed line raises ``ValueError`` naming the file and line (and the question 
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Sequence
 
 from jaxdm.decision.types import MultipleChoice, YesNo
-from jaxdm.jsonl import parse_lines
+from jaxdm.jsonl import parse_lines, write_records
 from jaxdm.train.packing import SFTItem
 
 ANSWERS_YES_NO = {"yes": 0, "no": 1}
@@ -111,7 +110,5 @@ def write_states(path: str | Path, states: Sequence[dict[str, Any]]) -> Path:
     """Writes state dicts (the line format above) as JSONL."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for s in states:
-            f.write(json.dumps(s) + "\n")
+    write_records(path, states)
     return path

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdm.decision.types import Cost, MultipleChoice, choice_ok
+from jaxdm.jsonl import append_records
 
 LAMBDA, N0, ETA = 0.5, 10, 0.2
 
@@ -256,8 +257,7 @@ class HarnessGRPO:
         self.out.mkdir(parents=True, exist_ok=True)
 
     def _log(self, row: Mapping[str, Any]) -> None:
-        with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
+        append_records(self.out / "metrics.jsonl", [row])
 
     def step(self) -> dict[str, Any]:
         from jaxdm.envs.decision_gym.world import SPLIT_RANGES

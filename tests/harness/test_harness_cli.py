@@ -212,16 +212,18 @@ def test_an_interrupted_run_resumes_with_its_finished_arms(tmp_path, capsys, mon
         [a["success"] for a in s_whole["arms"].values()]
 
 
-@pytest.mark.parametrize("override,who", [
-    ("llm={kind: simulated, profile: strong, fail_rate: 1.0}", "agent LLM"),
+@pytest.mark.parametrize("override,who,reason", [
+    ("llm={kind: simulated, profile: strong, fail_rate: 1.0}", "agent LLM", "first error: "),
+    # the server's reason, not the 69-option batch the backend refused before asking it
     ("dm={kind: remote, base_url: 'http://127.0.0.1:9/v1', model: m, max_retries: 0, "
-     "timeout: 2}", "decision model"),
+     "timeout: 2}", "decision model", "first error: 1 of 1 answers failed: connection error"),
 ])
-def test_a_pass_where_every_call_failed_fails_the_job(tmp_path, capsys, override, who):
+def test_a_pass_where_every_call_failed_fails_the_job(tmp_path, capsys, override, who, reason):
     # the harness falls back at every decision, so the pass would "succeed" and measure nothing
     assert _smoke(tmp_path, "shadow", "--set", override) == 2
     err = capsys.readouterr().err
     assert f"shadow: every {who} " in err and "failed" in err and "--resume" in err
+    assert reason in err
     assert not (tmp_path / "shadow_decisions.jsonl").exists()
     assert not list((tmp_path / "journal/shadow").glob("*.jsonl"))   # nothing of it kept
 
