@@ -6,6 +6,8 @@ import argparse
 import sys
 
 from jaxdm.config import to_dict
+from jaxdm.jsonl import OutputError
+from jaxdm.rundir import RunFolderError
 
 DEMO_HELP = ("the main job on the embedded default: screen SmolLM2-135M (constrained readout) "
              "and the Oracle on ALFWorld noisy-expert trajectories (a 5-minute CPU preset)")
@@ -59,7 +61,26 @@ def main(argv=None) -> int:
     train_cli.add_parser(sub)
     bench_cli.add_parser(sub)
     args = parser.parse_args(argv)
+    # What the command prints quotes specs and URLs: their credentials never reach a terminal
+    # or a log file (result files are redacted by their writers, jaxdm.jsonl).
+    from jaxdm.secrets import RedactingStream
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = RedactingStream(sys.stdout), RedactingStream(sys.stderr)
+    try:
+        return _dispatch(args)
+    except (RunFolderError, OutputError) as e:   # every command: a named error, rc 2
+        print(f"jaxdm {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        sys.stdout, sys.stderr = streams
+
+
+def _dispatch(args) -> int:
+    from jaxdm import decide
+    from jaxdm.bench import cli as bench_cli
+    from jaxdm.harness import run as harness_run
     from jaxdm.models import compile_cache
+    from jaxdm.train import cli as train_cli
     compile_cache.enable()  # JAX's persistent compilation cache (JAXDM_COMPILATION_CACHE=0: off)
     if args.command == "train-dm":
         return train_cli.main(args)

@@ -31,6 +31,9 @@ from typing import Any, Mapping, Sequence, TypeVar
 
 import yaml
 
+from jaxdm.jsonl import write_atomic
+from jaxdm.secrets import is_secret_key
+
 __all__ = ["ConfigError", "from_dict", "load_config", "apply_overrides", "parse_override",
            "to_dict", "dump_yaml", "config_from_argv", "check_finite", "is_secret_key", "shown",
            "shown_override", "SECRET_HINT"]
@@ -42,19 +45,8 @@ class ConfigError(ValueError):
     """A config file or override does not fit the schema (message names the key)."""
 
 
-# Key names whose values must never appear in a message (matched per dotted part).
-# "token" and "auth" only as whole words of a snake_case name: max_tokens, author are fine.
-_SECRET_KEY = re.compile(r"api[_-]?key|secret|passw(or)?d|passwd|credential|private[_-]?key|"
-                         r"(^|[_-])(token|auth|bearer)($|[_-])", re.I)
 SECRET_HINT = ("secrets do not belong in configs: put the key in an environment variable and "
                "name that variable with api_key_env")
-
-
-def is_secret_key(key: str) -> bool:
-    """True when any part of dotted ``key`` looks like it names a secret (api_key, token...).
-    ``api_key_env`` (the *name* of an environment variable) is not a secret."""
-    parts = re.split(r"[.\[\]]", str(key))
-    return any(_SECRET_KEY.search(p) and not p.endswith("_env") for p in parts if p)
 
 
 def shown(key: str, value: Any) -> str:
@@ -359,8 +351,9 @@ def load_config(cls: type[C], path: str | Path | None = None,
 
 
 def dump_yaml(cfg: Any, path: str | Path) -> None:
-    """Write a config as YAML (round-trips through ``load_config``)."""
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
+    """Write a config as YAML (round-trips through ``load_config``), whole and with URL
+    credentials redacted (``jaxdm.jsonl.write_atomic``)."""
+    write_atomic(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
 def config_from_argv(cls: type[C], argv: Sequence[str], *, presets_dir: str | Path | None = None

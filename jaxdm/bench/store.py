@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from jaxdm.jsonl import append_records, read_records, write_atomic, write_records
+from jaxdm.rundir import listed_files, lock_run_dir
 
 IDENTITY_FILE = "bench_run.json"
 UNITS_FILE = "units.jsonl"
@@ -41,12 +42,19 @@ class BenchStore:
         """Prepare the folder; returns the finished units (resume) keyed (backend, level)."""
         if resume and overwrite:
             raise ValueError("--resume and --overwrite exclude each other")
-        if self.out.exists() and not self.out.is_dir():
-            raise ValueError(f"output folder {self.out} is a file")
+        # the folder is this job's until it ends (a second job on it fails here, at once)
+        self.lock = lock_run_dir(self.out)
+        try:
+            return self._open(identity, resume=resume, overwrite=overwrite)
+        except BaseException:
+            self.lock.abandon()
+            raise
+
+    def _open(self, identity, *, resume: bool, overwrite: bool):
         identity = json.loads(json.dumps(dict(identity)))   # compare in its saved form
         if resume and self.identity.is_file():
             return self._resume(identity)
-        existing = sorted(p.name for p in self.out.iterdir()) if self.out.is_dir() else []
+        existing = listed_files(self.out)
         if existing and not overwrite:
             listed = ", ".join(existing[:5]) + (", ..." if len(existing) > 5 else "")
             if resume:
@@ -57,7 +65,6 @@ class BenchStore:
                              f"--resume to continue it or --overwrite to replace it")
         for name in OUTPUT_FILES if overwrite else ():   # only our files, never a whole folder
             (self.out / name).unlink(missing_ok=True)
-        self.out.mkdir(parents=True, exist_ok=True)
         write_atomic(self.identity, json.dumps(identity, indent=1))
         write_atomic(self.units, "")
         return {}

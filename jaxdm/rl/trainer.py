@@ -42,6 +42,7 @@ import numpy as np
 
 from jaxdm import config as cfgmod
 from jaxdm import runlog
+from jaxdm.rundir import lock_run_dir
 from jaxdm.rl import build, distributed, rundir, sharding
 from jaxdm.rl.checkpoint import Checkpointer
 from jaxdm.rl.estimators import ESTIMATORS, EpisodeBatch
@@ -315,8 +316,20 @@ class Trainer:
         """Train to ``iterations`` (default cfg.iterations); returns the metric records.
 
         ``stop_after`` stops after that many iterations *of this call* (simulates a killed
-        run; the exit checkpoint is still written).
+        run; the exit checkpoint is still written). The run folder is locked for the call
+        (``jaxdm.rundir.lock_run_dir``: a second job on it fails at once).
         """
+        # [MULTIHOST] the processes of one run share out_dir: process 0 holds the lock
+        lock = lock_run_dir(self.out, "out_dir") if distributed.is_main() else None
+        try:
+            return self._run(resume=resume, overwrite=overwrite, iterations=iterations,
+                             stop_after=stop_after)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _run(self, *, resume: bool, overwrite: bool, iterations: int | None,
+             stop_after: int | None) -> list[dict[str, Any]]:
         cfg = self.cfg
         total = iterations or cfg.iterations
         main = distributed.is_main()  # [MULTIHOST] files and progress from process 0 only

@@ -28,6 +28,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from jaxdm.jsonl import append_records, read_records, write_atomic, write_records
+from jaxdm.rundir import listed_files, lock_run_dir
 from jaxdm.trajectory import Trajectory, read_jsonl, write_jsonl
 
 __all__ = ["PassResult", "ScreenError", "ScreenStore", "OUTPUT_FILES"]
@@ -94,10 +95,19 @@ class ScreenStore:
         """Prepare the folder; returns the finished passes (resume) keyed (judge, "q/c")."""
         if resume and overwrite:
             raise _error("--resume and --overwrite exclude each other")
-        identity = json.loads(json.dumps(dict(identity)))  # compare in its saved form
-        existing = sorted(p.name for p in self.out.iterdir()) if self.out.is_dir() else []
         if self.out.exists() and not self.out.is_dir():
             raise _error(f"output folder {self.out} is a file")
+        # the folder is this job's until it ends (a second job on it fails here, at once)
+        self.lock = lock_run_dir(self.out)
+        try:
+            return self._open(identity, trajs, resume=resume, overwrite=overwrite)
+        except BaseException:
+            self.lock.abandon()
+            raise
+
+    def _open(self, identity, trajs, *, resume: bool, overwrite: bool):
+        identity = json.loads(json.dumps(dict(identity)))  # compare in its saved form
+        existing = listed_files(self.out)
         if resume and self.holds_run():
             return self._resume(identity, trajs)
         if existing and not overwrite:
@@ -111,7 +121,6 @@ class ScreenStore:
         if overwrite:
             for name in OUTPUT_FILES:  # only our own files: never a user's folder wholesale
                 (self.out / name).unlink(missing_ok=True)
-        self.out.mkdir(parents=True, exist_ok=True)
         write_jsonl(self.trajectories, trajs)
         write_atomic(self.identity, json.dumps(dict(identity), indent=1))
         write_atomic(self.scores, "")

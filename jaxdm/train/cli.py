@@ -23,6 +23,7 @@ def add_parser(sub) -> None:
 
 def main(args) -> int:
     from jaxdm.config import ConfigError, load_config
+    from jaxdm.rundir import lock_run_dir
     from jaxdm.train.packing import IndistinctOptions
     from jaxdm.train.sft import TrainDMConfig, TrainingError, train
 
@@ -34,7 +35,15 @@ def main(args) -> int:
         overrides.append("progress=false")
     try:
         cfg = load_config(TrainDMConfig, args.config, overrides)
-        summary = train(cfg)
+        # the run folder is this job's for its whole life; a run that fails before writing
+        # anything leaves no folder behind
+        lock = lock_run_dir(cfg.out_dir, "run folder")
+        try:
+            summary = train(cfg)
+        except BaseException:
+            lock.abandon()
+            raise
+        lock.release()
     except (ConfigError, TrainingError, IndistinctOptions, ValueError, FileNotFoundError) as e:
         print(f"jaxdm train-dm: error: {e}", file=sys.stderr)
         return 2
