@@ -7,13 +7,15 @@ judge_requests``), in **one** ``backend.score`` call, and returns the scores as 
 wrong number of results, an ``ok=False`` result or a score that is not a finite number in
 [0, 1] leaves that score *missing* (mask False); the stats count them and keep the last error
 message, so callers decide what a failure rate means (the trainer's
-``teacher.max_failure_frac``, the screen's report).
+``teacher.max_failed_share``, the screen's report). ``retries``: questions that failed are asked
+again (only those, in one call per round) up to that many times before they count as missing.
 
 Stats keys (floats unless noted): ``requests`` (questions asked), ``missing`` (questions
 without a usable score), ``errors`` (missing ones that came with an error: an exception
 counts every question of the call), ``tokens_in``, ``tokens_out``, ``usd`` (0.0 when no
 result is priced; ``priced`` says how many were), ``seconds`` (wall time of the backend call),
-``last_error`` (str or None) and ``error_examples`` (up to 5 distinct messages, a tuple).
+``last_error`` (str or None), ``error_examples`` (up to 5 distinct messages, a tuple) and
+``retried`` (questions asked again).
 """
 from __future__ import annotations
 
@@ -87,15 +89,18 @@ def judge_request_batch(trajectories: Sequence[Any], *, question: str, context: 
 
 
 def score_trajectories(backend: Any, trajectories: Sequence[Any], *, question: str,
-                       context: str, expansion: Any = None, max_actions: int | None = None
-                       ) -> TrajectoryScores:
-    """Score every executed action of ``trajectories`` with ``backend`` (one ``score`` call).
+                       context: str, expansion: Any = None, max_actions: int | None = None,
+                       retries: int = 0) -> TrajectoryScores:
+    """Score every executed action of ``trajectories`` with ``backend`` (one ``score`` call,
+    plus one per retry round over the questions that failed).
 
     ``T`` is ``max_actions`` when given (longer trajectories are cut there), else the longest
     trajectory. ``backend=None`` asks nothing and reports every request missing.
     """
     if max_actions is not None and max_actions < 1:
         raise ValueError(f"max_actions must be >= 1 or None, got {max_actions}")
+    if retries < 0:
+        raise ValueError(f"retries must be >= 0, got {retries}")
     requests, owners, lengths = judge_request_batch(
         trajectories, question=question, context=context, expansion=expansion,
         max_actions=max_actions)
@@ -105,7 +110,8 @@ def score_trajectories(backend: Any, trajectories: Sequence[Any], *, question: s
     ok = np.zeros((b, t_max), bool)
     stats: dict[str, Any] = {"requests": float(len(requests)), "missing": 0.0, "errors": 0.0,
                              "tokens_in": 0.0, "tokens_out": 0.0, "usd": 0.0, "priced": 0.0,
-                             "seconds": 0.0, "last_error": None, "error_examples": ()}
+                             "seconds": 0.0, "last_error": None, "error_examples": (),
+                             "retried": 0.0}
     if not requests:
         return TrajectoryScores(scores, ok, lengths, stats)
     if backend is None:
@@ -118,20 +124,39 @@ def score_trajectories(backend: Any, trajectories: Sequence[Any], *, question: s
         if msg[:300] not in examples and len(examples) < _MAX_EXAMPLES:
             examples.append(msg[:300])
 
+    pending = list(range(len(requests)))
+    for round_ in range(retries + 1):
+        if round_:
+            stats["retried"] += len(pending)
+        pending, errors = _score_round(backend, requests, owners, pending, scores, ok, stats,
+                                       note)
+        if not pending:
+            break
+    stats["missing"] = float(len(pending))
+    stats["errors"] = float(errors)
+    stats["error_examples"] = tuple(examples)
+    return TrajectoryScores(scores, ok, lengths, stats)
+
+
+def _score_round(backend, requests, owners, pending, scores, ok, stats, note
+                 ) -> tuple[list[int], int]:
+    """Asks the ``pending`` questions in one call; fills the usable scores; returns the ones
+    still without a score and how many of those came with an error."""
+    asked = [requests[k] for k in pending]
     t0 = time.perf_counter()
     try:
-        results = backend.score(requests)
-        if len(results) != len(requests):
+        results = backend.score(asked)
+        if len(results) != len(asked):
             raise RuntimeError(f"backend {getattr(backend, 'name', backend)!r} returned "
-                               f"{len(results)} results for {len(requests)} questions")
+                               f"{len(results)} results for {len(asked)} questions")
     except Exception as e:  # noqa: BLE001 - a scoring failure is counted, never fatal
-        stats["seconds"] = time.perf_counter() - t0
-        stats["missing"] = stats["errors"] = float(len(requests))
+        stats["seconds"] += time.perf_counter() - t0
         note(f"{type(e).__name__}: {e}")
-        stats["error_examples"] = tuple(examples)
-        return TrajectoryScores(scores, ok, lengths, stats)
-    stats["seconds"] = time.perf_counter() - t0
-    for (i, t), r in zip(owners, results):
+        return pending, len(pending)
+    stats["seconds"] += time.perf_counter() - t0
+    still, errors = [], 0
+    for k, r in zip(pending, results):
+        i, t = owners[k]
         cost = getattr(r, "cost", None)
         if cost is not None:
             stats["tokens_in"] += cost.tokens_in
@@ -143,12 +168,11 @@ def score_trajectories(backend: Any, trajectories: Sequence[Any], *, question: s
         if getattr(r, "ok", False) and s is not None and math.isfinite(s) and 0.0 <= s <= 1.0:
             scores[i, t], ok[i, t] = s, True
             continue
-        stats["missing"] += 1
+        still.append(k)
         err = getattr(r, "error", None)
         if not getattr(r, "ok", False) and err:
-            stats["errors"] += 1
+            errors += 1
             note(str(err))
         elif getattr(r, "ok", False):
             note(f"score {s!r} is not a finite number in [0, 1]")
-    stats["error_examples"] = tuple(examples)
-    return TrajectoryScores(scores, ok, lengths, stats)
+    return still, errors

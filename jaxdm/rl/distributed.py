@@ -223,13 +223,13 @@ class Distributed:
     @staticmethod
     def signal_stats(stats: dict[str, Any]) -> dict[str, Any]:
         """The signals' statistics over every process: counts (``*/requests``, ``*/missing``,
-        ``*/errors``) summed, ``teacher/failure_frac`` and ``teacher/score_mean`` / ``_std``
+        ``*/errors``, ``*/retried``) summed, ``teacher/failure_frac`` and ``teacher/score_mean`` / ``_std``
         recomputed from them (so every process takes the same failure decision); other keys
         are this process's. A collective."""
         every = gather_objects([stats])
         out = dict(stats)
         for k in stats:
-            if k.endswith(("/requests", "/missing", "/errors")):
+            if k.endswith(("/requests", "/missing", "/errors", "/retried")):
                 out[k] = float(sum(s.get(k) or 0.0 for s in every))
         if "teacher/requests" in out and "teacher/missing" in out:
             req, miss = out["teacher/requests"], out["teacher/missing"]

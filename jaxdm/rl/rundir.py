@@ -43,7 +43,7 @@ class NonFiniteLossError(TrainingStopped, FloatingPointError):
 
 
 class TeacherFailureError(TrainingStopped):
-    """Too many teacher requests of one iteration failed (teacher.max_failure_frac)."""
+    """Too many teacher requests of one iteration failed (teacher.max_failed_share)."""
 
 
 def holds_run(out: Path, checkpointer) -> bool:

@@ -122,9 +122,12 @@ def _teacher_produce(episodes, backend, cfg) -> Signal:
     from jaxdm.decision.jobs import score_trajectories
 
     res = score_trajectories(backend, episodes.trajectories, question=cfg.teacher.question,
-                             context=cfg.teacher.context, max_actions=cfg.max_actions)
+                             context=cfg.teacher.context, max_actions=cfg.max_actions,
+                             retries=cfg.teacher.retries)
     ok = res.ok & episodes.mask
     stats = {f"teacher/{k}": v for k, v in res.stats.items() if k != "error_examples"}
+    if res.stats["error_examples"]:
+        stats["teacher/error_examples"] = "; ".join(res.stats["error_examples"])
     s = res.scores[ok]
     stats["teacher/score_mean"] = float(s.mean()) if s.size else None
     stats["teacher/score_std"] = float(s.std()) if s.size else None

@@ -65,8 +65,10 @@ class PolicySection:
 class TeacherSection:
     """The judge behind the ``teacher_scores`` signal; ``kind`` is a make_backend kind.
 
-    ``max_failure_frac``: stop the run when at least this share of an iteration's teacher
-    requests fail (1.0: only when every request fails; None: never).
+    ``max_failed_share``: stop the run when more than this share of an iteration's teacher
+    requests fail after ``retries`` rounds of asking the failed ones again (an iteration whose
+    every request failed always stops it; None: never). The same key and rule as
+    ``jaxdm screen``, ``jaxdm bench`` and the harness.
     """
 
     kind: str = "oracle"
@@ -82,7 +84,8 @@ class TeacherSection:
     timeout: float = 30.0
     price_per_1k_in: float | None = None
     price_per_1k_out: float | None = None
-    max_failure_frac: float | None = 1.0
+    max_failed_share: float | None = 0.05
+    retries: int = 1
 
     def __post_init__(self):
         from jaxdm.decision import BACKEND_KINDS
@@ -95,9 +98,11 @@ class TeacherSection:
                 raise ValueError(f"teacher.kind must be 'none', a backend kind "
                                  f"{list(BACKEND_KINDS)} or a teacher policy "
                                  f"{sorted(TEACHER_POLICIES)}, got {self.kind!r}")
-        if self.max_failure_frac is not None and not 0.0 < self.max_failure_frac <= 1.0:
-            raise ValueError(f"teacher.max_failure_frac must be in (0, 1] or null, got "
-                             f"{self.max_failure_frac}")
+        if self.max_failed_share is not None and not 0.0 <= self.max_failed_share <= 1.0:
+            raise ValueError(f"teacher.max_failed_share must be in [0, 1] or null, got "
+                             f"{self.max_failed_share}")
+        if self.retries < 0:
+            raise ValueError(f"teacher.retries must be >= 0, got {self.retries}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +163,7 @@ class OptimSection:
 RUN_CHANGING_EXEMPT = ("iterations", "progress", "out_dir", "checkpoint_every",
                        "keep_checkpoints", "eval_every", "on_nonfinite_checkpoint",
                        "env.num_workers", "env.step_timeout", "teacher.timeout",
-                       "teacher.max_failure_frac", "teacher.api_key_env")
+                       "teacher.max_failed_share", "teacher.retries", "teacher.api_key_env")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,8 @@ One iteration, from the previous ``TrainState`` (``jaxdm.rl.state``) to the next
      teacher scores per action (``jaxdm.decision.jobs.score_trajectories`` on a
      ``make_backend`` backend), the critic's values, the LVRL value model's values, the
      LVOPD teacher's top-K_T lists. A teacher failure is a missing score;
-     ``teacher.max_failure_frac`` of failures in one iteration stops the run loudly.
+     more than ``teacher.max_failed_share`` of failures in one iteration (after asking the
+     failed requests again ``teacher.retries`` times) stops the run loudly.
   3. **Advantages**: the registered estimator (``grpo``, ``teacher``, ``gigpo``, ``gae``,
      ``lvrl``).
   4. **Update**: π_old / π_ref log-probs, then PPO mini-batch steps of the weighted loss
@@ -203,15 +204,17 @@ class Trainer:
         return st, metrics
 
     def _check_failures(self, metrics: dict[str, Any], iteration: int) -> None:
-        frac, limit = metrics.get("teacher/failure_frac"), self.cfg.teacher.max_failure_frac
+        frac, limit = metrics.get("teacher/failure_frac"), self.cfg.teacher.max_failed_share
         if frac is None or limit is None or not metrics.get("teacher/requests"):
             return
-        if frac >= limit:
+        if frac > limit or frac >= 1.0:
             raise TeacherFailureError(
                 f"iteration {iteration}: {metrics['teacher/missing']:.0f} of "
-                f"{metrics['teacher/requests']:.0f} teacher requests failed "
-                f"(teacher.max_failure_frac={limit}); last error: "
-                f"{metrics.get('teacher/last_error')}", metrics)
+                f"{metrics['teacher/requests']:.0f} teacher requests failed after "
+                f"{self.cfg.teacher.retries} retry round(s) "
+                f"(teacher.max_failed_share={limit}); errors: "
+                f"{metrics.get('teacher/error_examples') or metrics.get('teacher/last_error')}",
+                metrics)
 
     def _update(self, st: TrainState, eb: EpisodeBatch, adv, signals) -> dict[str, float]:
         cfg, units = self.cfg, eb.units

@@ -222,7 +222,7 @@ class FlakyTeacher:
 
 def test_teacher_failures_are_missing_not_fatal(tmp_path):
     cfg = ordering_cfg(tmp_path, "iterations=2", "checkpoint_every=0",
-                       "teacher.max_failure_frac=null")
+                       "teacher.max_failed_share=null", "teacher.retries=0")
     tr = Trainer(cfg, log=False)
     tr.signal_backends["teacher_scores"] = FlakyTeacher()
     m1 = tr.iteration_step()  # the teacher raises: every score missing, training continues
@@ -248,14 +248,38 @@ def test_teacher_failures_are_missing_not_fatal(tmp_path):
     tr.close()
 
 
+def test_failed_teacher_requests_are_asked_again_only(tmp_path):
+    """issue 43 #6: the failed questions of an iteration (and only they) are asked again
+    (teacher.retries); answered then, nothing is missing and the run goes on."""
+    class DownOnce:
+        def __init__(self):
+            self.asked = []
+
+        def score(self, questions):
+            self.asked.append(len(questions))
+            if len(self.asked) == 1:
+                return [score_failed("HTTP 503") if i % 4 == 0 else score_ok(0.5)
+                        for i in range(len(questions))]
+            return [score_ok(0.75) for _ in questions]
+    tr = Trainer(ordering_cfg(tmp_path, "iterations=1", "checkpoint_every=0"), log=False)
+    tr.signal_backends["teacher_scores"] = teacher = DownOnce()
+    m = tr.iteration_step()
+    n = int(m["teacher/requests"])
+    assert teacher.asked == [n, len(range(0, n, 4))]
+    assert m["teacher/retried"] == len(range(0, n, 4)) and m["teacher/missing"] == 0
+    tr.close()
+
+
 def test_all_teacher_requests_failing_stops_the_run(tmp_path):
-    """issue 15 #1: an iteration whose teacher requests all fail stops loudly (default
-    teacher.max_failure_frac=1.0) with the reason in the log and in metrics.jsonl."""
+    """issue 15 #1, issue 43: an iteration whose teacher requests fail beyond
+    teacher.max_failed_share after the retry stops loudly with the reasons in the log and in
+    metrics.jsonl."""
     from jaxdm.runlog import read_metrics
     tr = Trainer(ordering_cfg(tmp_path, "iterations=2", "checkpoint_every=1"), log=False)
     tr.signal_backends["teacher_scores"] = FlakyTeacher()
-    with pytest.raises(TeacherFailureError, match="iteration 1: .* teacher requests failed.*"
-                                                  "TimeoutError: judge timed out"):
+    with pytest.raises(TeacherFailureError, match="iteration 1: .* teacher requests failed "
+                                                  "after 1 retry.*TimeoutError: judge timed "
+                                                  "out; bad output"):
         tr.run()
     rec = read_metrics(tmp_path / "metrics.jsonl")[-1]
     assert "judge timed out" in rec["run/error"] and rec["teacher/errors"] > 0

@@ -51,9 +51,9 @@ def test_compare_names_teachers_as_the_screen_names_judges():
     spec = importlib.util.spec_from_file_location("teacher_grpo_script", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    base = TeacherSection(context="hindsight", max_failure_frac=0.5)
+    base = TeacherSection(context="hindsight", max_failed_share=0.5)
     t = script.teacher_for("smollm2-judge", base)
-    assert (t.kind, t.path, t.context, t.max_failure_frac) == (
+    assert (t.kind, t.path, t.context, t.max_failed_share) == (
         "local_readout", str(SMOLLM2_PROGRESS), "hindsight", 0.5)
     assert script.teacher_for("smollm2", base).path == "smollm2"
     assert script.teacher_for("oracle:noise=0.2", base).noise == 0.2
