@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import numpy as np
 
 from jaxdm.envs.alfworld import (TASK_TYPES, Game, generate_game, initial_state, plan_from,
                                  step_state)
+from jaxdm.jsonl import write_atomic, write_json
 from jaxdm.roles import actor_request, mask_placement_subgoal
 from jaxdm.trajectory import Step
 
@@ -234,7 +234,7 @@ def main(argv=None) -> int:
     res = {"judge": name, "budget": args.budget, "goal_masking": goal_masking(backend, states, args.budget),
            "variants": {v: continuations(backend, states, args.budget, v) for v in VARIANTS}}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "actor_analysis.json").write_text(json.dumps(res, indent=1))
+    write_json(out / "actor_analysis.json", res, indent=1)
     gm = res["goal_masking"]
     md = [f"# Actor analysis ({name}, {len(states)} diagnostic states, budget {args.budget})", "",
           "| goal | toward prerequisite | placement | other |", "|---|---|---|---|"]
@@ -242,7 +242,7 @@ def main(argv=None) -> int:
         md.append(f"| {g} | {gm[g]['prerequisite']:.3f} | {gm[g]['placement']:.3f} | {gm[g]['other']:.3f} |")
     md += ["", "| prompt | success |", "|---|---|"]
     md += [f"| {v} | {100 * res['variants'][v]['success']:.1f} % |" for v in VARIANTS]
-    (out / "actor_analysis.md").write_text("\n".join(md) + "\n")
+    write_atomic(out / "actor_analysis.md", "\n".join(md) + "\n")
     _plots(res, out)
     print("\n".join(md))
     print(f"\nwritten to {out.resolve()}/")

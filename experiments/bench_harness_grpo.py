@@ -21,6 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from jaxdm.jsonl import write_atomic  # noqa: E402
 
 
 def main(argv=None) -> dict:
@@ -63,7 +64,7 @@ def main(argv=None) -> dict:
     text = (f"Harness GRPO, model {cfg.model}, {cfg.iterations} iterations x "
             f"{cfg.tasks_per_iter} tasks x G={cfg.group_size}, lr {cfg.lr}, "
             f"{out['seconds']:.0f} s (loaded CPU)\n\n" + "\n".join(lines) + "\n")
-    (Path(args.out) / "report.md").write_text(text, encoding="utf-8")
+    write_atomic(Path(args.out) / "report.md", text)
     print(text)
     print(json.dumps({"before": b, "after": a}))
     return out

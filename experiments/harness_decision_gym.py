@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jaxdm.harness import run as hr  # noqa: E402
+from jaxdm.jsonl import write_atomic  # noqa: E402
 
 VARIANTS = ("base", "shift", "hard")
 LLMS = ("strong", "weak")
@@ -138,7 +139,7 @@ def main(argv=None) -> int:
             reports[f"{variant}/{llm}"] = rep
             print(f"== {variant}/{llm} done in {rep['wall_s']:.0f} s", flush=True)
     text = summary_md(reports, sizes)
-    (out_root / "summary.md").write_text(text)
+    write_atomic(out_root / "summary.md", text)
     print(text)
     if args.smollm2:
         smollm2_shadow(args.smollm2, out_root, not args.no_progress, args.overwrite)

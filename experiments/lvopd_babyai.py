@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxdm import config as cfgmod
+from jaxdm.jsonl import write_atomic, write_json
 
 METHODS = {
     "lvrl": ["algo.terms={lvopd: 0.0}"],
@@ -198,13 +199,13 @@ def main(argv=None) -> int:
                                       resume=args.resume, overwrite=args.overwrite))
         plot(results, out, teacher)
         lines, summary = table(results)
-        (out / "table.md").write_text("\n".join(lines) + "\n")
+        write_atomic(out / "table.md", "\n".join(lines) + "\n")
     log_f.close()
     ru = resource.getrusage(resource.RUSAGE_SELF)
-    (out / "summary.json").write_text(json.dumps({
+    write_json(out / "summary.json", {
         "base_config": BASE.name, "overrides": overrides, "seeds": seeds, "coef": args.coef,
         "teacher": teacher, "methods": summary, "wall_seconds": time.perf_counter() - t0,
-        "cpu_seconds": ru.ru_utime + ru.ru_stime, "curves": results}, indent=1))
+        "cpu_seconds": ru.ru_utime + ru.ru_stime, "curves": results}, indent=1)
     print("\n".join(lines))
     print(f"wall {time.perf_counter() - t0:.0f} s, CPU {ru.ru_utime + ru.ru_stime:.0f} s; "
           f"outputs in {out}")

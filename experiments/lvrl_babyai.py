@@ -44,6 +44,8 @@ from typing import Sequence
 import numpy as np
 
 from jaxdm import config as cfgmod
+from jaxdm.jsonl import write_atomic, write_json
+from jaxdm.rundir import lock_run_dir
 
 METHODS = {
     "grpo": ["algo.advantage=grpo"],
@@ -119,19 +121,19 @@ def experiment_setup(args: argparse.Namespace, known: Sequence[str]
     out = Path(out)
     if args.resume and args.overwrite:
         raise SystemExit("--resume and --overwrite exclude each other")
+    lock_run_dir(out)   # the folder is this job's until the process ends
     held = [p.name for p in (out / "metrics.jsonl", out / "runs") if p.exists()]
     if held and not (args.resume or args.overwrite):
         raise SystemExit(f"{out} holds results of an earlier run ({', '.join(held)}); pass "
                          f"--resume to continue it (finished runs are kept) or --overwrite to "
                          f"replace it")
-    out.mkdir(parents=True, exist_ok=True)
     return overrides, methods, seeds, out
 
 
 def write_produced_by(out: Path, script: str, argv: Sequence[str] | None, *extra: str) -> None:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip()
-    (out / "PRODUCED_BY.txt").write_text("\n".join([
+    write_atomic(out / "PRODUCED_BY.txt", "\n".join([
         f"commit {commit}", f"command python experiments/{script} "
         f"{' '.join(argv if argv is not None else sys.argv[1:])}", *extra]) + "\n")
 
@@ -263,8 +265,8 @@ def main(argv=None) -> int:
             f"| {100 * oodf.mean():.1f} ± {100 * se(oodf):.1f} "
             f"| {to50 if to50 is not None else '> ' + str(runs[0]['id_iter'][-1])} | {cost} "
             f"| {it_s:.2f} ({up_s:.2f}) |")
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    (out / "table.md").write_text("\n".join(lines) + "\n")
+    write_json(out / "summary.json", summary, indent=1)
+    write_atomic(out / "table.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"wall {summary['wall_seconds']:.0f} s, CPU {summary['cpu_seconds']:.0f} s; "
           f"outputs in {out}")

@@ -44,6 +44,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
+from jaxdm.jsonl import write_atomic  # noqa: E402
 
 
 def noisy_solver_rollout(env, params, seed: int, q: float, rng) -> list[int]:
@@ -237,7 +238,7 @@ def main() -> None:
         "seconds_total": llm_s, "seconds_per_state": llm_s / max(n_states, 1),
         "seconds_per_trajectory": sig_llm.metrics["value/latency_per_traj_s"],
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    write_atomic(out / "summary.json", json.dumps(summary, indent=1) + "\n")
     with open(out / "trajectories.jsonl", "w") as f:
         for i, t in enumerate(trajs):
             n = len(t.steps)
@@ -257,8 +258,7 @@ def main() -> None:
              + ("n/a" if r is None else f"{r:.2f}"))
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
-    (out / "PRODUCED_BY.txt").write_text(
-        f"python experiments/lvrl_smollm2_values.py {' '.join(sys.argv[1:])}\n"
+    write_atomic(out / "PRODUCED_BY.txt", f"python experiments/lvrl_smollm2_values.py {' '.join(sys.argv[1:])}\n"
         f"commit {commit}\nhost {platform.node()} ({platform.processor() or 'cpu'}), "
         f"2 CPU cores shared with other jobs (loaded)\n"
         f"finished {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}\n")

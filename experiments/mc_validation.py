@@ -30,7 +30,6 @@ recorded task keys (checked: same length and outcome).
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import subprocess
 import sys
@@ -41,6 +40,7 @@ import jax
 import numpy as np
 
 from jaxdm.rl import mc_validation as mc
+from jaxdm.jsonl import write_atomic, write_json
 
 NOISES = (0.0, 0.1, 0.3)
 
@@ -264,13 +264,13 @@ def main(argv=None) -> int:
               f"{results[-1]['mc_seconds']:.1f} s", flush=True)
     table = report(results)
     print(table)
-    (out / "summary.json").write_text(json.dumps(results, indent=1))
-    (out / "report.md").write_text(f"# Monte-Carlo validation ({'quick' if args.quick else 'full'}"
+    write_json(out / "summary.json", results, indent=1)
+    write_atomic(out / "report.md", f"# Monte-Carlo validation ({'quick' if args.quick else 'full'}"
                                    f", n = {args.n}, 3σ = {mc.event_threshold(args.n):.3f})\n\n"
                                    f"{table}\n")
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                          text=True).stdout.strip()
-    (out / "PRODUCED_BY.txt").write_text(f"python experiments/mc_validation.py "
+    write_atomic(out / "PRODUCED_BY.txt", f"python experiments/mc_validation.py "
                                          f"{' '.join(argv or sys.argv[1:])} at {rev}\n")
     return 0
 

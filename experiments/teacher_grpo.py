@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from jaxdm import config as cfgmod
 from jaxdm import runlog
 from jaxdm.rl.estimators import ESTIMATORS
 from jaxdm.rl.trainer import RunDirError, TrainConfig, TrainingStopped, train_run
+from jaxdm.jsonl import write_json
 
 PRESETS = Path(__file__).resolve().parent / "configs"
 
@@ -127,8 +127,8 @@ def compare(cfg: TrainConfig, estimators: list[str], seeds: list[int], resume: b
                              base / "success_curves.png", x="iteration",
                              title=f"train success (mean of seeds {seeds})",
                              band={"success": "success_se"})
-    (base / "summary.json").write_text(json.dumps({"seeds": seeds, "summary": summary,
-                                                   "curves": curves}, indent=1))
+    write_json(base / "summary.json", {"seeds": seeds, "summary": summary,
+                                                   "curves": curves}, indent=1)
     print(f"\nwrote {png} and {base / 'summary.json'}")
     cols = ["estimator"] + sorted({k for r in summary.values() for k in r})
     print(runlog.format_table([{"estimator": e, **r} for e, r in summary.items()], cols,

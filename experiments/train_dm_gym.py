@@ -33,6 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from jaxdm.jsonl import write_atomic, write_json, write_records  # noqa: E402
+from jaxdm.rundir import lock_run_dir  # noqa: E402
 
 
 def write_train_states(path: Path, tasks: int, error_rate: float, max_states: int | None,
@@ -66,7 +68,7 @@ def write_train_states(path: Path, tasks: int, error_rate: float, max_states: in
     if per_question:
         rows = [r | {"questions": [q]} for r in rows for q in r["questions"]]
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    write_records(path, rows)
     return {"train_tasks": tasks, "train_states": len(rows), "kinds": list(kinds or []),
             "per_question": per_question,
             "train_after_error_share": sum(r["after_error"] for r in rows) / max(len(rows), 1),
@@ -135,8 +137,7 @@ def cascade(model_path: str, tag: str, out: Path, args, progress: bool,
 
 
 def _save(out: Path, result: dict) -> None:
-    (out / "results.json").write_text(json.dumps(result, indent=2, default=str),
-                                      encoding="utf-8")
+    write_json(out / "results.json", result, indent=2, default=str)
 
 
 def table(result: dict) -> str:
@@ -224,7 +225,7 @@ def main(argv=None) -> dict:
     progress = not args.no_progress
     skip = set(filter(None, args.skip.split(",")))
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    lock_run_dir(out)   # the folder is this job's until the process ends
     t0 = time.perf_counter()
     prev = out / "results.json"
     result: dict = json.loads(prev.read_text()) if prev.is_file() else {}
@@ -284,7 +285,7 @@ def main(argv=None) -> dict:
             f"({result['data']['train_states']} states, "
             f"{result.get('train', {}).get('steps_done', '?')} SFT steps), option likelihood.\n\n"
             + table(result) + "\n")
-    (out / "before_after.md").write_text(text, encoding="utf-8")
+    write_atomic(out / "before_after.md", text)
     if result.get("bench"):
         figure(result, out / "before_after.png")
     print(text)

@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from jaxdm.jsonl import write_atomic, write_json
+
 HELD_OUT_TYPE = "pick_cool_then_place_in_recep"
 ROWS = (("progress", "hindsight"), ("progress", "prefix"))
 
@@ -56,7 +58,7 @@ def write_data(out: Path, args) -> dict:
             "test_split": "valid_unseen", "budget": args.budget,
             "test_budget": args.test_budget, "labels": stats,
             "lines": len(lines)}
-    done.write_text(json.dumps(info, indent=2))
+    write_json(done, info, indent=2)
     return info
 
 
@@ -123,8 +125,8 @@ def evaluate(out: Path, adapter: Path, args) -> dict:
                 print(f"scoring {name} {q}/{c} ...", file=sys.stderr, flush=True)
                 res = score_trajectories(built[name], trajs, question=q, context=c)
                 per = res.per_trajectory()
-            f.write_text(json.dumps([[None if not np.isfinite(v) else float(v) for v in x]
-                                     for x in per]))
+            write_json(f, [[None if not np.isfinite(v) else float(v) for v in x]
+                                     for x in per])
             per = [np.asarray([np.nan if v is None else v for v in x], float) for x in per]
             types = [tr.action_types for tr in trajs]
             by_type: dict = {}
@@ -212,7 +214,7 @@ def main(argv=None) -> dict:
     t = time.perf_counter()
     summary = train(out, args)
     timing["train_s"] = timing.get("train_s", 0.0) + summary["seconds"]
-    (out / "timing.json").write_text(json.dumps(timing, indent=2))
+    write_json(out / "timing.json", timing, indent=2)
     adapter = Path(summary["adapter"])
     if args.adapter_to:
         dest = Path(args.adapter_to)
@@ -233,9 +235,9 @@ def main(argv=None) -> dict:
     report = {"data": data, "train": {k: summary[k] for k in (
         "steps_done", "steps_total", "questions", "states", "lora", "adapter_bytes")},
         "timing": timing, "rows": rows}
-    (out / "before_after.json").write_text(json.dumps(report, indent=2))
-    (out / "before_after.md").write_text(md + "\n")
-    (out / "timing.json").write_text(json.dumps(timing, indent=2))
+    write_json(out / "before_after.json", report, indent=2)
+    write_atomic(out / "before_after.md", md + "\n")
+    write_json(out / "timing.json", timing, indent=2)
     print(md)
     return report
 
