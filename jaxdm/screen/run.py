@@ -9,15 +9,19 @@ PNG figures.
 
 Reliability: the output folder is written pass by pass and can be resumed (``--resume``
 skips finished passes; see ``jaxdm.screen.store``); a folder holding files is never
-overwritten without ``--overwrite``. A judge whose pass fails (its share of failed scores
-exceeds ``max_failed_share``: a dead server, a backend raising ``FloatingPointError`` on a NaN
-checkpoint) is a *failed judge*: its remaining passes are skipped, the other judges finish,
-the report and ``summary.json`` name it with the reason, and the CLI exits 1.
+overwritten without ``--overwrite``. A pass with any failed score (a remote judge's outage)
+is recorded as *incomplete*, its good scores kept: ``--resume`` asks only its failed questions
+again and merges the answers in. A failed score is never a score: the trajectory is left out
+of that pass's metrics and the count of scores that failed for good is reported
+(``n_failed`` per pass, ``n_failed_scores`` in all, ``report.md``). A judge whose pass fails
+(its share of failed scores exceeds ``max_failed_share``: a dead server, a backend raising
+``FloatingPointError`` on a NaN checkpoint) is a *failed judge*: its remaining passes are
+skipped, the other judges finish, the report and ``summary.json`` name it with the reason,
+and the CLI exits 1.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import sys
 from collections import defaultdict
@@ -27,6 +31,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from jaxdm.config import to_dict
+from jaxdm.jsonl import write_atomic, write_json
+from jaxdm.secrets import redact
 from jaxdm.decision.specs import BackendSpecError, parse_backend_spec, parse_scalar, shown_spec
 from jaxdm.screen import metrics
 from jaxdm.screen.store import FIGURES, PassResult, ScreenError, ScreenStore
@@ -59,7 +65,8 @@ class ScreenConfig:
     out_dir: where report.md, scores.jsonl, summary.json and the PNG figures go.
     max_failed_share: a pass in which a larger share of scores failed fails its judge (the
         judge's remaining passes are skipped, the report marks it, the job exits 1). A pass in
-        which every score failed always fails its judge (1.0: only then).
+        which every score failed always fails its judge (1.0: only then). A pass with fewer
+        failed scores is kept as incomplete: ``--resume`` asks its failed questions again.
     """
 
     trajectories: str = ""
@@ -168,7 +175,8 @@ def build_judges(specs: Sequence[Any]):
     judges, names = [], set()
     for raw in specs:
         spec = normalize_judge_spec(raw)
-        name = spec.pop("name")
+        # names are written to every result file: never with a URL's credentials in them
+        name = redact(str(spec.pop("name")))
         if name in names:
             raise ScreenError(f"two judges are named {name!r}; give one a distinct name=")
         names.add(name)
@@ -209,6 +217,55 @@ def _score(backend, trajs, judge, question, context_label, context, expansion=No
     res = score_trajectories(backend, trajs, question=question, context=context,
                              expansion=expansion)
     return PassResult(judge, question, context_label, res.per_trajectory(), dict(res.stats))
+
+
+class _OnlyMissing:
+    """A judge that asks ``backend`` only the questions whose saved score failed (NaN in
+    ``per_traj``, in the scoring job's question order) and answers the others with their saved
+    score, at no cost: the scoring job then merges and counts as for a fresh pass."""
+
+    def __init__(self, backend, per_traj: Sequence[np.ndarray]):
+        self.backend = backend
+        self.saved = np.concatenate([np.asarray(a, np.float64) for a in per_traj])
+        self.asked = 0
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+    def score(self, questions):
+        from jaxdm.decision.types import score_failed, score_ok
+
+        if len(questions) != len(self.saved):
+            raise RuntimeError(f"{len(questions)} questions for {len(self.saved)} saved scores")
+        ask = [k for k, v in enumerate(self.saved) if not math.isfinite(v)]
+        self.asked = len(ask)
+        out = [score_ok(float(v)) if math.isfinite(v) else None for v in self.saved]
+        try:
+            got = list(self.backend.score([questions[k] for k in ask])) if ask else []
+            if len(got) != len(ask):
+                raise RuntimeError(f"backend returned {len(got)} results for {len(ask)} "
+                                   "questions")
+        except Exception as e:  # noqa: BLE001 - the saved scores are kept, the asked ones fail
+            got = [score_failed(f"{type(e).__name__}: {e}")] * len(ask)
+        for k, r in zip(ask, got):
+            out[k] = r
+        return out
+
+
+def _rescore(backend, trajs, saved: PassResult, context, expansion=None) -> PassResult:
+    """``saved`` with its failed questions asked again; stats merged (costs and seconds add
+    up, ``retried`` counts the questions asked again)."""
+    from jaxdm.decision.jobs import score_trajectories
+
+    proxy = _OnlyMissing(backend, saved.per_traj)
+    res = score_trajectories(proxy, trajs, question=saved.question, context=context,
+                             expansion=expansion)
+    stats = dict(res.stats)
+    old = saved.stats
+    for k in ("tokens_in", "tokens_out", "usd", "priced", "seconds"):
+        stats[k] = float(old.get(k) or 0.0) + float(stats[k])
+    stats["retried"] = float(old.get("retried") or 0.0) + proxy.asked
+    return PassResult(saved.judge, saved.question, saved.context, res.per_trajectory(), stats)
 
 
 def _metrics_block(scored: PassResult, trajs: list[Trajectory]) -> dict:
@@ -287,32 +344,54 @@ def screen(trajs: Sequence[Trajectory], judges, *, expansions=True, progress: bo
         identity = {"judges": list(backends), "levels": levels,
                     "settings": _jsonable(dict(settings or {}))}
         done = store.open(identity, trajs, resume=resume, overwrite=overwrite)
-        if resume and done:
-            _say(f"resume: {len(done)} of {len(jobs)} passes already finished in {out_dir}")
+    try:
+        return _screen_passes(trajs, backends, jobs, plan, levels, done, store, resume,
+                              progress, max_failed_share, out_dir)
+    finally:
+        if store is not None:
+            store.close()
+
+
+def _screen_passes(trajs, backends, jobs, plan, levels, done, store, resume, progress,
+                   max_failed_share, out_dir) -> dict:
+    if resume and done:
+        finished = sum(p.complete for p in done.values())
+        partial = [p for p in done.values() if not p.complete]
+        _say(f"resume: {finished} of {len(jobs)} passes already finished in {out_dir}"
+             + (f"; {len(partial)} pass(es) with {sum(p.n_missing for p in partial)} failed "
+                "score(s): asking only those again" if partial else ""))
     bar = _progress(len(jobs), progress)
     passes: dict[str, dict[str, PassResult]] = defaultdict(dict)
     failed: dict[str, str] = {}
     try:
         for j, q, label, context, exp in jobs:
             key = f"{q}/{label}"
-            if (j, key) in done:
-                passes[j][key] = done[(j, key)]
+            saved = done.get((j, key))
+            if saved is not None and saved.complete:
+                passes[j][key] = saved
                 bar.update(1)
                 continue
             if j in failed:
+                if saved is not None:   # kept as it was saved (its failed scores stay failed)
+                    passes[j][key] = saved
                 bar.update(1)
                 continue
             bar.set_description(f"{j} {key}")
-            p = _score(backends[j], trajs, j, q, label, context, exp)
+            if saved is None:
+                p = _score(backends[j], trajs, j, q, label, context, exp)
+            else:
+                p = _rescore(backends[j], trajs, saved, context, exp)
             _check_pass(p, max_failed_share, getattr(backends[j], "down", None))
-            if p.status != "ok":
+            if p.status == "failed":
                 failed[j] = p.reason
                 _say(f"JUDGE FAILED: {j}: {p.reason}; its remaining passes are skipped")
-            elif p.stats["missing"]:
-                _say(f"warning: judge {j} {key}: {int(p.stats['missing'])} of "
-                     f"{int(p.stats['requests'])} scores failed (last: {p.stats['last_error']})")
+            elif p.status == "incomplete":
+                _say(f"warning: judge {j} {key}: {p.reason}")
             if store is not None:
-                store.append(p, trajs)
+                if saved is None:
+                    store.append(p, trajs)
+                else:
+                    store.replace(p, trajs)
             passes[j][key] = p
             bar.update(1)
     finally:
@@ -331,22 +410,36 @@ def screen(trajs: Sequence[Trajectory], judges, *, expansions=True, progress: bo
             shifts[j][lab] = {"mean": mean, "per_traj": per, "traj_index": keep}
 
     ranking = rank_judges({j: summary[j] for j in complete})
+    incomplete = {f"{j} {key}": p.n_missing for j in backends for key, p in passes[j].items()
+                  if p.n_missing}
     result = {"summary": summary, "shifts": dict(shifts), "ranking": ranking, "levels": levels,
-              "n_trajectories": len(trajs), "failed_judges": failed}
+              "n_trajectories": len(trajs), "failed_judges": failed,
+              "n_failed_scores": int(sum(incomplete.values())), "incomplete_passes": incomplete}
+    if incomplete and not failed:
+        _say(f"warning: {result['n_failed_scores']} score(s) failed for good in "
+             f"{len(incomplete)} pass(es) (left out of the metrics); run the same command with "
+             "--resume to ask only those again")
     if out_dir is not None:
         write_outputs(result, trajs, Path(out_dir))
     return result
 
 
 def _check_pass(p: PassResult, max_failed_share: float, down: str | None) -> None:
-    """Mark ``p`` failed when its failed share exceeds the threshold (or nothing scored)."""
+    """Mark ``p`` failed when its failed share exceeds the threshold (or nothing scored),
+    incomplete when any score failed, else ok."""
     n, missing = p.stats["requests"], p.stats["missing"]
     share = missing / n if n else 0.0
+    why = down or p.stats.get("last_error") or "no usable score"
     if share > max_failed_share or (n and missing == n):
-        why = down or p.stats.get("last_error") or "no usable score"
         p.status = "failed"
         p.reason = (f"pass {p.key}: {int(missing)} of {int(n)} scores failed "
                     f"({share:.0%} > max_failed_share {max_failed_share:g}): {why}")
+    elif missing:
+        p.status = "incomplete"
+        p.reason = (f"pass {p.key}: {int(missing)} of {int(n)} scores failed (last: {why}); "
+                    "--resume asks them again")
+    else:
+        p.status, p.reason = "ok", None
 
 
 def _say(msg: str) -> None:
@@ -436,8 +529,7 @@ def write_outputs(result: dict, trajs: list[Trajectory], out: Path) -> dict[str,
     out.mkdir(parents=True, exist_ok=True)
     paths = {"scores": out / "scores.jsonl", "trajectories": out / "trajectories.jsonl",
              "summary": out / "summary.json"}
-    with open(paths["summary"], "w") as f:
-        json.dump(_jsonable(result), f, indent=1)
+    write_json(paths["summary"], _jsonable(result))   # whole or not at all, credentials redacted
 
     judges = [j for j, _ in result["ranking"]]
     for name in FIGURES:  # figures of an earlier attempt must not outlive it
@@ -455,7 +547,7 @@ def write_outputs(result: dict, trajs: list[Trajectory], out: Path) -> dict[str,
                            "milestone_miss": b["overall"]["milestone_miss"], "noop_miss": b["overall"]["noop_miss"]})
         paths["miss_cost"] = figures.miss_rate_vs_cost(points, out / "miss_rate_vs_cost.png")
     paths["report"] = out / "report.md"
-    paths["report"].write_text(markdown_report(result, trajs, paths))
+    write_atomic(paths["report"], markdown_report(result, trajs, paths))
     return paths
 
 
@@ -488,6 +580,13 @@ def markdown_report(result: dict, trajs: list[Trajectory], paths: Mapping[str, P
                   "These judges failed a pass (see `passes.jsonl`); they are not ranked and "
                   "their remaining passes were skipped. `jaxdm screen --resume` retries them.", "",
                   failed_table(result), ""]
+    if result.get("incomplete_passes"):
+        parts += ["## Failed scores", "",
+                  f"{result['n_failed_scores']} score(s) failed for good (no answer from the "
+                  "judge); a trajectory with a failed score is left out of that pass's metrics, "
+                  "never scored as wrong. `jaxdm screen --resume` asks only these again.", "",
+                  "| judge / pass | failed scores |", "|---|---|"]
+        parts += [f"| {k} | {v} |" for k, v in result["incomplete_passes"].items()] + [""]
     parts += [
         "## All judges, questions and contexts", "", summary_table(result), "",
         "## Hindsight + Progress by task group", "", group_table(result, "progress"), "",

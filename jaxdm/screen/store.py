@@ -7,14 +7,21 @@ Layout (``out_dir``):
   change its results); written first. A folder holding one is a screening run.
 - ``trajectories.jsonl``: the screened trajectories; written first.
 - ``scores.jsonl``: one row per scored action, appended when a pass finishes.
-- ``passes.jsonl``: one record per finished pass (its status and cost stats), appended after
+- ``passes.jsonl``: one record per scored pass (its status and cost stats), appended after
   the pass's rows. Both appends are flushed and fsync'd, so a Ctrl-C, ``kill -9`` or power
   loss loses at most the pass in flight.
 - ``summary.json``, ``report.md`` and the PNG figures: written at the end.
 
-A pass is *finished* when its record says ``"ok"`` and all its rows are present. Resuming
-keeps exactly the finished passes (rows without a record, a torn last line and failed passes
-are dropped, with a message, and those passes run again), rewriting both files atomically.
+A pass's status is ``"ok"`` (every score came back), ``"incomplete"`` (some scores failed, a
+share within ``max_failed_share``) or ``"failed"`` (more failed: its judge failed). A score
+that failed is a row with ``"score": null``. Resuming keeps every pass whose record and rows
+are all there: a *finished* pass (no failed score) as it is, an incomplete or failed one with
+its good scores, so that only its failed questions are asked again (``replace`` then puts the
+merged pass in place of the old one, both files rewritten atomically). Rows without a record
+and a torn last line are dropped, with a message, and those passes run again.
+
+The folder is locked for the job's life (``jaxdm.rundir.lock_run_dir``): a second job on it
+fails at once naming the folder and the other process; ``close`` releases it.
 """
 from __future__ import annotations
 
@@ -29,6 +36,7 @@ import numpy as np
 
 from jaxdm.jsonl import append_records, read_records, write_atomic, write_records
 from jaxdm.rundir import listed_files, lock_run_dir
+from jaxdm.secrets import redact
 from jaxdm.trajectory import Trajectory, read_jsonl, write_jsonl
 
 __all__ = ["PassResult", "ScreenError", "ScreenStore", "OUTPUT_FILES"]
@@ -47,8 +55,9 @@ OUTPUT_FILES = ("screen.json", "trajectories.jsonl", "scores.jsonl", "passes.jso
 @dataclasses.dataclass
 class PassResult:
     """One (judge, question, context) pass: per-trajectory scores (NaN = failed) and stats
-    (``jaxdm.decision.jobs`` keys). ``status``: "ok" or "failed" (its failed share exceeded the
-    run's threshold; ``reason`` says why)."""
+    (``jaxdm.decision.jobs`` keys, plus ``retried``: questions asked again on resume).
+    ``status``: "ok" (nothing failed), "incomplete" (some scores failed, within the run's
+    ``max_failed_share``) or "failed" (more failed: the judge failed); ``reason`` says why."""
 
     judge: str
     question: str
@@ -61,6 +70,16 @@ class PassResult:
     @property
     def key(self) -> str:
         return f"{self.question}/{self.context}"
+
+    @property
+    def n_missing(self) -> int:
+        """Scores that failed (NaN) in this pass."""
+        return int(sum(int(np.sum(~np.isfinite(a))) for a in self.per_traj))
+
+    @property
+    def complete(self) -> bool:
+        """Every score of the pass came back (nothing to ask again)."""
+        return self.n_missing == 0
 
     def record(self) -> dict[str, Any]:
         stats = {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.stats.items()}
@@ -92,7 +111,8 @@ class ScreenStore:
 
     def open(self, identity: Mapping[str, Any], trajs: Sequence[Trajectory], *,
              resume: bool, overwrite: bool) -> dict[tuple[str, str], PassResult]:
-        """Prepare the folder; returns the finished passes (resume) keyed (judge, "q/c")."""
+        """Prepare the folder; returns the saved passes (resume) keyed (judge, "q/c"):
+        finished ones (``complete``) and incomplete / failed ones with their good scores."""
         if resume and overwrite:
             raise _error("--resume and --overwrite exclude each other")
         if self.out.exists() and not self.out.is_dir():
@@ -105,8 +125,15 @@ class ScreenStore:
             self.lock.abandon()
             raise
 
+    def close(self) -> None:
+        """Releases the folder's lock (idempotent)."""
+        lock = getattr(self, "lock", None)
+        if lock is not None:
+            lock.release()
+
     def _open(self, identity, trajs, *, resume: bool, overwrite: bool):
-        identity = json.loads(json.dumps(dict(identity)))  # compare in its saved form
+        # compare in its saved form: JSON, with URL credentials redacted as the writer does
+        identity = json.loads(redact(json.dumps(dict(identity))))
         existing = listed_files(self.out)
         if resume and self.holds_run():
             return self._resume(identity, trajs)
@@ -159,15 +186,16 @@ class ScreenStore:
             if got is None:
                 dropped += 1
                 continue
+            if key in done:   # a record written twice: the later one holds
+                dropped += 1
             done[key] = got
         n_rows = sum(len(v) for k, v in by_pass.items() if k in done)
         if dropped or n_rows != len(rows):
-            _say(f"resume: keeping {len(done)} finished passes; dropping {dropped} failed or "
-                 f"incomplete pass record(s) and {len(rows) - n_rows} score row(s) of unfinished "
+            _say(f"resume: keeping {len(done)} passes; dropping {dropped} pass record(s) "
+                 f"without all their rows and {len(rows) - n_rows} score row(s) of unfinished "
                  "passes (they run again)")
         write_records(self.passes, (done[k].record() for k in done))
-        write_records(self.scores, (r for k in done
-                                           for r in by_pass[k]))
+        write_records(self.scores, (r for k in done for r in by_pass[k]))
         return done
 
     # ---- appending -------------------------------------------------------------------
@@ -175,6 +203,18 @@ class ScreenStore:
         """The pass's rows, then its record; each file flushed and fsync'd."""
         append_records(self.scores, pass_rows(p, trajs))
         append_records(self.passes, [p.record()])
+
+    def replace(self, p: PassResult, trajs: Sequence[Trajectory]) -> None:
+        """Puts pass ``p`` (a saved pass whose failed questions were asked again) in place of
+        its saved rows and record: both files rewritten whole (atomically), rows first, so a
+        crash in between leaves the merged rows, which a resume reads as they are."""
+        def other(r):
+            return (r.get("judge"), r.get("question"), r.get("context")) != (
+                p.judge, p.question, p.context)
+        rows = [r for r in _read_lines(self.scores) if other(r)]
+        write_records(self.scores, rows + list(pass_rows(p, trajs)))
+        recs = [r for r in _read_lines(self.passes) if other(r)]
+        write_records(self.passes, recs + [p.record()])
 
 
 def pass_rows(p: PassResult, trajs: Sequence[Trajectory]) -> Iterable[dict]:
@@ -188,8 +228,9 @@ def pass_rows(p: PassResult, trajs: Sequence[Trajectory]) -> Iterable[dict]:
 
 
 def _restore(rec: dict, rows: list[dict], lengths: list[int]) -> PassResult | None:
-    """A finished pass from its record and rows; None if failed or incomplete."""
-    if rec.get("status") != "ok" or sum(lengths) != len(rows):
+    """A saved pass from its record and rows (failed scores NaN; its status from the rows:
+    "ok" when none failed); None when rows are missing, duplicated or out of range."""
+    if rec.get("status") not in ("ok", "incomplete", "failed") or sum(lengths) != len(rows):
         return None
     per_traj = [np.full((n,), np.nan) for n in lengths]
     seen = set()
@@ -204,7 +245,14 @@ def _restore(rec: dict, rows: list[dict], lengths: list[int]) -> PassResult | No
     stats = dict(rec.get("stats") or {})
     if isinstance(stats.get("error_examples"), list):
         stats["error_examples"] = tuple(stats["error_examples"])
-    return PassResult(rec["judge"], rec["question"], rec["context"], per_traj, stats)
+    p = PassResult(rec["judge"], rec["question"], rec["context"], per_traj, stats)
+    missing = p.n_missing
+    stats["requests"] = float(sum(lengths))
+    stats["missing"] = float(missing)   # the rows are what was kept
+    if missing:
+        p.status = "failed" if rec.get("status") == "failed" else "incomplete"
+        p.reason = rec.get("reason")
+    return p
 
 
 def _read_lines(path: Path) -> list[dict]:

@@ -51,7 +51,10 @@ def _trajs():
 
 class _Judge(http.server.BaseHTTPRequestHandler):
     """A deterministic OpenAI-compatible judge: P(Yes) from a hash of the messages; sleeps
-    ``server.delay`` seconds per request so a run can be interrupted in the middle."""
+    ``server.delay`` seconds per request so a run can be interrupted in the middle. Optional
+    (set on the server): ``fail_if(body)`` -> True answers that request 503 (a partial
+    outage), ``labels`` > 0 adds that many choice labels A, B, ... to the top log-probs (a
+    multiple-choice judge), ``requests`` counts the POSTs."""
 
     def log_message(self, *args):
         pass
@@ -59,7 +62,11 @@ class _Judge(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         time.sleep(self.server.delay)
-        if self.server.fail:
+        srv = self.server
+        with _COUNT:
+            srv.requests = getattr(srv, "requests", 0) + 1
+        fail_if = getattr(srv, "fail_if", None)
+        if srv.fail or (fail_if is not None and fail_if(body)):
             data = b'{"error": "overloaded"}'
             self.send_response(503)
         elif self.path != "/v1/chat/completions":
@@ -69,6 +76,8 @@ class _Judge(http.server.BaseHTTPRequestHandler):
             h = int(hashlib.sha256(json.dumps(body["messages"]).encode()).hexdigest()[:8], 16)
             p = 0.02 + 0.96 * (h % 1000) / 999
             top = [{"token": "Yes", "logprob": math.log(p)}, {"token": "No", "logprob": math.log(1 - p)}]
+            top += [{"token": chr(65 + k), "logprob": -0.25 * ((h >> k) % 11) - 0.01 * k}
+                    for k in range(getattr(srv, "labels", 0))]
             data = json.dumps({"choices": [{"message": {"content": "Yes"}, "logprobs": {"content": [
                 {"token": "Yes", "logprob": math.log(p), "top_logprobs": top}]}}],
                 "usage": {"prompt_tokens": 50, "completion_tokens": 1}}).encode()
@@ -77,6 +86,9 @@ class _Judge(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+
+_COUNT = threading.Lock()
 
 
 @pytest.fixture()

@@ -25,22 +25,43 @@ def _fresh(tmp_path):
     return store
 
 
-def test_resume_restores_finished_passes_exactly(tmp_path):
+def test_resume_restores_saved_passes_exactly(tmp_path):
     store = _fresh(tmp_path)
     store.append(_pass("prefix"), TRAJS)
-    store.append(_pass("hindsight", status="failed"), TRAJS)   # runs again on resume
+    store.append(_pass("hindsight", status="failed"), TRAJS)   # kept: its good scores stay
+    store.append(_pass("fb", scores=((0.25, 0.75), (0.5,))), TRAJS)
     with open(store.scores, "a") as f:   # rows of a pass that never got its record
         f.write(json.dumps({"judge": "j", "question": "value", "context": "prefix", "traj": 0,
                             "t": 0, "score": 0.1}) + "\n")
     done = ScreenStore(tmp_path / "out").open(IDENTITY, TRAJS, resume=True, overwrite=False)
-    assert list(done) == [("j", "progress/prefix")]
+    assert list(done) == [("j", "progress/prefix"), ("j", "progress/hindsight"),
+                          ("j", "progress/fb")]
     p = done[("j", "progress/prefix")]
     np.testing.assert_array_equal(p.per_traj[0], [0.25, np.nan])
     np.testing.assert_array_equal(p.per_traj[1], [0.5])
-    assert p.stats == STATS and p.status == "ok"
-    # Both files now hold exactly the finished pass.
-    assert len(store.passes.read_text().splitlines()) == 1
-    assert len(store.scores.read_text().splitlines()) == 3
+    # a failed score makes a pass incomplete (resume asks it again), whatever its record said
+    assert p.stats == STATS and p.status == "incomplete" and not p.complete
+    assert done[("j", "progress/hindsight")].status == "failed"
+    assert done[("j", "progress/fb")].complete and done[("j", "progress/fb")].status == "ok"
+    assert done[("j", "progress/fb")].stats["missing"] == 0.0
+    # Both files now hold exactly the saved passes (not the rows without a record).
+    assert len(store.passes.read_text().splitlines()) == 3
+    assert len(store.scores.read_text().splitlines()) == 9
+
+
+def test_replace_puts_a_merged_pass_in_place_of_the_saved_one(tmp_path):
+    store = _fresh(tmp_path)
+    store.append(_pass("prefix"), TRAJS)
+    store.append(_pass("fb"), TRAJS)
+    store.replace(_pass("prefix", scores=((0.25, 0.125), (0.5,))), TRAJS)
+    rows = [json.loads(x) for x in store.scores.read_text().splitlines()]
+    assert len(rows) == 6
+    assert sorted((r["context"], r["traj"], r["t"]) for r in rows) == sorted(
+        (c, i, t) for c in ("prefix", "fb") for i, t in ((0, 0), (0, 1), (1, 0)))
+    assert [r["score"] for r in rows if r["context"] == "prefix"] == [0.25, 0.125, 0.5]
+    assert len(store.passes.read_text().splitlines()) == 2
+    done = ScreenStore(tmp_path / "out").open(IDENTITY, TRAJS, resume=True, overwrite=False)
+    assert done[("j", "progress/prefix")].complete
 
 
 def test_torn_last_line_is_dropped_but_a_corrupt_middle_line_is_an_error(tmp_path, capsys):
