@@ -134,10 +134,21 @@ class CallRecord:
     seconds: float = 0.0
     ok: bool = True
     error: str | None = None
+    # answers that never came back (an LLM call: 1 when its request failed; a decision-model
+    # call: its answers lost to failed requests); any makes the episode incomplete
+    unanswered: int = 0
 
 
 @dataclasses.dataclass
 class Episode:
+    """One task's run. ``incomplete``: some agent-LLM call or decision-model answer got no
+    answer (a server down or its transport failing, ``llm_unanswered`` / ``dm_unanswered``):
+    the episode measured the outage, not the method, so it is never counted as a success or a
+    failure (``jaxdm.harness.run`` flags it and a resumed command runs it again). Failures the
+    model itself produced (a reply without a tool call, a question it cannot take) are the
+    method's: counted in ``llm_failures`` / ``dm_failures``, the LLM decides, the episode
+    counts."""
+
     task_id: str
     seed: int
     success: bool
@@ -148,6 +159,13 @@ class Episode:
     dm_failures: int = 0
     llm_failures: int = 0
     end: str = ""
+    dm_questions: int = 0       # questions put to the decision model
+    llm_unanswered: int = 0
+    dm_unanswered: int = 0
+
+    @property
+    def incomplete(self) -> bool:
+        return bool(self.llm_unanswered or self.dm_unanswered)
 
     @property
     def cost(self) -> float:
@@ -183,7 +201,9 @@ class Episode:
                 "steps": self.steps, "cost": self.cost, "seconds": self.seconds,
                 "llm_calls": self.llm_calls, "dm_calls": self.dm_calls,
                 "dm_failures": self.dm_failures, "llm_failures": self.llm_failures,
-                "overhead_s": self.overhead_s, "end": self.end}
+                "overhead_s": self.overhead_s, "end": self.end,
+                "dm_questions": self.dm_questions, "llm_unanswered": self.llm_unanswered,
+                "dm_unanswered": self.dm_unanswered, "incomplete": self.incomplete}
 
 
 def openai_tool(schema: Mapping[str, Any]) -> dict[str, Any]:
@@ -238,14 +258,19 @@ class Harness:
                                  f"AgentSettings.{flag}=True")
 
     # ---- decision model --------------------------------------------------------------------
-    def _ask_dm(self, questions: Sequence[MultipleChoice], step: int, ep: Episode
-                ) -> list[ChoiceResult | None]:
+    def _ask_dm(self, questions: Sequence[MultipleChoice], step: int, ep: Episode,
+                alone: bool = False) -> list[ChoiceResult | None]:
         """One batched model call; failed answers are None (counted). When the batch call
-        raises, each question is asked alone once, so one question the model cannot take (say,
-        more options than its labels) does not fail its neighbours."""
+        raises, each question is asked alone once (``alone``), so one question the model
+        cannot take (say, more options than its labels) does not fail its neighbours. Failed
+        answers whose request failed (the backend's ``stats["failures"]``, e.g. ``Remote``:
+        connection errors, timeouts, HTTP errors, malformed bodies) are ``unanswered``."""
         if not questions:
             return []
+        if not alone:
+            ep.dm_questions += len(questions)
         t0 = time.perf_counter()
+        lost = _RequestFailures(self.dm)
         try:
             results = list(self.dm.choose(list(questions)))
             if len(results) != len(questions):
@@ -258,7 +283,7 @@ class Harness:
                                            seconds=self.settings.dm_latency_s
                                            + time.perf_counter() - t0, ok=False,
                                            error=f"{type(e).__name__}: {e}"))
-                out = [self._ask_dm([q], step, ep)[0] for q in questions]
+                out = [self._ask_dm([q], step, ep, alone=True)[0] for q in questions]
                 self._last_dm_share = (self.settings.dm_price_per_call,
                                        self.settings.dm_latency_s)
                 return out
@@ -282,10 +307,13 @@ class Harness:
             else:
                 out.append(r)
         # the call went through; what failed were answers (counted above): their first reason
+        unanswered = min(len(reasons), lost.since())
+        ep.dm_unanswered += unanswered
         ep.calls.append(CallRecord("dm", getattr(self.dm, "name", "dm"), step, usd=usd,
                                    seconds=secs, error=(f"{len(reasons)} of {len(questions)} "
                                                         f"answers failed: {reasons[0]}"
-                                                        if reasons else None)))
+                                                        if reasons else None),
+                                   unanswered=unanswered))
         self._last_dm_share = (usd / len(questions), secs / len(questions))
         return out
 
@@ -294,11 +322,14 @@ class Harness:
         llm = self.cheap_llm if tier == "cheap" else self.llm
         for attempt in range(self.settings.max_llm_retries + 1):
             r = llm.act(dataclasses.replace(req, call_id=f"{req.call_id}/{attempt}"))
+            unanswered = int(not r.ok and getattr(r, "unanswered", False))
             ep.calls.append(CallRecord("llm", getattr(llm, "name", tier), step, r.tokens_in,
-                                       r.tokens_out, r.usd, r.seconds, r.ok, r.error))
+                                       r.tokens_out, r.usd, r.seconds, r.ok, r.error,
+                                       unanswered))
             if r.ok:
                 return r
             ep.llm_failures += 1
+            ep.llm_unanswered += unanswered
         return None
 
     # ---- one episode -----------------------------------------------------------------------
@@ -713,6 +744,27 @@ class Harness:
                     _set_arg(args, q, a)
                     self._decide(rec, "llm_after_" + self.deleg["params"].mode, a)
         return args, tool_name
+
+
+class _RequestFailures:
+    """How many requests a decision model's backend has failed since this was made: its
+    ``stats["failures"]`` counter (``jaxdm.decision.Remote``), looked up through wrappers
+    (``PointsOnly.dm``); 0 for a backend without one (nothing it does is a lost request)."""
+
+    def __init__(self, dm: Any):
+        self.stats = None
+        for _ in range(4):
+            stats = getattr(dm, "stats", None)
+            if isinstance(stats, dict) and isinstance(stats.get("failures"), int):
+                self.stats = stats
+                break
+            dm = getattr(dm, "dm", None)
+            if dm is None:
+                break
+        self.start = self.stats["failures"] if self.stats is not None else 0
+
+    def since(self) -> int:
+        return 0 if self.stats is None else max(0, int(self.stats["failures"]) - self.start)
 
 
 def _set_arg(args: dict[str, Any], q: MultipleChoice, index: int) -> None:

@@ -87,6 +87,9 @@ class LLMReply:
     ok: bool = True
     error: str | None = None
     model: str = ""
+    # no answer came back (a connection error, timeout, an HTTP error, a malformed body: the
+    # server or its transport failed, not the LLM's choice): the episode is incomplete
+    unanswered: bool = False
 
 
 class AgentLLM(Protocol):
@@ -289,7 +292,7 @@ class SimulatedLLM:
             tin = count_tokens(text_in)
             return LLMReply(ok=False, error="timeout (simulated)", tokens_in=tin,
                             usd=tin / 1000 * p.price_per_1k_in, seconds=p.latency_s,
-                            model=self.name)
+                            model=self.name, unanswered=True)
         answers = []
         for hq in req.questions:
             acc = 1.0 - (1.0 - p.acc(hq.point)) * gain
@@ -353,7 +356,9 @@ class RemoteLLM:
     The HTTP layer (retries with backoff on 429/5xx and connection errors, Retry-After,
     timeout, marking a dead server down, the API key read from ``api_key_env`` at send time)
     is ``jaxdm.decision.remote.Remote``'s, reused through ``Remote.post_json``. Prices per 1k
-    tokens turn the server's ``usage`` into USD. Any failure gives ``ok=False`` with the reason.
+    tokens turn the server's ``usage`` into USD. Any failure gives ``ok=False`` with the reason;
+    a request that got no answer (the transport's failure: connection, timeout, HTTP error,
+    malformed body) also ``unanswered=True``.
     """
 
     SYSTEM = ("You are a customer-service agent for a small shop. Use the tools to resolve the "
@@ -416,7 +421,7 @@ class RemoteLLM:
             data = self.transport.post_json("/v1/chat/completions", self.body(req))
         except RequestFailed as e:
             return LLMReply(ok=False, error=str(e), seconds=time.perf_counter() - t0,
-                            model=self.name)
+                            model=self.name, unanswered=True)
         seconds = time.perf_counter() - t0
         usage = data.get("usage") if isinstance(data.get("usage"), Mapping) else {}
         tin, tout = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)

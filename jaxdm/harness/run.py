@@ -42,8 +42,11 @@ from jaxdm.harness.dm import make_dm
 from jaxdm.harness.fit import CALIBRATIONS, binned, ece, estimate_point, fit_threshold
 from jaxdm.harness.llm import LLMProfile, PROFILES, RemoteLLM, SimulatedLLM
 from jaxdm.harness.modes import Delegation
-from jaxdm.jsonl import append_records, read_records, write_atomic, write_records
+from jaxdm import jsonl
+from jaxdm.jsonl import OutputError, read_records
 from jaxdm.roles.harness import POINTS
+from jaxdm.rundir import RunFolderError, lock_run_dir
+from jaxdm.secrets import redact
 from jaxdm.stats import check_settings
 
 
@@ -157,9 +160,16 @@ class HarnessConfig:
     out_dir: str = "harness_out"
     seed: int = 0
     progress: bool = True
+    # a pass in which a larger share of the agent LLM's calls, or of the decision model's
+    # answers, got no answer (a server down) stops its command (the name `jaxdm screen` uses)
+    max_failed_share: float = 0.05
 
     def __post_init__(self):
         # Everything a command would otherwise find wrong only after the episodes before it.
+        if not (isinstance(self.max_failed_share, (int, float))
+                and 0.0 <= self.max_failed_share <= 1.0):
+            raise ValueError(f"max_failed_share must be in [0, 1], got "
+                             f"{self.max_failed_share!r}")
         for key in ("shadow_tasks", "test_tasks", "stage2_tasks"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)!r}")
@@ -187,12 +197,26 @@ class HarnessConfig:
 
 # ---- what a folder holds ---------------------------------------------------------------------
 # Each command's results depend on its own config keys and on those of the commands before it;
-# ``harness_config.json`` records, per finished command, the values its results were made with.
-# A command never overwrites results without ``overwrite`` (which also removes the results of
-# the commands after it: they were made from the old ones), and never builds on results made
-# with other values of an earlier command's keys. While it runs, every finished episode is
-# appended to ``journal/<command>/<pass>.jsonl``: ``resume`` continues an interrupted command
-# with the same config (its finished episodes are kept) and skips a finished one.
+# ``harness_config.json`` records, per finished command, the values its results were made with
+# (its *end record*, written after its last result). A command never overwrites results
+# without ``overwrite`` (which also removes the results of the commands after it: they were
+# made from the old ones), and never builds on results made with other values of an earlier
+# command's keys. Before it removes or writes anything a command writes its *start record*,
+# ``journal/<command>/config.json`` (the config values it runs with); while it runs, every
+# finished episode is appended to ``journal/<command>/<pass>.jsonl``. So the state of a
+# command in a folder is one of (``_state``):
+#
+# - finished: an end record (a start record left beside it is from a kill right after the
+#   end record, and is removed);
+# - incomplete: an end record and ``journal/<command>/incomplete.json``: it finished, but some
+#   episodes had a call that got no answer (a server down); they are flagged, never counted
+#   as a success or failure, and ``resume`` runs them again (the finished ones are kept);
+# - interrupted: a start record without an end record: whatever it wrote is partial; ``resume``
+#   (same config) keeps its finished episodes and runs the rest, from any kill point;
+# - foreign: results without either record (a folder from before the records): refused.
+#
+# Every command holds the folder's lock (``jaxdm.rundir.lock_run_dir``) for its whole life, so
+# two jobs never write one folder.
 
 COMMAND_ORDER = ("shadow", "fit", "run", "compare")
 COMMAND_KEYS: Mapping[str, tuple[str, ...]] = {
@@ -201,7 +225,8 @@ COMMAND_KEYS: Mapping[str, tuple[str, ...]] = {
     "run": ("arms", "test_tasks", "frontier_point", "frontier_thresholds"),
     "compare": ("stats", "stage2_tasks"),
 }
-UNRECORDED_KEYS = ("out_dir", "progress")   # where and how a job shows itself, not its results
+# where and how a job shows itself, and which passes it accepts, not what its results are
+UNRECORDED_KEYS = ("out_dir", "progress", "max_failed_share")
 COMMAND_OUTPUTS: Mapping[str, tuple[str, ...]] = {
     "shadow": ("shadow_decisions.jsonl", "shadow_episodes.jsonl"),
     "fit": ("thresholds.json", "calibration.png"),
@@ -211,11 +236,18 @@ COMMAND_OUTPUTS: Mapping[str, tuple[str, ...]] = {
 }
 RECORD_FILE = "harness_config.json"
 JOURNAL_DIR = "journal"
+START_FILE = "config.json"
+INCOMPLETE_FILE = "incomplete.json"
+# A pass stops before its end only once this many calls (or answers) failed: one failed
+# call in the first episode is no evidence yet that the server is down.
+EARLY_STOP_MIN_FAILED = 10
 
 
 def _command_values(cfg: HarnessConfig) -> dict[str, dict[str, Any]]:
     from jaxdm.config import to_dict
-    values = json.loads(json.dumps(to_dict(cfg)))   # as the record file holds them
+    # as the record file holds them: JSON, URL credentials redacted (a base_url's password
+    # never reaches the folder, and never makes two configs differ)
+    values = json.loads(redact(json.dumps(to_dict(cfg))))
     return {a: {k: values[k] for k in keys} for a, keys in COMMAND_KEYS.items()}
 
 
@@ -225,14 +257,13 @@ def _read_record(out: Path) -> dict[str, Any]:
 
 
 def _write_record(out: Path, record: Mapping[str, Any]) -> None:
-    write_atomic(out / RECORD_FILE, json.dumps(record, indent=1))
+    jsonl.write_json(out / RECORD_FILE, dict(record))
 
 
 @dataclasses.dataclass(frozen=True)
 class Journal:
-    """Where a command's finished episodes go as they end (one JSONL per pass), with the
-    config values they are made with (written with the first episode: a command that stops
-    before any episode leaves no journal)."""
+    """Where a command's start record and its finished episodes go (one JSONL per pass, an
+    episode appended as it ends), with the config values they are made with."""
 
     folder: Path
     values: Mapping[str, Any]
@@ -240,11 +271,19 @@ class Journal:
     def path(self, desc: str) -> Path:
         return self.folder / (re.sub(r"[^\w.-]+", "_", desc) + ".jsonl")
 
+    def start(self) -> None:
+        """The start record (kept when it is there: a resumed command's, checked equal)."""
+        _mkdir(self.folder)
+        if not (self.folder / START_FILE).is_file():
+            jsonl.write_json(self.folder / START_FILE, dict(self.values))
+
     def append(self, desc: str, index: int, episode: Episode) -> None:
-        if not self.folder.is_dir():
-            self.folder.mkdir(parents=True)
-            write_atomic(self.folder / "config.json", json.dumps(dict(self.values), indent=1))
-        append_records(self.path(desc), [{"index": index, "episode": episode.to_dict()}])
+        if not (self.folder / START_FILE).is_file():
+            self.start()
+        jsonl.append_records(self.path(desc), [{"index": index, "episode": episode.to_dict()}])
+
+    def episode_files(self) -> list[Path]:
+        return sorted(self.folder.glob("*.jsonl")) if self.folder.is_dir() else []
 
 
 def _journal(cfg: HarnessConfig, action: str) -> Journal:
@@ -253,65 +292,130 @@ def _journal(cfg: HarnessConfig, action: str) -> Journal:
                    {a: now[a] for a in COMMAND_ORDER[:COMMAND_ORDER.index(action) + 1]})
 
 
+def _mkdir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"cannot create {path}: {e.strerror or e}") from e
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists():
+        path.unlink(missing_ok=True)
+
+
+def _drop_journal(journal: Journal) -> None:
+    _remove(journal.folder)
+    try:
+        journal.folder.parent.rmdir()   # the journal folder itself once nothing is in it
+    except OSError:
+        pass
+
+
+def _state(cfg: HarnessConfig, record: Mapping[str, Any], action: str) -> str:
+    """finished | incomplete | interrupted | foreign | absent (see the block comment)."""
+    out, folder = Path(cfg.out_dir), _journal(cfg, action).folder
+    if action in record:
+        return "incomplete" if (folder / INCOMPLETE_FILE).is_file() else "finished"
+    if folder.is_dir():
+        return "interrupted"
+    if any((out / f).exists() for f in COMMAND_OUTPUTS[action]):
+        return "foreign"
+    return "absent"
+
+
+def _lines(paths: Sequence[Path]) -> int:
+    """Whole lines (a torn last one is not an episode)."""
+    return sum(p.read_text(encoding="utf-8").count("\n") for p in paths)
+
+
 def _claim(cfg: HarnessConfig, action: str, *, overwrite: bool, resume: bool) -> bool:
-    """Check that ``action`` may write into ``cfg.out_dir`` (see the block comment above);
-    True when ``resume`` finds it finished with this config (nothing to run)."""
+    """Check that ``action`` may write into ``cfg.out_dir`` (see the block comment above) and
+    write its start record; True when ``resume`` finds it finished with this config (nothing
+    to run)."""
     if overwrite and resume:
         raise HarnessError("--resume and --overwrite exclude each other")
     out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    _mkdir(out)
     record, now = _read_record(out), _command_values(cfg)
     i = COMMAND_ORDER.index(action)
     for earlier in COMMAND_ORDER[:i]:
-        if earlier in record:
+        state = _state(cfg, record, earlier)
+        if state in ("finished", "incomplete"):
             diff = [k for k in COMMAND_KEYS[earlier] if record[earlier].get(k) != now[earlier][k]]
             if diff:
                 raise HarnessError(
                     f"{out}: its `{earlier}` results were made with other values of {diff}; "
                     f"run `jaxdm harness {earlier} --overwrite` with this config first, or use "
                     f"another --out")
-        elif _journal(cfg, earlier).folder.is_dir():
+        elif state == "interrupted":
             raise HarnessError(f"{out}: `{earlier}` was interrupted there; run `jaxdm harness "
                                f"{earlier} --resume` first")
-        elif any((out / f).exists() for f in COMMAND_OUTPUTS[earlier]):
+        elif state == "foreign":
             raise HarnessError(
                 f"{out}: `{earlier}` results there were never recorded as finished (an "
                 f"interrupted command, or a folder from before {RECORD_FILE}); run `jaxdm "
                 f"harness {earlier} --resume` or `--overwrite`, or use another --out")
-    if resume and record.get(action) == now[action] and all(
+    journal = _journal(cfg, action)
+    state = _state(cfg, record, action)
+    same = record.get(action) == now[action]
+    if resume and state == "finished" and same and all(
             (out / f).exists() for f in COMMAND_OUTPUTS[action] if not f.startswith("runs/")):
+        if journal.folder.is_dir():      # killed between its end record and removing this
+            _drop_journal(journal)
         print(f"harness {action}: finished in {out} with this config; kept", flush=True)
         return True
     present = sorted({f for a in COMMAND_ORDER[i:] for f in COMMAND_OUTPUTS[a]
                       if (out / f).exists()})
-    journal = _journal(cfg, action)
-    interrupted = journal.folder.is_dir()   # then `present` are its partial results (written again)
+    # then `present` are its partial results (written again)
+    interrupted = state == "interrupted" or (state == "incomplete" and resume and same)
     if present and not overwrite and not interrupted:
+        hint = ""
+        if state == "incomplete":
+            flagged = _read_json(journal.folder / INCOMPLETE_FILE).get("episodes", "some")
+            hint = (f"; its `{action}` has {flagged} incomplete episodes: --resume (same "
+                    f"config) runs them again")
         raise HarnessError(f"{out} already holds results of `{action}` or a later command "
                            f"({', '.join(present)}); pass --overwrite to run {action} again "
-                           f"(removing them), or use another --out")
+                           f"(removing them), or use another --out{hint}")
     if interrupted and not overwrite:
-        done = sum(p.read_text(encoding="utf-8").count("\n")   # whole lines: not a torn one
-                   for p in journal.folder.glob("*.jsonl"))
+        done = _lines(journal.episode_files())
         if not resume:
             raise HarnessError(f"{out} holds an interrupted `{action}` ({done} episodes "
                                f"finished, {journal.folder}); pass --resume to continue it or "
                                f"--overwrite to start it again")
-        saved = _read_json(journal.folder / "config.json")
+        if (journal.folder / START_FILE).is_file():
+            saved = _read_json(journal.folder / START_FILE)
+        elif not journal.episode_files():
+            saved = dict(journal.values)   # killed while writing its start record
+        else:
+            raise HarnessError(f"{journal.folder} has episodes but no {START_FILE}; use "
+                               f"--overwrite")
         diff = sorted(k for a, now_a in journal.values.items() for k in COMMAND_KEYS[a]
                       if (saved.get(a) or {}).get(k) != now_a[k])
         if diff:
             raise HarnessError(f"--resume: the interrupted `{action}` in {out} ran with other "
                                f"values of {diff}; resume with its config, or --overwrite")
-        print(f"harness {action}: resuming in {out} ({done} episodes kept)", flush=True)
-    for f in present:
-        path = out / f
-        if path.exists():   # runs/stage2_* go with runs/
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
-    for a in COMMAND_ORDER[i:] if overwrite else COMMAND_ORDER[i + 1:]:
-        shutil.rmtree(_journal(cfg, a).folder, ignore_errors=True)
+        if state == "incomplete":
+            flagged = _read_json(journal.folder / INCOMPLETE_FILE).get("episodes", "its")
+            print(f"harness {action}: resuming in {out} to run its {flagged} incomplete "
+                  f"episodes again ({done} journaled)", flush=True)
+        else:
+            print(f"harness {action}: resuming in {out} ({done} episodes kept)", flush=True)
+    # the order matters for a kill between any two steps: the start record comes before
+    # anything is removed, and results go after the records that said they were finished
+    if overwrite:
+        _remove(journal.folder)
+    journal.start()
+    for a in COMMAND_ORDER[i + 1:]:
+        _drop_journal(_journal(cfg, a))
     if any(a in record for a in COMMAND_ORDER[i:]):
         _write_record(out, {a: v for a, v in record.items() if a in COMMAND_ORDER[:i]})
+    (journal.folder / INCOMPLETE_FILE).unlink(missing_ok=True)
+    for f in present:
+        _remove(out / f)   # runs/stage2_* go with runs/
     return False
 
 
@@ -327,21 +431,75 @@ def _read_json(path: Path) -> dict[str, Any]:
     return value
 
 
+# the passes of the command that runs now (``run_episodes`` adds each pass's tally)
+_PASSES: list[list[dict[str, Any]]] = []
+
+
 def _recorded(action: str):
-    """A command that claims its folder first and records its config values once finished."""
+    """A command that holds its folder's lock, claims the folder (its start record) first
+    and writes its end record once finished."""
     def wrap(command):
         @functools.wraps(command)
         def run(cfg: HarnessConfig, *, overwrite: bool = False, resume: bool = False) -> Any:
-            if _claim(cfg, action, overwrite=overwrite, resume=resume):
-                return None
-            result = command(cfg)
-            out = Path(cfg.out_dir)
-            _write_record(out, {**_read_record(out), action: _command_values(cfg)[action]})
-            # its episodes are in the results now
-            shutil.rmtree(_journal(cfg, action).folder, ignore_errors=True)
+            lock = lock_run_dir(cfg.out_dir)
+            started_here = not _journal(cfg, action).folder.is_dir()
+            try:
+                if _claim(cfg, action, overwrite=overwrite, resume=resume):
+                    lock.release()
+                    return None
+                _PASSES.append([])
+                try:
+                    result = command(cfg)
+                finally:
+                    passes = _PASSES.pop()
+                _finish(cfg, action, passes)
+            except BaseException:
+                if started_here:
+                    _forget_start(cfg, action)
+                lock.abandon()
+                raise
+            lock.release()
             return result
         return run
     return wrap
+
+
+def _forget_start(cfg: HarnessConfig, action: str) -> None:
+    """A command that stopped before it wrote anything leaves nothing (no start record)."""
+    journal, out = _journal(cfg, action), Path(cfg.out_dir)
+    if not journal.folder.is_dir() or action in _read_record_quiet(out):
+        return
+    if journal.episode_files() or any((out / f).exists() for f in COMMAND_OUTPUTS[action]):
+        return   # partial results: an interrupted command, for --resume
+    if all(p.name in (START_FILE, INCOMPLETE_FILE) for p in journal.folder.iterdir()):
+        _drop_journal(journal)
+
+
+def _read_record_quiet(out: Path) -> dict[str, Any]:
+    try:
+        return _read_record(out)
+    except HarnessError:
+        return {}
+
+
+def _finish(cfg: HarnessConfig, action: str, passes: Sequence[Mapping[str, Any]]) -> None:
+    """The end record; with flagged episodes the journal stays (``--resume`` runs them)."""
+    out, journal = Path(cfg.out_dir), _journal(cfg, action)
+    flagged = {p["desc"]: p["incomplete"] for p in passes if p["incomplete"]}
+    if flagged:
+        journal.start()
+        jsonl.write_json(journal.folder / INCOMPLETE_FILE,
+                         {"episodes": sum(flagged.values()), "passes": flagged})
+    else:
+        (journal.folder / INCOMPLETE_FILE).unlink(missing_ok=True)
+    _write_record(out, {**_read_record(out), action: _command_values(cfg)[action]})
+    if flagged:
+        print(f"harness {action}: finished with {sum(flagged.values())} incomplete episodes "
+              f"({', '.join(f'{d}: {n}' for d, n in flagged.items())}): a call of theirs got "
+              f"no answer, so they are not counted; run `jaxdm harness {action} --resume` "
+              f"with this config once the servers answer to run them again", flush=True)
+    else:
+        _drop_journal(journal)   # its episodes are in the results now
 
 
 # ---- building --------------------------------------------------------------------------------
@@ -379,7 +537,10 @@ def make_llm(spec: Mapping[str, Any]):
         for key in ("base_url", "model"):
             if key not in opts:
                 raise HarnessError(f"llm kind 'remote' needs {key!r}")
-        return RemoteLLM(**opts)
+        try:
+            return RemoteLLM(**opts)
+        except (TypeError, ValueError) as e:
+            raise HarnessError(f"llm (remote): {e}") from None
     from jaxdm.harness.local import LocalLLM
     return LocalLLM.from_spec(opts)
 
@@ -432,52 +593,94 @@ def run_episodes(cfg: HarnessConfig, harness: Harness, split: str, indices: Sequ
                  desc: str, journal: Journal | None = None) -> list[Episode]:
     """One episode per task index, in order. ``journal``: each finished episode is appended
     to its ``<desc>.jsonl`` as it ends, and episodes already there are kept instead of run
-    again (a resumed command)."""
+    again (a resumed command) — except incomplete ones (a call got no answer), which run
+    again.
+
+    Failure accounting: the pass stops with ``HarnessError`` (its finished episodes kept in
+    the journal) when more than ``cfg.max_failed_share`` of the agent LLM's calls, or of the
+    decision model's answers, got no answer (checked after every episode once
+    ``EARLY_STOP_MIN_FAILED`` did, and at the end), or when every call failed (then nothing of
+    the pass is kept). Its summary line gives calls, failures and the episodes run again."""
     from jaxdm.envs.decision_gym import DecisionGym
     env, params = DecisionGym(), _gym_params(cfg, split)
     path = None if journal is None else journal.path(desc)
     kept: dict[int, Episode] = {}
     if path is not None and path.is_file():
+        rows: dict[int, Any] = {}
         try:
-            rows = [row for _, row in read_records(path, drop_torn_tail=True)]
-            for row in rows:
+            for _, row in read_records(path, drop_torn_tail=True):
+                rows[int(row["index"])] = row          # an episode run again: the last wins
                 kept[int(row["index"])] = Episode.from_dict(row["episode"])
         except (ValueError, KeyError, TypeError) as e:
             raise HarnessError(f"{path}: not a harness journal ({e}); use --overwrite") from None
         # rewritten whole: a torn last line must not stay in front of the next append
-        write_records(path, rows)
+        jsonl.write_records(path, list(rows.values()))
     bar = _progress(cfg, len(indices), desc)
-    eps = []
+    eps: list[Episode] = []
+    rerun = 0
     for i in indices:
-        if i in kept:
-            eps.append(kept[i])
+        ep = kept.get(i)
+        if ep is not None and not ep.incomplete:
+            eps.append(ep)
         else:
+            rerun += ep is not None
             eps.append(harness.run_task(env, i, params))
             if journal is not None:
                 journal.append(desc, i, eps[-1])
+            _check_pass(cfg, eps, desc, path, early=True)
         if bar is not None:
             bar.update(1)
             bar.set_postfix(success=f"{np.mean([e.success for e in eps]):.3f}")
     if bar is not None:
         bar.close()
-    _check_pass(eps, desc, path)
+    _check_pass(cfg, eps, desc, path, early=False)
+    tally = _tally(desc, eps, rerun)
+    if _PASSES:
+        _PASSES[-1].append(tally)
+    print(f"{desc}: {_accounting(tally)}", flush=True)
     return eps
 
 
-def _check_pass(eps: Sequence[Episode], desc: str, journal: Path | None) -> None:
-    """A pass in which every call of the agent LLM, or every answer of the decision model,
-    failed measured nothing (the harness fell back at every decision): the job says so and
-    fails, keeping none of it (a resumed command runs it again); some failures are only
-    counted (``llm_failures``, ``dm_failures``)."""
+def _tally(desc: str, eps: Sequence[Episode], rerun: int = 0) -> dict[str, Any]:
+    return {"desc": desc, "episodes": len(eps),
+            "incomplete": sum(e.incomplete for e in eps), "rerun": rerun,
+            "llm_calls": sum(e.llm_calls for e in eps),
+            "llm_failures": sum(e.llm_failures for e in eps),
+            "llm_unanswered": sum(e.llm_unanswered for e in eps),
+            "dm_questions": sum(e.dm_questions for e in eps),
+            "dm_failures": sum(e.dm_failures for e in eps),
+            "dm_unanswered": sum(e.dm_unanswered for e in eps)}
+
+
+def _accounting(t: Mapping[str, Any]) -> str:
+    return (f"{t['episodes']} episodes ({t['incomplete']} incomplete, not counted; "
+            f"{t['rerun']} run again); agent LLM {t['llm_calls']} calls ({t['llm_failures']} "
+            f"failed, {t['llm_unanswered']} unanswered); decision model {t['dm_questions']} "
+            f"questions ({t['dm_failures']} failed, {t['dm_unanswered']} unanswered)")
+
+
+def _check_pass(cfg: HarnessConfig, eps: Sequence[Episode], desc: str, journal: Path | None,
+                *, early: bool) -> None:
+    """Stops a pass that measures an outage, not the method (``run_episodes``). A pass in
+    which every call of the agent LLM, or every answer of the decision model, failed (the
+    harness fell back at every decision) is not kept at all (a resumed command runs it
+    again); a pass over ``max_failed_share`` keeps its finished episodes (``--resume`` runs
+    the incomplete and the missing ones). Failures below the bound are counted, and the
+    episodes they hit flagged incomplete."""
+    least = EARLY_STOP_MIN_FAILED if early else 1
+    bound = cfg.max_failed_share
     llm = [c for e in eps for c in e.calls if c.kind == "llm"]
+    llm_lost = sum(e.llm_unanswered for e in eps)
     dm_failed = sum(e.dm_failures for e in eps)
+    dm_lost = sum(e.dm_unanswered for e in eps)
+    dm_asked = sum(e.dm_questions for e in eps)
     dm_answered = sum(r.dm_choice is not None for e in eps for r in e.decisions)
     failed = None
-    if llm and not any(c.ok for c in llm):
+    if len(llm) >= least and not any(c.ok for c in llm):
         first = next((c.error for c in llm if c.error), "no error given")
         failed = ("agent LLM", f"every agent LLM call failed ({len(llm)} calls over {len(eps)} "
                                f"tasks; first error: {first})")
-    elif dm_failed and not dm_answered:
+    elif dm_failed >= least and not dm_answered:
         # calls that went through carry the backend's own reason for its failed answers;
         # those that raised (then asked one question at a time) come after
         errors = [c.error for c in sorted((c for e in eps for c in e.calls
@@ -490,11 +693,29 @@ def _check_pass(eps: Sequence[Episode], desc: str, journal: Path | None) -> None
             journal.unlink(missing_ok=True)
         raise HarnessError(f"{desc}: {failed[1]}; this pass is not kept: fix the {failed[0]} "
                            f"and run the command again with --resume")
+    over = []
+    if llm_lost >= least and llm_lost > bound * len(llm):
+        first = next(c.error for c in llm if c.unanswered)
+        over.append(("agent LLM", f"{llm_lost} of {len(llm)} agent LLM calls got no answer "
+                                  f"({llm_lost / len(llm):.1%}; first error: {first})"))
+    if dm_lost >= least and dm_lost > bound * dm_asked:
+        first = next(c.error for e in eps for c in e.calls if c.kind == "dm" and c.unanswered)
+        over.append(("decision model", f"{dm_lost} of {dm_asked} decision model answers got no "
+                                       f"answer ({dm_lost / dm_asked:.1%}; first error: "
+                                       f"{first})"))
+    if over:
+        flagged = sum(e.incomplete for e in eps)
+        raise HarnessError(
+            f"{desc}: {'; '.join(w for _, w in over)}: over max_failed_share {bound:g}, so the "
+            f"pass stops after {len(eps)} tasks; {len(eps) - flagged} finished episodes are "
+            f"kept and {flagged} incomplete ones flagged: once the "
+            f"{' and the '.join(who for who, _ in over)} answers, run the command again with "
+            f"--resume (it runs the flagged and the missing episodes)")
 
 
 def _write_jsonl(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_records(path, rows)
+    _mkdir(path.parent)
+    jsonl.write_records(path, rows)
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -523,7 +744,14 @@ def _harness(cfg: HarnessConfig, delegations: Sequence[Delegation], dm_spec: Map
 
 
 def _decision_rows(eps: Sequence[Episode], arm: str) -> list[dict]:
-    return [{"arm": arm, **r.to_dict()} for e in eps for r in e.decisions]
+    """Every decision; those of an incomplete episode flagged (``"incomplete": true``)."""
+    return [{"arm": arm, **r.to_dict(), **({"incomplete": True} if e.incomplete else {})}
+            for e in eps for r in e.decisions]
+
+
+def _complete(eps: Sequence[Episode]) -> list[Episode]:
+    """The episodes that count (an incomplete one measured an outage, not the method)."""
+    return [e for e in eps if not e.incomplete]
 
 
 # ---- shadow / fit ----------------------------------------------------------------------------
@@ -537,8 +765,9 @@ def cmd_shadow(cfg: HarnessConfig) -> dict[str, Any]:
     _write_jsonl(out / "shadow_decisions.jsonl", _decision_rows(eps, "shadow"))
     _write_jsonl(out / "shadow_episodes.jsonl", [e.summary() for e in eps])
     summary = _arm_summary("shadow", eps)
-    print(f"shadow: {len(eps)} fit tasks, LLM success {summary['success']:.3f}, "
-          f"{sum(len(e.decisions) for e in eps)} decisions -> {out}/shadow_decisions.jsonl")
+    print(f"shadow: {len(eps)} fit tasks ({summary['incomplete']} incomplete, not counted), "
+          f"LLM success {summary['success']:.3f}, {sum(len(e.decisions) for e in eps)} "
+          f"decisions -> {out}/shadow_decisions.jsonl")
     return summary
 
 
@@ -561,6 +790,12 @@ def cmd_fit(cfg: HarnessConfig) -> dict[str, Any]:
     out = Path(cfg.out_dir)
     dec = _read_jsonl(out / "shadow_decisions.jsonl")
     eps = _read_jsonl(out / "shadow_episodes.jsonl")
+    # incomplete shadow episodes (a call got no answer) are not fitted on
+    flagged = {r["task_id"] for r in eps if r.get("incomplete")}
+    if flagged:
+        eps = [r for r in eps if not r.get("incomplete")]
+        dec = [d for d in dec if d["task_id"] not in flagged and not d.get("incomplete")]
+        print(f"fit: {len(flagged)} incomplete shadow episodes left out ({len(eps)} fitted on)")
     act_price, answer_price = _prices(cfg, eps, dec)
     dm_q = cfg.agent.dm_price_per_call
     fits: dict[str, Any] = {}
@@ -580,7 +815,7 @@ def cmd_fit(cfg: HarnessConfig) -> dict[str, Any]:
         print(f"fit {point:7s}: n={f.n:5d} q_L={f.q_llm:.3f} dC={f.delta_cost:.5f} "
               f"V={f.value:.3f} tau*={f.tau_star:.3f} threshold={th} share_above="
               f"{f.share_above:.3f}")
-    (out / "thresholds.json").write_text(json.dumps(fits, indent=1, default=_nan_none))
+    jsonl.write_json(out / "thresholds.json", fits, default=_nan_none)
     _calibration_figure(dec, fits, out / "calibration.png")
     return fits
 
@@ -597,6 +832,9 @@ def load_thresholds(out_dir: str | Path) -> dict | None:
 # ---- run / compare ---------------------------------------------------------------------------
 
 def _arm_summary(name: str, eps: Sequence[Episode]) -> dict[str, Any]:
+    """Success, cost and decisions over the complete episodes (``n``); calls and failures
+    over all (they were paid), with the count of incomplete episodes left out."""
+    every, eps = eps, _complete(eps)
     n = len(eps)
     per_point: dict[str, dict[str, int]] = {}
     for e in eps:
@@ -611,10 +849,13 @@ def _arm_summary(name: str, eps: Sequence[Episode]) -> dict[str, Any]:
             "cost": float(np.mean([e.cost for e in eps])) if n else 0.0,
             "seconds": float(np.sum([e.seconds for e in eps])),
             "overhead_s": float(np.sum([e.overhead_s for e in eps])),
-            "llm_calls": int(sum(e.llm_calls for e in eps)),
-            "dm_calls": int(sum(e.dm_calls for e in eps)),
-            "dm_failures": int(sum(e.dm_failures for e in eps)),
-            "llm_failures": int(sum(e.llm_failures for e in eps)),
+            "llm_calls": int(sum(e.llm_calls for e in every)),
+            "dm_calls": int(sum(e.dm_calls for e in every)),
+            "dm_failures": int(sum(e.dm_failures for e in every)),
+            "llm_failures": int(sum(e.llm_failures for e in every)),
+            "llm_unanswered": int(sum(e.llm_unanswered for e in every)),
+            "dm_unanswered": int(sum(e.dm_unanswered for e in every)),
+            "incomplete": len(every) - n,
             "points": per_point}
 
 
@@ -639,7 +880,7 @@ def _run_arm(cfg: HarnessConfig, arm: ArmConfig, thresholds, indices, desc, rate
 def _run_rates(eps: Sequence[Episode]) -> dict[str, float]:
     """Share of decisions at each loop point where the optional step ran (option 0)."""
     out: dict[str, list[int]] = {}
-    for e in eps:
+    for e in _complete(eps):
         for r in e.decisions:
             if r.choice is not None:
                 out.setdefault(r.point, []).append(int(r.choice == 0))
@@ -676,10 +917,11 @@ def cmd_run(cfg: HarnessConfig) -> dict[str, Any]:
         s = _arm_summary(arm.name, eps)
         summary["frontier"].append({"threshold": th, "success": s["success"], "cost": s["cost"]})
     summary["wall_s"] = time.perf_counter() - t0
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    jsonl.write_json(out / "summary.json", summary)
     for name, s in summary["arms"].items():
         print(f"{name:28s} success {s['success']:.3f}  cost/task ${s['cost']:.5f}  "
-              f"LLM calls {s['llm_calls']:5d}  DM calls {s['dm_calls']:5d}")
+              f"LLM calls {s['llm_calls']:5d} ({s['llm_failures']} failed)  DM calls "
+              f"{s['dm_calls']:5d} ({s['dm_failures']} failed)  incomplete {s['incomplete']}")
     return summary
 
 
@@ -694,7 +936,7 @@ def _drift(arm: ArmConfig, dels: Sequence[Delegation], eps: Sequence[Episode],
         return None
     d = dels[0]
     ref = thresholds[d.point]["share_above"]
-    confs = [r.confidence for e in eps for r in e.decisions
+    confs = [r.confidence for e in _complete(eps) for r in e.decisions
              if r.point == d.point and r.confidence is not None]
     if not confs:
         return None
@@ -721,12 +963,23 @@ def _save_arm(out: Path, name: str, eps: Sequence[Episode], summary: dict, dels,
     summary["arms"][name] = s
 
 
-def _arm_from_files(out: Path, name: str):
+def _arms_from_files(out: Path, names: Sequence[str]) -> tuple[dict[str, Any], int]:
+    """The arms' per-task outcomes on the tasks complete in every one of them (the tests are
+    paired; an incomplete episode counts for no arm), and how many tasks that leaves out."""
     from jaxdm.stats import Arm
-    rows = _read_jsonl(out / "runs" / name / "episodes.jsonl")
-    return Arm(np.array([r["success"] for r in rows], dtype=float),
-               np.array([r["cost"] for r in rows], dtype=float),
-               tuple(r["task_id"] for r in rows))
+    rows = {n: _read_jsonl(out / "runs" / n / "episodes.jsonl") for n in names}
+    flagged = {r["task_id"] for rs in rows.values() for r in rs if r.get("incomplete")}
+    arms = {}
+    for n, rs in rows.items():
+        rs = [r for r in rs if r["task_id"] not in flagged]
+        if not rs:
+            raise HarnessError(f"{out / 'runs' / n / 'episodes.jsonl'}: no task is complete in "
+                               f"every arm ({len(flagged)} incomplete); run the command again "
+                               f"with --resume once the servers answer")
+        arms[n] = Arm(np.array([r["success"] for r in rs], dtype=float),
+                      np.array([r["cost"] for r in rs], dtype=float),
+                      tuple(r["task_id"] for r in rs))
+    return arms, len(flagged)
 
 
 @_recorded("compare")
@@ -736,7 +989,7 @@ def cmd_compare(cfg: HarnessConfig) -> dict[str, Any]:
     sp = out / "summary.json"
     if not sp.is_file():
         raise HarnessError(f"{sp} does not exist (run `jaxdm harness run` first)")
-    summary = json.loads(sp.read_text())
+    summary = _read_json(sp)
     cands = [(n, s["point"]) for n, s in summary["arms"].items() if s.get("candidate")]
     if any(p is None for _, p in cands):
         raise HarnessError("candidate arms must have exactly one delegation (their point)")
@@ -744,8 +997,10 @@ def cmd_compare(cfg: HarnessConfig) -> dict[str, Any]:
     if cands:
         reg = stats.register(cands, margin=cfg.stats.margin, alpha=cfg.stats.alpha,
                              ni_method=cfg.stats.ni_method, cost_method=cfg.stats.cost_method)
-        ref = _arm_from_files(out, "llm_alone")
-        r1 = stats.stage1(reg, ref, {n: _arm_from_files(out, n) for n, _ in cands})
+        arms1, report["excluded_tasks_stage1"] = _arms_from_files(
+            out, ["llm_alone"] + [n for n, _ in cands])
+        ref = arms1.pop("llm_alone")
+        r1 = stats.stage1(reg, ref, arms1)
         sel = stats.stage2_selection(r1)
         report["stage1"] = r1.table()
         report["stage2_selection"] = sel
@@ -766,12 +1021,13 @@ def cmd_compare(cfg: HarnessConfig) -> dict[str, Any]:
             _save_arm(out, "stage2_llm_alone", ref2, s2, [])
             _save_arm(out, "stage2_combined", eps2, s2, dels2)
             report["stage2_arms"] = s2["arms"]
-            r2 = stats.stage2(r1, _arm_from_files(out, "stage2_llm_alone"),
-                              {"combined": _arm_from_files(out, "stage2_combined")})
+            arms2, report["excluded_tasks_stage2"] = _arms_from_files(
+                out, ["stage2_llm_alone", "stage2_combined"])
+            r2 = stats.stage2(r1, arms2["stage2_llm_alone"], {"combined": arms2["stage2_combined"]})
             report["stage2"] = r2.table()
-    (out / "report.json").write_text(json.dumps(report, indent=1, default=_nan_none))
+    jsonl.write_json(out / "report.json", report, default=_nan_none)
     text = _report_md(cfg, report, load_thresholds(out))
-    (out / "report.md").write_text(text)
+    jsonl.write_atomic(out / "report.md", text)
     _frontier_figure(summary, out / "frontier.png")
     _savings_figure(summary, out / "savings_by_point.png")
     print(text)
@@ -789,12 +1045,18 @@ def _report_md(cfg: HarnessConfig, report: Mapping, thresholds: Mapping | None) 
              f"{cfg.stats.margin:g}, alpha {cfg.stats.alpha:g} ({cfg.stats.ni_method} "
              f"non-inferiority, {cfg.stats.cost_method} cost test, Holm).", "",
              "| arm | success | cost/task (USD) | saving | wall (s, simulated) | LLM calls | "
-             "DM calls | DM failures |", "|---|---|---|---|---|---|---|---|"]
+             "DM calls | DM failures | incomplete |", "|---|---|---|---|---|---|---|---|---|"]
     for name, a in s["arms"].items():
         saving = 1 - a["cost"] / ref["cost"] if ref["cost"] else 0.0
         lines.append(f"| {name} | {a['success']:.3f} | {a['cost']:.5f} | {saving:+.1%} | "
                      f"{a['seconds']:.0f} | {a['llm_calls']} | {a['dm_calls']} | "
-                     f"{a['dm_failures']} |")
+                     f"{a['dm_failures']} | {a.get('incomplete', 0)} |")
+    incomplete = sum(a.get("incomplete", 0) for a in s["arms"].values())
+    if incomplete or report.get("excluded_tasks_stage1") or report.get("excluded_tasks_stage2"):
+        lines += ["", f"Incomplete episodes (a call got no answer: not counted as a success or "
+                      f"a failure): {incomplete} over the arms; tasks left out of the paired "
+                      f"tests: Stage 1 {report.get('excluded_tasks_stage1', 0)}, Stage 2 "
+                      f"{report.get('excluded_tasks_stage2', 0)}."]
     if thresholds:
         lines += ["", "## Fitted thresholds (shadow mode, fit split)", "",
                   "| point | n | DM accuracy | ECE | q_L | ΔC (USD) | V (USD) | τ* | threshold | "
@@ -837,6 +1099,19 @@ def _report_md(cfg: HarnessConfig, report: Mapping, thresholds: Mapping | None) 
     return "\n".join(lines) + "\n"
 
 
+def _save_figure(fig, path: Path) -> None:
+    """``fig`` as a PNG at ``path``, whole (a temporary file renamed over it) or
+    ``OutputError``."""
+    import os
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    try:
+        fig.savefig(tmp, dpi=110, format="png")
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OutputError(f"cannot write {path}: {e.strerror or e}") from e
+
+
 def _plt():
     import matplotlib
     matplotlib.use("Agg")
@@ -877,7 +1152,7 @@ def _calibration_figure(dec: Sequence[Mapping], fits: Mapping, path: Path) -> No
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _save_figure(fig, path)
     plt.close(fig)
 
 
@@ -900,7 +1175,7 @@ def _frontier_figure(summary: Mapping, path: Path) -> None:
     ax.set_title("cost vs success (same test tasks)")
     ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _save_figure(fig, path)
     plt.close(fig)
 
 
@@ -915,7 +1190,7 @@ def _savings_figure(summary: Mapping, path: Path) -> None:
     ax.set_xlabel("cost saving vs the LLM alone")
     ax.set_title("savings by delegation")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _save_figure(fig, path)
     plt.close(fig)
 
 
@@ -994,10 +1269,18 @@ def main(args) -> int:
     try:
         cfg = load(args.config, overrides)
         actions = list(COMMANDS) if args.action == "all" else [args.action]
-        for a in actions:
-            COMMANDS[a](cfg, overwrite=args.overwrite, resume=args.resume)
-    except HarnessError as e:
-        print(f"jaxdm harness {args.action}: error: {e}", file=sys.stderr)
+        # held across `all`'s commands (each takes it again, counted): no other job writes
+        # the folder between two of them
+        lock = lock_run_dir(cfg.out_dir)
+        try:
+            for a in actions:
+                COMMANDS[a](cfg, overwrite=args.overwrite, resume=args.resume)
+        except BaseException:
+            lock.abandon()
+            raise
+        lock.release()
+    except (HarnessError, RunFolderError, OutputError) as e:
+        print(redact(f"jaxdm harness {args.action}: error: {e}"), file=sys.stderr)
         return 2
     return 0
 

@@ -228,8 +228,17 @@ def test_a_pass_where_every_call_failed_fails_the_job(tmp_path, capsys, override
     assert not list((tmp_path / "journal/shadow").glob("*.jsonl"))   # nothing of it kept
 
 
-def test_some_failed_calls_are_counted_not_fatal(tmp_path):
-    assert _smoke(tmp_path, "shadow", "--set",
-                  "llm={kind: simulated, profile: strong, fail_rate: 0.3}") == 0
-    eps = [json.loads(x) for x in (tmp_path / "shadow_episodes.jsonl").read_text().splitlines()]
+def test_some_failed_calls_are_counted_and_flagged(tmp_path, capsys):
+    flaky = "llm={kind: simulated, profile: strong, fail_rate: 0.3}"
+    # over max_failed_share (default 0.05): the pass stops by name, its record unwritten
+    assert _smoke(tmp_path / "a", "shadow", "--set", flaky) == 2
+    assert "over max_failed_share 0.05" in capsys.readouterr().err
+    assert not (tmp_path / "a/harness_config.json").exists()
+    # within the bound: kept, but the episodes a timeout hit are flagged and not counted
+    assert _smoke(tmp_path / "b", "shadow", "--set", flaky, "max_failed_share=1") == 0
+    eps = [json.loads(x) for x in (tmp_path / "b/shadow_episodes.jsonl").read_text().splitlines()]
     assert 0 < sum(e["llm_failures"] for e in eps) < sum(e["llm_calls"] for e in eps)
+    assert any(e["incomplete"] for e in eps)
+    assert all(e["incomplete"] == (e["llm_unanswered"] > 0) for e in eps)
+    out = capsys.readouterr().out
+    assert "incomplete, not counted" in out and "--resume" in out
