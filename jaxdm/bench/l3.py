@@ -17,6 +17,14 @@ DECISION GYM leaves a state without a key once the task cannot be completed any 
 
 Stated choice: an episode's irreversible error ends it (DECISION GYM strict mode), so its
 ``irreversible_errors`` is 0 or 1.
+
+Failures that are not the method's: an episode in which an agent-LLM call failed or a
+decision-model answer did not come back (an outage: the backend raised something other than a
+refusal, or returned a failed answer; ``dm_lost`` counts them) is *flagged*: its success is
+not the decision model's, so it is left out of task success, cost, time and step accuracy,
+counted (``flagged``), and a resumed bench runs it again. A question the model refuses
+(``ValueError`` / ``TypeError``: it cannot show that many options) is the model's own failure
+(the LLM decides, counted in ``dm_failures``; its step record is ``refused``).
 """
 from __future__ import annotations
 
@@ -88,19 +96,48 @@ def irreversible_errors(ep: Any) -> int:
     return int(ep.end == "irreversible_error")
 
 
-def episode_row(env_name: str, ep: Any) -> dict[str, Any]:
+class WatchedModel:
+    """The decision model as the harness sees it, counting answers that did not come back
+    (``lost``: a raise other than a refusal, or a failed result) apart from refusals
+    (``ValueError`` / ``TypeError``). A batch that raises is asked again one question at a
+    time by the harness, so only a one-question raise counts."""
+
+    def __init__(self, dm: Any):
+        self.dm = dm
+        self.lost = 0
+
+    def __getattr__(self, name):
+        return getattr(self.dm, name)
+
+    def choose(self, questions):
+        try:
+            results = self.dm.choose(questions)
+        except (ValueError, TypeError):
+            raise
+        except Exception:
+            if len(questions) == 1:
+                self.lost += 1
+            raise
+        self.lost += sum(1 for r in results if r is None or not getattr(r, "ok", False))
+        return results
+
+
+def episode_row(env_name: str, ep: Any, dm_lost: int = 0) -> dict[str, Any]:
     point = "next_action" if env_name == "alfworld" else "tool"
     own = [r for r in ep.decisions if r.point == point and r.who == "dm"]
     keyed = [r for r in own if r.answer is not None and r.choice is not None]
-    return {"env": env_name, **ep.summary(),
-            "irreversible_errors": irreversible_errors(ep),
-            "dm_decisions": len(own), "dm_keyed": len(keyed),
-            "dm_correct": sum(bool(r.correct) for r in keyed)}
+    row = {"env": env_name, **ep.summary(),
+           "irreversible_errors": irreversible_errors(ep),
+           "dm_decisions": len(own), "dm_keyed": len(keyed),
+           "dm_correct": sum(bool(r.correct) for r in keyed), "dm_lost": int(dm_lost)}
+    row["flagged"] = bool(row["llm_failures"] or dm_lost)
+    return row
 
 
-def step_records(env_name: str, ep: Any) -> list[dict[str, Any]]:
+def step_records(env_name: str, ep: Any, flagged: bool = False) -> list[dict[str, Any]]:
     """One bench record (``jaxdm.bench.metrics`` shape) per keyed takeover decision: the
-    model's own choice (or its failure, then the LLM's choice executed) against the key."""
+    model's own choice (or its failure, then the LLM's choice executed) against the key. In a
+    flagged episode a failure is a lost answer (left out of accuracy), else a refusal."""
     point = "next_action" if env_name == "alfworld" else "tool"
     out = []
     for r in ep.decisions:
@@ -110,42 +147,55 @@ def step_records(env_name: str, ep: Any) -> list[dict[str, Any]]:
         out.append({"level": "l3", "kind": env_name, "category": env_name,
                     "correct": bool(not failed and r.dm_choice in r.answer),
                     "confidence": None if failed else r.confidence, "failed": failed,
+                    "refused": failed and not flagged,
                     "error": "decision model failed (the LLM decided)" if failed else None,
                     "after_error": None, "must_ask": None, "n_options": r.n_options,
-                    "tokens_in": 0, "usd": r.cost_usd})
+                    "tokens_in": 0, "usd": r.cost_usd, "seed": int(ep.seed)})
     return out
 
 
 def run_l3(dm: Any, cfg: L3Config, *, llm_factory: Callable[[], Any] | None = None,
-           on_episode: Callable[[dict], None] | None = None
-           ) -> tuple[list[dict], list[dict]]:
-    """Run every L3 env with ``dm`` taking over; (step records, episode rows)."""
+           on_episode: Callable[[dict], None] | None = None,
+           only: Sequence[int] | None = None) -> tuple[list[dict], list[dict]]:
+    """Run every L3 env with ``dm`` taking over; (step records, episode rows). ``only``: the
+    task seeds to run (a resumed bench re-running its flagged episodes), default all."""
     if llm_factory is None:
         from jaxdm.harness.run import make_llm
         spec = dict(cfg.llm)
         llm_factory = lambda: make_llm(spec)  # noqa: E731
     records, rows = [], []
+    watched = WatchedModel(dm)
     for env_name in cfg.envs:
         env, params, seeds = make_env(env_name, cfg)
-        h = takeover_harness(env_name, llm_factory(), dm, dm_price_per_call=cfg.dm_price_per_call,
+        if only is not None:
+            seeds = [s for s in seeds if s in set(only)]
+        h = takeover_harness(env_name, llm_factory(), watched,
+                             dm_price_per_call=cfg.dm_price_per_call,
                              dm_latency_s=cfg.dm_latency_s)
         for seed in seeds:
+            before = watched.lost
             ep = h.run_task(env, seed, params)
-            row = episode_row(env_name, ep)
+            row = episode_row(env_name, ep, watched.lost - before)
             rows.append(row)
-            records.extend(step_records(env_name, ep))
+            records.extend(step_records(env_name, ep, row["flagged"]))
             if on_episode is not None:
                 on_episode(row)
     return records, rows
 
 
 def summarize_episodes(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Task success, cost, time and calls over episode rows (means per task; sums noted)."""
+    """Task success, cost, time and calls over the episode rows that are not flagged (means
+    per task; sums noted); ``flagged``: episodes left out (an agent-LLM call or a
+    decision-model answer failed), ``llm_failures`` / ``dm_lost`` over all rows."""
+    flagged = [r for r in rows if r.get("flagged")]
+    lost = {"flagged": len(flagged), "llm_failures": sum(r["llm_failures"] for r in rows),
+            "dm_lost": sum(r.get("dm_lost", 0) for r in rows)}
+    rows = [r for r in rows if not r.get("flagged")]
     n = len(rows)
     if n == 0:
-        return {"n": 0}
+        return {"n": 0, **lost}
     keyed = sum(r["dm_keyed"] for r in rows)
-    return {"n": n, "success": sum(r["success"] for r in rows) / n,
+    return {"n": n, **lost, "success": sum(r["success"] for r in rows) / n,
             "cost_per_task": sum(r["cost"] for r in rows) / n,
             "seconds_per_task": sum(r["seconds"] for r in rows) / n,
             "dm_calls": sum(r["dm_calls"] for r in rows),
@@ -166,4 +216,4 @@ def breakdown(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 __all__ = ["L3Config", "L3_ENVS", "GYM_VARIANTS", "takeover_harness", "make_env", "run_l3",
            "episode_row", "step_records", "summarize_episodes", "breakdown",
-           "irreversible_errors"]
+           "irreversible_errors", "WatchedModel"]

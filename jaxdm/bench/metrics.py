@@ -6,8 +6,11 @@ last bin also holds c = 1), and
 
     ECE = Σ_b (n_b / N) · | accuracy_b − mean confidence_b |
 
-Failed answers (the backend gave no probabilities) count as wrong for accuracy and are left
-out of ECE (they have no confidence); both counts are reported.
+A *failed* answer (no answer came back: a server's outage, a malformed response) is not an
+answer: it is left out of accuracy and ECE and counted (``failed``), and a resumed bench asks it
+again. A *refused* question (the backend cannot take it, e.g. more options than a constrained
+readout has labels) counts as wrong, as the backend cannot do it, and is left out of ECE
+(``refused``).
 """
 from __future__ import annotations
 
@@ -37,32 +40,43 @@ def ece(confidence: Sequence[float], correct: Sequence[bool], bins: int = ECE_BI
     return float(total)
 
 
-def records(questions: Sequence[Any], results: Sequence[Any], level: str) -> list[dict]:
-    """One record per question: level, kind, correct, confidence (None if failed), flags."""
+def records(questions: Sequence[Any], results: Sequence[Any], level: str,
+            refused: Iterable[int] = ()) -> list[dict]:
+    """One record per question: level, kind, correct, confidence (None if failed), flags;
+    ``refused``: positions of questions the backend refused (module docstring)."""
     if len(questions) != len(results):
         raise ValueError(f"{len(questions)} questions but {len(results)} results")
+    refused = set(refused)
     out = []
-    for q, r in zip(questions, results):
+    for k, (q, r) in enumerate(zip(questions, results)):
         ok = bool(r.ok and r.probs is not None and r.choice is not None)
         m = q.meta
         out.append({"level": level, "kind": m["kind"], "category": m.get("category"),
                     "correct": bool(ok and r.choice in m["answer"]),
                     "confidence": float(np.max(r.probs)) if ok else None, "failed": not ok,
-                    "error": None if ok else r.error,
+                    "refused": not ok and k in refused, "error": None if ok else r.error,
                     "after_error": m.get("after_error"), "must_ask": m.get("must_ask"),
                     "n_options": len(q.options),
                     "tokens_in": r.cost.tokens_in, "usd": r.cost.usd})
     return out
 
 
+def is_lost(rec: Mapping[str, Any]) -> bool:
+    """A failed answer that is not a refusal: no answer came back (asked again on resume)."""
+    return bool(rec["failed"]) and not rec.get("refused")
+
+
 def summarize(recs: Iterable[Mapping[str, Any]], bins: int = ECE_BINS) -> dict[str, Any]:
+    """n (questions), accuracy (over the questions with an answer or a refusal), ece (over the
+    answers), failed (no answer came back: left out) and refused (counted wrong)."""
     recs = list(recs)
     answered = [r for r in recs if not r["failed"]]
-    return {"n": len(recs), "accuracy": (sum(r["correct"] for r in recs) / len(recs)
-                                         if recs else None),
+    counted = [r for r in recs if not is_lost(r)]
+    return {"n": len(recs), "accuracy": (sum(r["correct"] for r in counted) / len(counted)
+                                         if counted else None),
             "ece": (ece([r["confidence"] for r in answered], [r["correct"] for r in answered],
                         bins) if answered else None),
-            "failed": len(recs) - len(answered)}
+            "failed": len(recs) - len(counted), "refused": len(counted) - len(answered)}
 
 
 def breakdown(recs: Sequence[Mapping[str, Any]], bins: int = ECE_BINS) -> dict[str, Any]:

@@ -22,13 +22,21 @@ backend), ``l3_episodes.jsonl`` (one line per L3 episode and backend), ``report.
 ``accuracy.png`` and ``levels.png`` (L1 vs L2 accuracy vs L3 task success per backend) to
 ``out_dir``, after ``units.jsonl`` (``jaxdm.bench.store``) got each backend x level unit as it
 finished: ``--resume`` continues an interrupted run, ``--overwrite`` replaces one, and neither
-given, a folder holding files is refused. A unit whose every answer failed makes the job fail
-(exit 2) after the others are written; it is not recorded as finished.
+given, a folder holding files is refused.
+
+Failed answers (no answer came back: a remote backend's outage; in L3 an episode with a
+failed agent-LLM call or decision-model answer, *flagged*) are never wrong answers: they are
+left out of accuracy and task success and counted. A unit with any is saved as incomplete, its
+good answers kept, and ``--resume`` asks only its failed questions again (re-runs only its
+flagged L3 episodes), merging the answers in; the report says how many failed for good. A
+unit whose failed share exceeds ``max_failed_share`` (or that failed every answer; in L3 the
+share of failed agent-LLM calls or of lost decision-model answers) makes the job fail (exit 2)
+after the rest has run and been written.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
+import sys
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -38,7 +46,7 @@ from jaxdm.bench import l3 as l3_lib
 from jaxdm.bench import metrics
 from jaxdm.bench.l2 import AFTER_ERROR_SHARE, L2Config, build_l2
 from jaxdm.decision.types import choice_failed
-from jaxdm.jsonl import write_records
+from jaxdm.jsonl import write_atomic, write_json, write_records
 
 LEVELS = ("l1", "l2", "l3")
 
@@ -51,7 +59,11 @@ class BenchError(ValueError):
 class BenchConfig:
     """levels: which of "l1", "l2"; l1_tool / l1_param: seeded subset sizes (None = all);
     l2_*: see ``jaxdm.bench.l2.L2Config``; l3_*: see ``jaxdm.bench.l3.L3Config`` (l3_llm: the
-    agent LLM spec of ``jaxdm.harness.run.make_llm``); batch: questions per backend call."""
+    agent LLM spec of ``jaxdm.harness.run.make_llm``); batch: questions per backend call;
+    max_failed_share: a unit (backend x level, or L3 env) in which a larger share of answers
+    failed (in L3: of agent-LLM calls, or of decision-model answers) fails the job after the
+    rest is written; one in which every answer failed always does (1.0: only then). A unit
+    with fewer failed answers is kept as incomplete: ``--resume`` asks them again."""
 
     levels: tuple[str, ...] = LEVELS
     judges: tuple[str, ...] = ("oracle:noise=0.2,name=oracle-noisy", "smollm2")
@@ -71,8 +83,12 @@ class BenchConfig:
     batch: int = 32
     ece_bins: int = metrics.ECE_BINS
     progress: bool = True
+    max_failed_share: float = 0.5
 
     def __post_init__(self):
+        if not (isinstance(self.max_failed_share, (int, float))
+                and 0.0 <= self.max_failed_share <= 1.0):
+            raise BenchError(f"max_failed_share must be in [0, 1], got {self.max_failed_share!r}")
         bad = sorted(set(self.levels) - set(LEVELS))
         if bad or not self.levels:
             raise BenchError(f"unknown bench level(s) {bad or '(none)'}; known: {list(LEVELS)}")
@@ -105,9 +121,11 @@ def build_questions(cfg: BenchConfig) -> tuple[dict[str, list], dict[str, Any]]:
     return qs, stats
 
 
-def answer_all(backend: Any, questions: Sequence[Any], batch: int, bar=None) -> list:
+def answer_all(backend: Any, questions: Sequence[Any], batch: int, bar=None,
+               refused: list | None = None) -> list:
     """Results for every question; a batch the backend refuses is retried one by one, and a
-    question it refuses gets a failed result carrying the reason."""
+    question it refuses gets a failed result carrying the reason (its position is added to
+    ``refused`` when given)."""
     out = []
     for i in range(0, len(questions), batch):
         chunk = list(questions[i:i + batch])
@@ -118,6 +136,8 @@ def answer_all(backend: Any, questions: Sequence[Any], batch: int, bar=None) -> 
                 try:
                     out.extend(backend.choose([q]))
                 except (ValueError, TypeError) as e1:
+                    if refused is not None:
+                        refused.append(len(out))
                     out.append(choice_failed(f"{type(e1).__name__}: {e1}"))
             del e
         if bar is not None:
@@ -126,7 +146,7 @@ def answer_all(backend: Any, questions: Sequence[Any], batch: int, bar=None) -> 
 
 
 # Config keys that do not shape a unit's answers (a resumed run may change them).
-UNRECORDED_KEYS = ("out_dir", "progress", "ece_bins")
+UNRECORDED_KEYS = ("out_dir", "progress", "ece_bins", "max_failed_share")
 
 
 def run(cfg: BenchConfig, *, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
@@ -153,15 +173,27 @@ def run(cfg: BenchConfig, *, resume: bool = False, overwrite: bool = False) -> d
         done = store.open(identity, resume=resume, overwrite=overwrite)
     except ValueError as e:
         raise BenchError(str(e)) from None
+    try:
+        return _run(cfg, judges, store, done)
+    finally:
+        store.close()
+
+
+def _run(cfg: BenchConfig, judges, store, done) -> dict[str, Any]:
     if done:
-        print(f"bench: resuming {cfg.out_dir}: {len(done)} finished unit(s) kept "
-              f"({', '.join(f'{b}/{lv}' for b, lv in done)})", flush=True)
+        kept = [f"{b}/{lv}" for (b, lv), u in done.items() if _complete(u)]
+        again = {f"{b}/{lv}": _n_lost(u) for (b, lv), u in done.items() if not _complete(u)}
+        print(f"bench: resuming {cfg.out_dir}: {len(kept)} finished unit(s) kept "
+              f"({', '.join(kept)})" + (
+                  "; asking only the failed answers again in " + ", ".join(
+                      f"{k} ({n})" for k, n in again.items()) if again else ""), flush=True)
     out = Path(cfg.out_dir)
     t0 = time.perf_counter()
     questions, stats = build_questions(cfg)
     stats["build_seconds"] = round(time.perf_counter() - t0, 3)
     result: dict[str, Any] = {"config": dataclasses.asdict(cfg), "data": stats, "backends": {}}
     all_recs, l3_rows, all_failed = [], [], []
+    failed_answers: dict[str, dict[str, int]] = {}
     # units: L1, L2, and L3 one env at a time (the longest part of a bench)
     parts = [p for lv in cfg.levels
              for p in ([f"l3/{env}" for env in cfg.l3_envs] if lv == "l3" else [lv])]
@@ -169,14 +201,18 @@ def run(cfg: BenchConfig, *, resume: bool = False, overwrite: bool = False) -> d
         units = {}
         for part in parts:
             unit = done.get((name, part))
-            if unit is None:
-                unit = _run_unit(backend, name, part, questions.get(part, []), cfg)
-                why = _measured_nothing(unit)
+            if unit is None or not _complete(unit):
+                if unit is None:
+                    unit = _run_unit(backend, name, part, questions.get(part, []), cfg)
+                else:
+                    unit = _retry_unit(backend, name, part, questions.get(part, []), cfg, unit)
+                why = _too_many_failed(unit, cfg.max_failed_share)
                 if why is not None:
                     all_failed.append((name, part, why))
-                else:
-                    store.append(unit)
+                store.put(unit)
             units[part] = unit
+            if _n_lost(unit):
+                failed_answers.setdefault(name, {})[part] = _n_lost(unit)
         recs = [r for u in units.values() for r in u["records"]]
         rows = [r for u in units.values() for r in u["l3_rows"]]
         l3_rows.extend(dict(r, backend=name) for r in rows)
@@ -202,34 +238,102 @@ def run(cfg: BenchConfig, *, resume: bool = False, overwrite: bool = False) -> d
         all_recs.extend(dict(r, backend=name) for r in recs)
     if "l3" in cfg.levels:
         result["kendall"] = metrics.level_agreement(result["backends"])
+    # what failed for good (asked again by --resume): answers, and flagged L3 episodes
+    result["failed_answers"] = failed_answers
+    result["n_failed_answers"] = sum(n for b in failed_answers.values() for n in b.values())
     if all_failed:
         result["failed_units"] = [{"backend": b, "level": lv, "reason": why}
                                   for b, lv, why in all_failed]
     write_records(out / "records.jsonl", all_recs)
     if l3_rows:
         write_records(out / "l3_episodes.jsonl", l3_rows)
-    (out / "bench.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
+    write_json(out / "bench.json", result, indent=2)
     _figure(result, out / "accuracy.png")
     levels_figure(result, out / "levels.png")
-    (out / "report.md").write_text(report(result), encoding="utf-8")
-    print(report(result))
+    text = report(result)
+    write_atomic(out / "report.md", text)
+    print(text)
     if all_failed:
         listed = "; ".join(f"{b} on {lv} ({why})" for b, lv, why in all_failed)
-        raise BenchError(f"nothing was measured for {listed}; the other units are written to "
-                         f"{out}, and `jaxdm bench --resume` runs the failed ones again")
+        raise BenchError(f"too many failed answers: {listed}; the other units and the good "
+                         f"answers are written to {out}, and `jaxdm bench --resume` asks the "
+                         f"failed ones again")
+    if result["n_failed_answers"]:
+        print(f"bench: warning: {result['n_failed_answers']} answer(s) or L3 episode(s) failed "
+              f"for good (left out of accuracy and success); run the same command with "
+              f"--resume to ask only those again", file=sys.stderr, flush=True)
     return result
 
 
-def _measured_nothing(unit: Mapping[str, Any]) -> str | None:
-    """Why a unit measured nothing (every answer of the model failed, or in L3 every call of
-    the agent LLM), else None."""
+def _n_lost(unit: Mapping[str, Any]) -> int:
+    """Failed answers of a unit (L1/L2 questions; L3: flagged episodes)."""
+    if unit["level"].startswith("l3/"):
+        return sum(bool(r.get("flagged")) for r in unit["l3_rows"])
+    return sum(metrics.is_lost(r) for r in unit["records"])
+
+
+def _complete(unit: Mapping[str, Any]) -> bool:
+    return unit.get("complete", True) and not _n_lost(unit)
+
+
+def _too_many_failed(unit: Mapping[str, Any], max_share: float) -> str | None:
+    """Why a unit fails the job: its share of failed answers (L3: of failed agent-LLM calls,
+    or of lost decision-model answers) exceeds ``max_share``, or everything failed."""
     recs, rows = unit["records"], unit["l3_rows"]
-    if recs and all(r["failed"] for r in recs):
-        return recs[0]["error"]
-    llm_calls = sum(r["llm_calls"] for r in rows)
-    if llm_calls and sum(r["llm_failures"] for r in rows) >= llm_calls:
-        return f"every one of the agent LLM's {llm_calls} calls failed"
+    if not unit["level"].startswith("l3/"):
+        lost = [r for r in recs if metrics.is_lost(r)]
+        if recs and lost and (len(lost) / len(recs) > max_share or len(lost) == len(recs)):
+            return (f"{len(lost)} of {len(recs)} answers failed ({len(lost) / len(recs):.0%} > "
+                    f"max_failed_share {max_share:g}): {lost[-1]['error']}")
+        return None
+    for what, calls, failures in (
+            ("the agent LLM's calls", sum(r["llm_calls"] for r in rows),
+             sum(r["llm_failures"] for r in rows)),
+            ("the decision model's answers", sum(r["dm_calls"] for r in rows),
+             sum(r.get("dm_lost", 0) for r in rows))):
+        share = min(failures / calls, 1.0) if calls else 0.0
+        if calls and failures and (share > max_share or failures >= calls):
+            return (f"{failures} of {what} ({calls}) failed ({share:.0%} > max_failed_share "
+                    f"{max_share:g}); {sum(bool(r.get('flagged')) for r in rows)} of "
+                    f"{len(rows)} episodes flagged")
     return None
+
+
+def _retry_unit(backend: Any, name: str, level: str, questions: Sequence[Any],
+                cfg: BenchConfig, saved: Mapping[str, Any]) -> dict[str, Any]:
+    """A saved incomplete unit with only its failed questions asked again (L3: its flagged
+    episodes run again), merged in; seconds add up."""
+    t0 = time.perf_counter()
+    recs, rows = list(saved["records"]), list(saved["l3_rows"])
+    if level.startswith("l3/"):
+        seeds = sorted({r["seed"] for r in rows if r.get("flagged")})
+        if any("seed" not in r for r in recs):   # saved before records had seeds: all again
+            return _run_unit(backend, name, level, questions, cfg)
+        new_recs, new_rows = _run_l3(backend, cfg, name, level.split("/", 1)[1], only=seeds)
+        by_seed: dict[int, list] = {}
+        for r in new_recs:
+            by_seed.setdefault(r["seed"], []).append(r)
+        new_by_seed = {r["seed"]: r for r in new_rows}
+        rows = [new_by_seed.get(r["seed"], r) for r in rows]
+        merged = []
+        for row in rows:   # records in episode order, as a fresh run writes them
+            s = row["seed"]
+            merged.extend(by_seed.get(s, []) if s in new_by_seed
+                          else [r for r in recs if r["seed"] == s])
+        recs = merged
+    else:
+        if len(recs) != len(questions):   # not this run's questions: all again
+            return _run_unit(backend, name, level, questions, cfg)
+        ask = [k for k, r in enumerate(recs) if metrics.is_lost(r)]
+        refused: list[int] = []
+        got = answer_all(backend, [questions[k] for k in ask], cfg.batch, None, refused)
+        new = metrics.records([questions[k] for k in ask], got, level, refused)
+        for k, r in zip(ask, new):
+            recs[k] = r
+    unit = {"backend": name, "level": level, "records": recs, "l3_rows": rows,
+            "seconds": saved["seconds"] + time.perf_counter() - t0}
+    unit["complete"] = not _n_lost(unit)
+    return unit
 
 
 def _run_unit(backend: Any, name: str, level: str, questions: Sequence[Any],
@@ -245,20 +349,26 @@ def _run_unit(backend: Any, name: str, level: str, questions: Sequence[Any],
         if cfg.progress:
             from tqdm.auto import tqdm
             bar = tqdm(total=len(questions), desc=f"bench {name} {level}", unit="q")
-        recs = metrics.records(questions, answer_all(backend, questions, cfg.batch, bar), level)
+        refused: list[int] = []
+        recs = metrics.records(questions, answer_all(backend, questions, cfg.batch, bar,
+                                                     refused), level, refused)
         if bar is not None:
             bar.close()
-    return {"backend": name, "level": level, "records": recs, "l3_rows": rows,
+    unit = {"backend": name, "level": level, "records": recs, "l3_rows": rows,
             "seconds": time.perf_counter() - t0}
+    unit["complete"] = not _n_lost(unit)
+    return unit
 
 
-def _run_l3(backend: Any, cfg: BenchConfig, name: str, env: str) -> tuple[list, list]:
+def _run_l3(backend: Any, cfg: BenchConfig, name: str, env: str,
+            only: Sequence[int] | None = None) -> tuple[list, list]:
     l3cfg = dataclasses.replace(cfg.l3_config(), envs=(env,))
     bar = None
     if cfg.progress:
         from tqdm.auto import tqdm
-        bar = tqdm(total=l3cfg.tasks, desc=f"L3 {name} {env}", unit="task")
-    recs, rows = l3_lib.run_l3(backend, l3cfg,
+        bar = tqdm(total=l3cfg.tasks if only is None else len(only), desc=f"L3 {name} {env}",
+                   unit="task")
+    recs, rows = l3_lib.run_l3(backend, l3cfg, only=only,
                                on_episode=(lambda r: bar.update(1)) if bar is not None else None)
     if bar is not None:
         bar.close()
@@ -276,8 +386,10 @@ def _fmt(x: Any) -> str:
 def report(result: dict[str, Any]) -> str:
     lines = ["# AGENT DECISION BENCH", "",
              f"ECE: {result['config']['ece_bins']} equal-width confidence bins; confidence = "
-             "probability of the chosen option; failed answers count as wrong and are left "
-             "out of ECE.", ""]
+             "probability of the chosen option. A failed answer (none came back: an outage) is "
+             "left out of accuracy and ECE and counted; a question the backend refuses (it "
+             "cannot show it) counts as wrong and is left out of ECE. L3 episodes with a "
+             "failed agent-LLM call or decision-model answer are flagged and left out.", ""]
     data = result["data"]
     if "l1" in data:
         d = data["l1"]
@@ -303,7 +415,8 @@ def report(result: dict[str, Any]) -> str:
             s = b.get(g)
             cells.append("-" if not s or s["n"] == 0 else
                          f"{_fmt(s['accuracy'])} (ECE {_fmt(s['ece'])}, n {s['n']}"
-                         + (f", {s['failed']} failed" if s["failed"] else "") + ")")
+                         + (f", {s['failed']} failed" if s["failed"] else "")
+                         + (f", {s['refused']} refused" if s.get("refused") else "") + ")")
         c = b["cost"]
         lines.append(f"| {name} | " + " | ".join(cells) +
                      f" | {c['calls']} | {c['tokens_in']} | {c['seconds_per_call']} |")
@@ -316,24 +429,34 @@ def report(result: dict[str, Any]) -> str:
                       f"tasks per env, test split / ALFWorld valid_unseen, max "
                       f"{c['l3_max_steps']} steps):", "",
                   "| backend | env | task success | step acc. | cost / task (USD) | s / task "
-                  "| DM calls | LLM calls | DM failures | irreversible errors |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| DM calls | LLM calls | DM failures | irreversible errors | flagged |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for name, t in l3_rows:
             for env_name, s in t.items():
+                if not s["n"]:
+                    lines.append(f"| {name} | {env_name} | - | - | - | - | - | - | - | - | "
+                                 f"{s.get('flagged', 0)} |")
+                    continue
                 lines.append(f"| {name} | {env_name} | {_fmt(s['success'])} | "
                              f"{_fmt(s['step_accuracy'])} | {s['cost_per_task']:.5f} | "
                              f"{s['seconds_per_task']:.2f} | {s['dm_calls']} | "
                              f"{s['llm_calls']} | {s['dm_failures']} | "
-                             f"{s['irreversible_errors']} |")
+                             f"{s['irreversible_errors']} | {s.get('flagged', 0)} |")
     for key, k in (result.get("kendall") or {}).items():
         lines += ["", f"Kendall τ, {key.replace('_', ' ')} across {k['n']} backends: "
                       f"{_fmt(k['tau'])} (p {_fmt(k['p'])})"]
     for name, b in result["backends"].items():
         if b["failure_reasons"]:
             lines += ["", f"{name} failures (first reasons): " + "; ".join(b["failure_reasons"])]
+    if result.get("n_failed_answers"):
+        per = "; ".join(f"{b}: " + ", ".join(f"{lv} {n}" for lv, n in units.items())
+                        for b, units in result["failed_answers"].items())
+        lines += ["", f"**{result['n_failed_answers']} answer(s) failed for good** (L3: flagged "
+                      f"episodes; left out of accuracy and success): {per}. `jaxdm bench "
+                      f"--resume` asks only these again."]
     for u in result.get("failed_units", []):
-        lines += ["", f"**{u['backend']} measured nothing on {u['level']}** ({u['reason']}): "
-                      f"not recorded as finished; `jaxdm bench --resume` runs it again."]
+        lines += ["", f"**{u['backend']} failed on {u['level']}** ({u['reason']}): kept as "
+                      f"incomplete; `jaxdm bench --resume` asks its failed answers again."]
     return "\n".join(lines) + "\n"
 
 

@@ -2,11 +2,17 @@
 env), resumable.
 
 ``bench_run.json`` holds the settings that shape the answers (the config without where and how
-the job shows itself); ``units.jsonl`` one line per finished unit (its records, L3 episode rows
-and seconds), appended and fsync'd as each finishes. A folder that holds files is never
-written into without ``resume`` (same settings: finished units are kept, the rest run) or
-``overwrite`` (our own files removed, then a fresh run). A unit whose every question failed is
-not recorded as finished: a resumed run tries it again.
+the job shows itself; URL credentials redacted); ``units.jsonl`` one line per unit run (its
+records, L3 episode rows, seconds and ``complete``), appended and fsync'd as each finishes. A
+folder that holds files is never written into without ``resume`` (same settings: finished
+units are kept, the rest run) or ``overwrite`` (our own files removed, then a fresh run).
+
+A unit with any failed answer (no answer came back, or an L3 episode with a failed agent-LLM
+call or decision-model answer) is saved with ``"complete": false`` and its good answers: a
+resumed run asks only the failed questions (re-runs only the flagged episodes) again, and
+``put`` then replaces the unit's line (the file rewritten atomically), so the file never holds
+a unit twice. The folder is locked for the job's life (``jaxdm.rundir.lock_run_dir``): a
+second job on it fails at once naming the folder and the other process; ``close`` releases it.
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ from typing import Any, Mapping
 
 from jaxdm.jsonl import append_records, read_records, write_atomic, write_records
 from jaxdm.rundir import listed_files, lock_run_dir
+from jaxdm.secrets import redact
 
 IDENTITY_FILE = "bench_run.json"
 UNITS_FILE = "units.jsonl"
@@ -50,8 +57,16 @@ class BenchStore:
             self.lock.abandon()
             raise
 
+    def close(self) -> None:
+        """Releases the folder's lock (idempotent)."""
+        lock = getattr(self, "lock", None)
+        if lock is not None:
+            lock.release()
+
     def _open(self, identity, *, resume: bool, overwrite: bool):
-        identity = json.loads(json.dumps(dict(identity)))   # compare in its saved form
+        # compare in its saved form: JSON, with URL credentials redacted as the writer does
+        identity = json.loads(redact(json.dumps(dict(identity))))
+        self._saved: dict[tuple[str, str], dict[str, Any]] = {}
         if resume and self.identity.is_file():
             return self._resume(identity)
         existing = listed_files(self.out)
@@ -92,13 +107,24 @@ class BenchStore:
                 if not (isinstance(unit, dict) and {"backend", "level", "records"} <= set(unit)):
                     raise ValueError(f"{where}: not a bench unit; use --overwrite to start "
                                      f"again")
-                done[(unit["backend"], unit["level"])] = unit
+                done[(unit["backend"], unit["level"])] = unit   # a later line holds
         # rewritten whole: a torn last line must not stay in front of the next append
         write_records(self.units, done.values())
+        self._saved = dict(done)
         return done
 
     def append(self, unit: Mapping[str, Any]) -> None:
         append_records(self.units, [dict(unit)])
+        self._saved[(unit["backend"], unit["level"])] = dict(unit)
+
+    def put(self, unit: Mapping[str, Any]) -> None:
+        """Saves ``unit``: appended when new, else in place of its saved line (the file
+        rewritten whole, atomically)."""
+        key = (unit["backend"], unit["level"])
+        if key not in self._saved:
+            return self.append(unit)
+        self._saved[key] = dict(unit)
+        write_records(self.units, self._saved.values())
 
 
 __all__ = ["BenchStore", "OUTPUT_FILES", "IDENTITY_FILE", "UNITS_FILE"]

@@ -35,13 +35,30 @@ class _Broken:
         raise RuntimeError("model server down")
 
 
+class _Refuses:
+    name = "refuses"
+
+    def choose(self, questions):
+        raise ValueError("more options than labels")
+
+
 def test_l3_failing_model_is_counted_and_the_llm_decides():
+    # an outage (the model raised): every episode is flagged, left out of success, counted
     recs, rows = l3.run_l3(_Broken(), l3.L3Config(envs=("base", "alfworld"), tasks=2))
+    s = l3.breakdown(rows)
+    for env_name in ("base", "alfworld"):
+        assert s[env_name]["n"] == 0 and s[env_name]["flagged"] == 2
+        assert s[env_name]["dm_lost"] > 0
+    assert all(r["flagged"] and r["dm_failures"] == r["dm_calls"] == r["dm_lost"] for r in rows)
+    assert recs and all(r["failed"] and not r["correct"] and not r["refused"] for r in recs)
+    # a refusal (the model cannot take the question) is the model's own failure: measured
+    recs, rows = l3.run_l3(_Refuses(), l3.L3Config(envs=("base", "alfworld"), tasks=2))
     s = l3.breakdown(rows)
     for env_name in ("base", "alfworld"):
         assert s[env_name]["dm_failures"] == s[env_name]["dm_calls"] > 0
         assert s[env_name]["step_accuracy"] is None  # the model made no choice of its own
-    assert recs and all(r["failed"] and not r["correct"] for r in recs)
+        assert s[env_name]["flagged"] == 0 and s[env_name]["n"] == 2
+    assert recs and all(r["failed"] and r["refused"] and not r["correct"] for r in recs)
 
 
 def test_l3_config_errors_name_the_field():
@@ -91,11 +108,67 @@ def test_bench_job_with_l3(tmp_path):
         (b, part) for b in ("oracle", "noisy") for part in ("l2", "l3/base", "l3/alfworld")]
 
 
-def test_l3_with_the_agent_llm_down_measures_nothing(tmp_path):
+def test_l3_with_the_agent_llm_down_fails_the_job(tmp_path):
     cfg = BenchConfig(levels=("l3",), judges=("oracle",), out_dir=str(tmp_path), l3_tasks=2,
                       l3_envs=("base",), progress=False,
                       l3_llm={"kind": "simulated", "profile": "strong", "fail_rate": 1.0})
-    with pytest.raises(BenchError, match=r"nothing was measured for oracle on l3/base \(every "
-                                         r"one of the agent LLM's \d+ calls failed\)"):
+    with pytest.raises(BenchError, match=r"too many failed answers: oracle on l3/base \(\d+ of "
+                                         r"the agent LLM's calls \(\d+\) failed"):
         run(cfg)
-    assert (tmp_path / "units.jsonl").read_text() == ""
+    # kept as incomplete: a resume re-runs its flagged episodes
+    (unit,) = [json.loads(x) for x in (tmp_path / "units.jsonl").read_text().splitlines()]
+    assert unit["complete"] is False and all(r["flagged"] for r in unit["l3_rows"])
+
+
+def test_l3_flaky_agent_llm_episodes_are_flagged_and_resume_reruns_only_them(tmp_path,
+                                                                            monkeypatch):
+    """An agent LLM failing some calls: its episodes are flagged (not the model's success or
+    failure) and the unit is incomplete; a resume with the LLM back re-runs only those and
+    equals a healthy run."""
+    from jaxdm.bench import run as bench_run
+
+    def cfg(out, **kw):
+        return BenchConfig(levels=("l3",), judges=("oracle:noise=0.3,name=noisy",),
+                           out_dir=str(out), l3_tasks=4, l3_envs=("base",), progress=False,
+                           **kw)
+    healthy = run(cfg(tmp_path / "healthy"))
+    assert healthy["n_failed_answers"] == 0
+    tasks = {json.loads(x)["seed"]: json.loads(x)["task_id"] for x in
+             (tmp_path / "healthy" / "l3_episodes.jsonl").read_text().splitlines()}
+    down = tuple(f"{tasks[s]}/" for s in (1, 3))
+    real = l3.run_l3
+    asked = []
+
+    def flaky(dm, l3cfg, *, only=None, **kw):   # the LLM fails every call of tasks 1 and 3
+        asked.append(only)
+        from jaxdm.harness.run import make_llm
+        llm = make_llm(dict(l3cfg.llm))
+        act = llm.act
+
+        def failing(req):
+            r = act(req)
+            if req.call_id.startswith(down) and not healthy_now:
+                import dataclasses
+                return dataclasses.replace(r, ok=False, error="connection refused")
+            return r
+        llm.act = failing
+        return real(dm, l3cfg, llm_factory=lambda: llm, only=only, **kw)
+
+    monkeypatch.setattr(bench_run.l3_lib, "run_l3", flaky)
+    healthy_now = False
+    out = tmp_path / "out"
+    res = run(cfg(out, max_failed_share=1.0))
+    t = res["backends"]["noisy"]["l3_tasks"]["base"]
+    assert t["flagged"] == 2 and t["n"] == 2 and res["n_failed_answers"] == 2
+    healthy_now = True
+    res = run(cfg(out, max_failed_share=1.0), resume=True)
+    assert asked[-1] == [1, 3]      # only the flagged episodes ran again
+    assert res["n_failed_answers"] == 0
+    strip = lambda r: {k: v for k, v in r.items() if k not in ("seconds", "overhead_s")}  # noqa
+    got = [strip(json.loads(x)) for x in (out / "l3_episodes.jsonl").read_text().splitlines()]
+    want = [strip(json.loads(x)) for x in
+            (tmp_path / "healthy" / "l3_episodes.jsonl").read_text().splitlines()]
+    assert got == want
+    assert (out / "records.jsonl").read_text() == (tmp_path / "healthy" / "records.jsonl"
+                                                   ).read_text()
+    assert len((out / "units.jsonl").read_text().splitlines()) == 1

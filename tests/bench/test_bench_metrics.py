@@ -119,11 +119,19 @@ def test_overwrite_replaces_only_our_files(tmp_path):
 def test_a_backend_failing_every_answer_fails_the_job_and_keeps_the_rest(tmp_path):
     down = "remote:base_url=http://127.0.0.1:9/v1,model=m,max_retries=0,timeout=2,name=down"
     cfg = _small(tmp_path, judges=("oracle", down), levels=("l1",))
-    with pytest.raises(BenchError, match=r"nothing was measured for down on l1 \(.*--resume"):
+    with pytest.raises(BenchError, match=r"too many failed answers: down on l1 \(16 of 16 "
+                                         r"answers failed .*--resume"):
         run(cfg)
     res = json.loads((tmp_path / "bench.json").read_text())
     assert res["failed_units"][0]["backend"] == "down"
     assert res["backends"]["oracle"]["all"]["accuracy"] == 1.0
-    assert "down measured nothing on l1" in (tmp_path / "report.md").read_text()
+    # failed answers are not wrong answers: no accuracy, 16 failed
+    assert res["backends"]["down"]["all"] | {"ece": None} == {
+        "n": 16, "accuracy": None, "ece": None, "failed": 16, "refused": 0}
+    assert res["n_failed_answers"] == 16
+    assert "down failed on l1" in (tmp_path / "report.md").read_text()
     units = [json.loads(x) for x in (tmp_path / "units.jsonl").read_text().splitlines()]
-    assert [(u["backend"], u["level"]) for u in units] == [("oracle", "l1")]
+    assert [(u["backend"], u["level"], u["complete"]) for u in units] == [
+        ("oracle", "l1", True), ("down", "l1", False)]
+    with pytest.raises(BenchError, match="max_failed_share"):
+        _small(tmp_path, max_failed_share=1.5)
