@@ -152,8 +152,10 @@ UNRECORDED_KEYS = ("out_dir", "progress", "ece_bins", "max_failed_share")
 def run(cfg: BenchConfig, *, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
     """Answer every question of every level with every backend; write the folder (see
     ``jaxdm.bench.store``: unit by unit; ``resume`` continues a run there with the same
-    settings, ``overwrite`` replaces it). A unit (backend x level) whose every answer failed
-    is reported and makes the job fail after the rest has run and been written."""
+    settings, ``overwrite`` replaces it; a saved incomplete unit gets only its failed
+    questions asked again). A unit whose failed share exceeds ``cfg.max_failed_share`` (or
+    that failed every answer) is kept as incomplete, reported, and makes the job fail
+    (``BenchError``) after the rest has run and been written."""
     from jaxdm.bench.store import BenchStore
     from jaxdm.screen.run import ScreenError, build_judges
 
