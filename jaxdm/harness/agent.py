@@ -201,9 +201,7 @@ class Episode:
                 "steps": self.steps, "cost": self.cost, "seconds": self.seconds,
                 "llm_calls": self.llm_calls, "dm_calls": self.dm_calls,
                 "dm_failures": self.dm_failures, "llm_failures": self.llm_failures,
-                "overhead_s": self.overhead_s, "end": self.end,
-                "dm_questions": self.dm_questions, "llm_unanswered": self.llm_unanswered,
-                "dm_unanswered": self.dm_unanswered, "incomplete": self.incomplete}
+                "overhead_s": self.overhead_s, "end": self.end}
 
 
 def openai_tool(schema: Mapping[str, Any]) -> dict[str, Any]:

@@ -18,8 +18,23 @@
 Splits: shadow/fit on DECISION GYM's fit seeds, arms on test seeds; Stage 2 on test tasks
 Stage 1 never saw. Unknown config keys and bad values are errors before any episode runs
 (``jaxdm.config``). ``harness_config.json`` records what each finished command's results were
-made with; ``overwrite`` is needed to run a command again (see ``COMMAND_KEYS``), and
-``resume`` continues an interrupted one from its journal of finished episodes.
+made with (its end record); a command writes its start record (``journal/<command>/``) before
+it removes or writes anything, so output without an end record is an interrupted command:
+``overwrite`` is needed to run a command again (see ``COMMAND_KEYS``), and ``resume`` continues
+an interrupted one from any kill point (its finished episodes kept). Every command holds the
+folder's lock (``jaxdm.rundir``) while it runs; every file is written whole and redacted
+(``jaxdm.jsonl``).
+
+Failure accounting (per pass: the shadow pass, each arm, each Stage 2 run): an episode in which
+an agent-LLM call or a decision-model answer got no answer (a server down, its transport
+failing) is flagged ``incomplete`` in its records and never counted as a success or failure
+(left out of success rates, the fit and the tests, with the count reported); a pass in which
+more than ``max_failed_share`` of the LLM's calls or of the model's answers got no answer
+stops its command with ``HarnessError`` after journaling what finished, and ``resume`` runs
+the flagged and the missing episodes again. A command whose passes flagged episodes within the
+bound is finished *incomplete* (later commands may build on its complete episodes) until a
+``resume`` has run them again. Every pass prints its episodes, calls, failures and the episodes
+run again.
 """
 from __future__ import annotations
 
@@ -749,6 +764,13 @@ def _decision_rows(eps: Sequence[Episode], arm: str) -> list[dict]:
             for e in eps for r in e.decisions]
 
 
+def _episode_rows(eps: Sequence[Episode]) -> list[dict]:
+    """One row per episode: its summary and its failure accounting (``incomplete``: a call
+    got no answer; not counted as a success or a failure)."""
+    return [{**e.summary(), "dm_questions": e.dm_questions, "llm_unanswered": e.llm_unanswered,
+             "dm_unanswered": e.dm_unanswered, "incomplete": e.incomplete} for e in eps]
+
+
 def _complete(eps: Sequence[Episode]) -> list[Episode]:
     """The episodes that count (an incomplete one measured an outage, not the method)."""
     return [e for e in eps if not e.incomplete]
@@ -763,7 +785,7 @@ def cmd_shadow(cfg: HarnessConfig) -> dict[str, Any]:
     eps = run_episodes(cfg, h, "fit", range(cfg.shadow_tasks), "shadow",
                        _journal(cfg, "shadow"))
     _write_jsonl(out / "shadow_decisions.jsonl", _decision_rows(eps, "shadow"))
-    _write_jsonl(out / "shadow_episodes.jsonl", [e.summary() for e in eps])
+    _write_jsonl(out / "shadow_episodes.jsonl", _episode_rows(eps))
     summary = _arm_summary("shadow", eps)
     print(f"shadow: {len(eps)} fit tasks ({summary['incomplete']} incomplete, not counted), "
           f"LLM success {summary['success']:.3f}, {sum(len(e.decisions) for e in eps)} "
@@ -955,7 +977,7 @@ def _drift(arm: ArmConfig, dels: Sequence[Delegation], eps: Sequence[Episode],
 def _save_arm(out: Path, name: str, eps: Sequence[Episode], summary: dict, dels, arm=None):
     d = out / "runs" / name
     _write_jsonl(d / "decisions.jsonl", _decision_rows(eps, name))
-    _write_jsonl(d / "episodes.jsonl", [e.summary() for e in eps])
+    _write_jsonl(d / "episodes.jsonl", _episode_rows(eps))
     s = _arm_summary(name, eps)
     s["delegations"] = [x.name for x in dels]
     s["candidate"] = bool(arm.candidate) if arm is not None else False
