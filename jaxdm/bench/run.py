@@ -468,6 +468,8 @@ def _figure(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from jaxdm.screen.figures import save_figure
+
     names = list(result["backends"])
     groups = [g for g in GROUPS if any(g in b for b in result["backends"].values())]
     fig, ax = plt.subplots(figsize=(1.2 + 1.1 * len(groups), 3.6))
@@ -483,8 +485,7 @@ def _figure(result: dict[str, Any], path: Path) -> None:
     ax.legend(fontsize=8)
     ax.set_title("AGENT DECISION BENCH: accuracy by level and decision point")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def levels_figure(result: dict[str, Any], path: Path) -> None:
@@ -493,6 +494,8 @@ def levels_figure(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
     import numpy as np
+
+    from jaxdm.screen.figures import save_figure
 
     names = list(result["backends"])
     bars = [("L1 accuracy", lambda b: (b.get("l1") or {}).get("accuracy")),
@@ -517,5 +520,4 @@ def levels_figure(result: dict[str, Any], path: Path) -> None:
                  fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)

@@ -1,7 +1,9 @@
 """PNG figures of a screening run (matplotlib, Agg backend, no display needed)."""
 from __future__ import annotations
 
+import errno
 import math
+import os
 from pathlib import Path
 
 import matplotlib
@@ -13,6 +15,26 @@ import numpy as np  # noqa: E402
 from jaxdm.trajectory import ACTION_TYPES  # noqa: E402
 
 TYPE_LABELS = {"milestone": "Milestone", "other": "Other", "no_op": "No-op"}
+
+
+def save_figure(fig, path: Path, dpi: int = 120) -> Path:
+    """Writes ``fig`` as PNG to ``path`` whole: a temporary file of this writer next to it,
+    renamed over it. A failed write (no space left, a read-only place) removes the temporary,
+    leaves ``path`` as it was and raises ``jaxdm.jsonl.OutputError`` naming it."""
+    from jaxdm.jsonl import OutputError
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    try:
+        fig.savefig(tmp, dpi=dpi, format="png")
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        why = "no space left on device" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+        raise OutputError(f"cannot write {path}: {why}") from e
+    finally:
+        plt.close(fig)
+    return path
 
 
 def action_type_heatmap(summary: dict, judges: list[str], context: str, path: Path) -> Path:
@@ -35,9 +57,7 @@ def action_type_heatmap(summary: dict, judges: list[str], context: str, path: Pa
     ax.set_title(f"Mean action scores by type ({context.title()} context)")
     fig.colorbar(im, ax=ax, fraction=0.04)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def recall_bars(summary: dict, judges: list[str], context: str, path: Path) -> Path:
@@ -56,9 +76,7 @@ def recall_bars(summary: dict, judges: list[str], context: str, path: Path) -> P
     axes[0].set_ylabel("Recall@R")
     axes[1].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def rank_shift_curves(shifts: dict, judges: list[str], levels: list[str], path: Path) -> Path:
@@ -77,9 +95,7 @@ def rank_shift_curves(shifts: dict, judges: list[str], levels: list[str], path: 
         ax.set_ylabel("rank shift vs Prefix")
     fig.suptitle("Progress: action ranking shifts as more context becomes visible")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def miss_rate_vs_cost(points: list[dict], path: Path) -> Path:
@@ -102,6 +118,4 @@ def miss_rate_vs_cost(points: list[dict], path: Path) -> Path:
         ax.set_xlabel("seconds per 1,000 scores (USD per 1,000 in brackets where priced)")
         ax.set_title(title + " (Hindsight + Progress)\nlower left is better", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

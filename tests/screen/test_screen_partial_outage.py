@@ -151,3 +151,25 @@ def test_no_space_left_is_a_named_error_and_nothing_is_half_written(tmp_path, ca
     assert main(args + ["--resume"]) == 0
     assert len(_rows(out)) == 40
 
+
+
+def test_a_figure_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from jaxdm.jsonl import OutputError
+    from jaxdm.screen.figures import save_figure
+
+    target = tmp_path / "fig.png"
+    target.write_bytes(b"old")
+
+    def no_space(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", no_space)
+    with pytest.raises(OutputError, match=r"cannot write .*fig.png: no space left on device"):
+        save_figure(plt.figure(), target)
+    assert target.read_bytes() == b"old" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "fig.png"]
+    monkeypatch.undo()
+    save_figure(plt.figure(), target)
+    assert target.read_bytes()[:4] == b"\x89PNG"
