@@ -71,13 +71,16 @@ def test_a_sparse_1g_file_is_refused_in_bounded_memory(tmp_path):
     p = tmp_path / "sparse.jsonl"
     with open(p, "wb") as f:
         f.truncate(1 << 30)
-    code = ("import resource, sys\n"
+    # VmHWM is the peak of this process's own memory map (a new one at exec); ru_maxrss is not:
+    # Linux carries it across fork + exec from the (large) pytest process.
+    code = ("import sys\n"
             "from jaxdm.trajectory import read_jsonl\n"
             "from jaxdm.train.data import read_states\n"
             "for read in (read_jsonl, read_states):\n"
             "    try:\n        read(sys.argv[1])\n    except ValueError as e:\n"
             "        print(e)\n"
-            "print('rss_mb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n")
+            "hwm = [ln for ln in open('/proc/self/status') if ln.startswith('VmHWM:')]\n"
+            "print('rss_mb', int(hwm[0].split()[1]) // 1024)\n")
     out = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
