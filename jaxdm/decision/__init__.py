@@ -57,16 +57,8 @@ BACKEND_KINDS = tuple(_SPEC_KEYS)
 def _load_pretrained(path: str, dtype: Any):
     import jax.numpy as jnp
 
-    from jaxdm import models
-    dtype = jnp.dtype(dtype or "float32")
-    if path == "smollm2":
-        from jaxdm.models.smollm2 import smollm2
-        return smollm2(dtype)
-    from jaxdm.train.lora import is_adapter_folder
-    if is_adapter_folder(path):  # a LoRA adapter folder (e.g. jaxdm/judges/smollm2_progress)
-        from jaxdm.train.sft import load_adapted
-        return load_adapted(path, dtype.name)
-    return models.load_pretrained(path, dtype)
+    from jaxdm.train.lora import load_model
+    return load_model(path, jnp.dtype(dtype or "float32").name)
 
 
 def make_backend(spec: Mapping[str, Any], *, pretrained: Any = None) -> DecisionModel:

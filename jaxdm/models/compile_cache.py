@@ -8,7 +8,7 @@ decision models (``jaxdm.decision.local``); library users may call it themselves
 Where (``JAXDM_COMPILATION_CACHE``):
 
 - unset or empty: ``<jaxdm cache>/xla`` (``$JAXDM_CACHE``, else ``~/.cache/jaxdm``; the same
-  folder as the converted models, see ``jaxdm.models.smollm2.cache_root``);
+  folder as the converted models, see ``jaxdm.models.paths.cache_root``);
 - ``0`` / ``off`` / ``false`` / ``no`` (any case): disabled;
 - anything else: that folder (``~`` expanded).
 
@@ -73,7 +73,7 @@ def resolve() -> Path | None:
         return None
     if value:
         return Path(value).expanduser()
-    from jaxdm.models.smollm2 import cache_root
+    from jaxdm.models.paths import cache_root
 
     return cache_root() / "xla"
 

@@ -57,7 +57,7 @@ def compiler() -> str | None:
 
 
 def library_path(cxx: str) -> Path:
-    from jaxdm.models.smollm2 import cache_root
+    from jaxdm.models.paths import cache_root
 
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True,
                              check=False).stdout.splitlines()[:1]

@@ -372,7 +372,7 @@ _PARAMS_CACHE_VERSION = 1
 
 def params_cache_dir() -> Path | None:
     """Where converted params are cached: ``$JAXDM_PARAMS_CACHE`` (``0``/``off``/``false``/
-    ``no``: disabled), else ``<jaxdm cache>/params`` (see ``jaxdm.models.smollm2.cache_root``)."""
+    ``no``: disabled), else ``<jaxdm cache>/params`` (see ``jaxdm.models.paths.cache_root``)."""
     from jaxdm.models.compile_cache import OFF_VALUES
 
     value = os.environ.get(PARAMS_CACHE_ENV, "").strip()
@@ -380,7 +380,7 @@ def params_cache_dir() -> Path | None:
         return None
     if value:
         return Path(value).expanduser()
-    from jaxdm.models.smollm2 import cache_root
+    from jaxdm.models.paths import cache_root
 
     return cache_root() / "params"
 

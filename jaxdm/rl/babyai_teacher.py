@@ -312,7 +312,7 @@ def cached_sft_teacher(room_size: int, settings: SFTSettings = SFTSettings(), *,
             **dataclasses.asdict(settings)}
     digest = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
     if cache_dir is None:
-        from jaxdm.models.smollm2 import cache_root
+        from jaxdm.models.paths import cache_root
 
         cache_dir = cache_root() / "babyai_teacher"
     path = Path(cache_dir) / f"teacher_{digest}.npz"

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from jaxdm.rl import text as rltext
-from jaxdm.rl.env_factories import ENV_FACTORIES
+from jaxdm.rl.env_factories import ENV_FACTORIES, make_venv  # noqa: F401 - re-exported
 from jaxdm.rl.policy import GenerativePolicy, OptionScoringPolicy
 
 __all__ = ["env_factory", "env_factories", "collect_texts", "build_policy", "make_venv",
@@ -169,13 +169,3 @@ def build_critic(cfg, policy):
     return critic, critic.init(jax.random.key(cfg.critic.init_seed))
 
 
-def make_venv(cfg, factory, num_envs: int, group_size: int):
-    from jaxdm.envs.local import LocalVectorEnv
-
-    e = cfg.env
-    if e.num_workers <= 0:
-        return LocalVectorEnv(factory(), num_envs, group_size=group_size)
-    from jaxdm.envs.vector import VectorEnv
-
-    return VectorEnv(factory, num_envs, num_workers=e.num_workers, group_size=group_size,
-                     step_timeout=e.step_timeout, max_steps=cfg.max_actions, env_name=e.name)

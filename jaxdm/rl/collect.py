@@ -28,11 +28,11 @@ class HostCollector:
 
     def __init__(self, cfg, policy, train_factory, eval_factory, *, dist=None,
                  local_tasks: int | None = None):
-        from jaxdm.rl import build
+        from jaxdm.rl.env_factories import make_venv
 
         self.cfg, self.policy, self.eval_factory, self.dist = cfg, policy, eval_factory, dist
         tasks = cfg.tasks_per_iter if local_tasks is None else local_tasks
-        self.venv = build.make_venv(cfg, train_factory, tasks * cfg.group_size, cfg.group_size)
+        self.venv = make_venv(cfg, train_factory, tasks * cfg.group_size, cfg.group_size)
         self._eval_venv = None
 
     def collect(self, params, key, first_seed: int):
@@ -68,13 +68,13 @@ class HostCollector:
 
     def evaluate(self, params, num_tasks: int, **kwargs):
         """``jaxdm.rl.evaluation.evaluate`` (``kwargs``: its ``values``, ``iteration``)."""
-        from jaxdm.rl import build
+        from jaxdm.rl.env_factories import make_venv
         from jaxdm.rl.evaluation import evaluate
 
         if self._eval_venv is None or self._eval_venv.num_envs != num_tasks:
             if self._eval_venv is not None:
                 self._eval_venv.close()
-            self._eval_venv = build.make_venv(self.cfg, self.eval_factory, num_tasks, 1)
+            self._eval_venv = make_venv(self.cfg, self.eval_factory, num_tasks, 1)
         return evaluate(self.policy, params, self._eval_venv, self.cfg, **kwargs)
 
     def close(self) -> None:

@@ -34,3 +34,17 @@ def webshop_env(**params: Any):
     from jaxdm.envs.webshop.env import make_webshop_env
 
     return make_webshop_env(**params)
+
+
+def make_venv(cfg, factory, num_envs: int, group_size: int):
+    """The host vector env of a ``TrainConfig``: in-process (``env.num_workers`` 0) or over
+    worker processes (``jaxdm.envs.vector.VectorEnv``)."""
+    from jaxdm.envs.local import LocalVectorEnv
+
+    e = cfg.env
+    if e.num_workers <= 0:
+        return LocalVectorEnv(factory(), num_envs, group_size=group_size)
+    from jaxdm.envs.vector import VectorEnv
+
+    return VectorEnv(factory, num_envs, num_workers=e.num_workers, group_size=group_size,
+                     step_timeout=e.step_timeout, max_steps=cfg.max_actions, env_name=e.name)

@@ -160,7 +160,7 @@ class LazyTrajectories(Sequence):
 def _reads_env_states(cfg) -> bool:
     """Whether a configured signal reads the env states: the ``teacher_topk`` signal of a
     teacher policy with ``reads_states`` (``jaxdm.rl.lvopd.TEACHER_POLICIES``)."""
-    from jaxdm.rl.train_config import signals_needed
+    from jaxdm.rl.terms import signals_needed
 
     if "teacher_topk" not in signals_needed(cfg):
         return False

@@ -214,3 +214,15 @@ def cached_train_step(policy, spec: StepSpec):
         logp = jax.jit(lambda params, batch: policy.logp_and_entropy(params, batch)[0])
         _STEP_CACHE[spec] = (make_train_step(aux, txs), logp, txs)
     return _STEP_CACHE[spec]
+
+
+def signals_needed(cfg) -> tuple[str, ...]:
+    """The signals a ``TrainConfig`` needs: the estimator's, then those of its ``algo.terms``
+    (each once; ``LossTerm.needs``, e.g. ``lvopd`` needs ``teacher_topk``)."""
+    from jaxdm.rl.estimators import ESTIMATORS
+
+    out = list(ESTIMATORS[cfg.algo.advantage].needs)
+    for name in cfg.algo.terms:
+        term = loss_term(name)
+        out += [s for s in (term.needs if term else ()) if s not in out]
+    return tuple(out)

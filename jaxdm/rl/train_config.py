@@ -235,6 +235,7 @@ class TrainConfig:
                 raise ValueError(f"algo.terms.{name}: weight must be a finite number, got {w!r}")
             if term.needs_critic and self.critic.kind == "none":
                 raise ValueError(f"algo.terms.{name} needs a critic: set critic.kind")
+        from jaxdm.rl.terms import signals_needed
         for need in signals_needed(self):
             signal_spec(need).check(self)
         check_policy_kind(self)  # the policy kind's rollout serves env / estimator / value
@@ -264,19 +265,6 @@ class TrainConfig:
         return LossConfig(terms=tuple(terms), clip_eps=a.clip_eps, dual_clip=a.dual_clip,
                           kl_coef=a.kl_coef, entropy_coef=a.entropy_coef,
                           aggregation=a.aggregation, value_clip=self.critic.value_clip)
-
-
-def signals_needed(cfg: TrainConfig) -> tuple[str, ...]:
-    """The estimator's signals, then those the configured ``algo.terms`` need (each once;
-    ``LossTerm.needs``, e.g. ``lvopd`` needs ``teacher_topk``)."""
-    from jaxdm.rl.estimators import ESTIMATORS
-    from jaxdm.rl.terms import loss_term
-
-    out = list(ESTIMATORS[cfg.algo.advantage].needs)
-    for name in cfg.algo.terms:
-        term = loss_term(name)
-        out += [s for s in (term.needs if term else ()) if s not in out]
-    return tuple(out)
 
 
 def nested_items(d: Any, prefix: str = "") -> dict[str, Any]:

@@ -50,12 +50,12 @@ from jaxdm.rl.estimators import ESTIMATORS, EpisodeBatch
 from jaxdm.rl.signals import signal_spec
 from jaxdm.rl.state import (TrainState, check_restored, from_checkpoint, place_key,
                             to_checkpoint)
-from jaxdm.rl.terms import StepSpec, cached_train_step
+from jaxdm.rl.terms import StepSpec, cached_train_step, signals_needed
 from jaxdm.rl.rundir import (NonFiniteLossError, ResumeMismatchError, RunDirError,  # noqa: F401
                              TeacherFailureError, TrainingStopped)
 from jaxdm.rl.train_config import (AlgoSection, CriticSection, EnvSection,  # noqa: F401
                                    ModelSection, OptimSection, PolicySection, TeacherSection,
-                                   TrainConfig, signals_needed)
+                                   TrainConfig)
 
 __all__ = ["TrainConfig", "Trainer", "train_run", "RunDirError", "ResumeMismatchError",
            "TrainingStopped", "NonFiniteLossError", "TeacherFailureError"]

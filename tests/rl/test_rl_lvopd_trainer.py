@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from jaxdm import config as cfgmod
-from jaxdm.rl.train_config import TrainConfig, signals_needed
+from jaxdm.rl.terms import signals_needed
+from jaxdm.rl.train_config import TrainConfig
 from jaxdm.rl.trainer import Trainer
 
 TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_heads=2",
