@@ -156,7 +156,11 @@ def _mm(spec: str, x: jax.Array, w: "jax.Array | LayerOf",
 
     valid (int [B], x [B, S, ...]): only x[b, :valid[b]] is wanted (a packed row's padding
     tail follows): the kernel computes no other row (their results are zeros); XLA's dot
-    computes every row (nothing reads the others)."""
+    computes every row (nothing reads the others).
+
+    w may be an ``Adapted`` weight (a frozen weight and its LoRA factors): x·W + s·(x·A)·B."""
+    if isinstance(w, Adapted):
+        return w.project(spec, x, valid)
     x = x.astype(w.dtype)
     plan = _as_matmul(spec, x.shape, w.shape)
     if (plan is not None and cpu_matmul.supports(x.reshape(plan[0]),
@@ -545,6 +549,51 @@ class Whole:
     @classmethod
     def tree_unflatten(cls, _, children):
         return cls(children[0])
+
+
+@jax.tree_util.register_pytree_node_class
+class Adapted:
+    """A projection weight with a low-rank adapter, applied unmerged: ``_mm`` computes
+    x·W + scale·(x·A)·B and never builds W + scale·A·B (``jaxdm.train.sft`` trains LoRA
+    through it). base: the weight (stacked [L, ...] or one layer's), a [(L,) I, r],
+    b [(L,) r, O] with I / O the products of base's input / output axes (as ``_mm``'s spec
+    splits them). The layer scan slices the three like any other stacked leaf.
+
+    Why: with the merged weight the gradient is a dense dW' = xᵀ·dy per projection (the
+    full fine-tune's weight gradient, 2·N·T FLOPs, and a [L, I, O] stack alive in the
+    backward pass) before it is contracted to dA, dB; unmerged, autodiff computes dA, dB from
+    the rank-r products and no cotangent of the frozen W at all (``benchmarks/
+    train_throughput.py``)."""
+
+    def __init__(self, base: Any, a: jax.Array, b: jax.Array, scale: float):
+        self.base, self.a, self.b, self.scale = base, a, b, float(scale)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.base.shape)
+
+    @property
+    def dtype(self):
+        return jnp.dtype(self.base.dtype)
+
+    def project(self, spec: str, x: jax.Array, valid: jax.Array | None = None) -> jax.Array:
+        plan = _as_matmul(spec, x.shape, self.shape)
+        if plan is None:
+            raise ValueError(f"Adapted: {spec} is not one matmul over the weight's leading "
+                             "axes")
+        x_shape, _, out_shape = plan
+        out = _mm(spec, x, self.base, valid)
+        low = jnp.matmul(x.reshape(x_shape).astype(self.a.dtype), self.a,
+                         preferred_element_type=jnp.float32)
+        low = jnp.matmul(low.astype(self.b.dtype), self.b, preferred_element_type=jnp.float32)
+        return out + self.scale * low.reshape(out_shape)
+
+    def tree_flatten(self):
+        return (self.base, self.a, self.b), self.scale
+
+    @classmethod
+    def tree_unflatten(cls, scale, children):
+        return cls(*children, scale)
 
 
 @jax.tree_util.register_pytree_node_class

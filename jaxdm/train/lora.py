@@ -113,7 +113,6 @@ def save_adapter(folder, adapters: dict, cfg: LoraConfig, *, base: str,
                  dtype: str = "float32", meta: dict | None = None):
     """Writes an adapter folder (see above); ``base`` names the model it adapts ("smollm2"
     or an HF folder path). ``dtype`` is the stored precision. Returns the folder."""
-    import json
     from pathlib import Path
 
     import numpy as np
@@ -133,7 +132,8 @@ def save_adapter(folder, adapters: dict, cfg: LoraConfig, *, base: str,
     save_file(tensors, str(folder / "adapter.safetensors"), metadata={"format": "jaxdm-lora"})
     info = {"format": "jaxdm-lora", "base": base, "rank": cfg.rank, "alpha": cfg.alpha,
             "targets": list(cfg.targets), "dtype": dtype} | dict(meta or {})
-    (folder / "adapter.json").write_text(json.dumps(info, indent=2), encoding="utf-8")
+    from jaxdm.jsonl import write_json
+    write_json(folder / "adapter.json", info, indent=2)
     return folder
 
 
@@ -174,3 +174,27 @@ def read_adapter(folder) -> tuple[dict, LoraConfig, dict]:
                              f"{b.shape} are not [L, I, {cfg.rank}] / [L, {cfg.rank}, O]")
         adapters[name] = {"a": jnp.asarray(a, jnp.float32), "b": jnp.asarray(b, jnp.float32)}
     return adapters, cfg, info
+
+
+def load_model(spec: str, dtype: str = "float32"):
+    """"smollm2" (the packaged default), an HF folder, or an adapter folder (``save_adapter``:
+    its base loaded the same way, the adapters merged) -> ``jaxdm.models.Pretrained``. The one
+    loader of a model named in a spec (decision backends, train-dm, the harness)."""
+    from jaxdm.models import load_pretrained
+    if spec == "smollm2":
+        from jaxdm.models.smollm2 import smollm2
+        return smollm2(jnp.dtype(dtype))
+    if is_adapter_folder(spec):
+        return load_adapted(spec, dtype)
+    return load_pretrained(spec, jnp.dtype(dtype))
+
+
+def load_adapted(folder, dtype: str = "float32"):
+    """An adapter folder (``save_adapter``) -> ``Pretrained``: its base model (as
+    ``load_model`` loads it) with the adapters merged; ``path`` is the adapter folder."""
+    from pathlib import Path
+
+    adapters, lcfg, info = read_adapter(folder)
+    pre = load_model(str(info["base"]), dtype)
+    params = merge(pre.params, adapters, lcfg)
+    return dataclasses.replace(pre, params=params, path=Path(folder))

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdm.train import lora as lora_lib
+from jaxdm.train.lora import load_model
 from jaxdm.train import packing
 from jaxdm.train.data import read_states
 from jaxdm.train.losses import ALPHA, MU
@@ -110,24 +111,6 @@ class TrainDMConfig:
             raise ValueError(f"train-dm: max_steps must be >= 1, got {self.max_steps}")
 
 
-def load_model(spec: str, dtype: str = "float32"):
-    """"smollm2" (the packaged default) or an HF folder -> ``jaxdm.models.Pretrained``."""
-    from jaxdm.models import load_pretrained
-    if spec == "smollm2":
-        from jaxdm.models.smollm2 import smollm2
-        return smollm2(jnp.dtype(dtype))
-    return load_pretrained(spec, jnp.dtype(dtype))
-
-
-def load_adapted(folder, dtype: str = "float32"):
-    """An adapter folder (``lora.save_adapter``) -> ``Pretrained``: its base model (as
-    ``load_model`` loads it) with the adapters merged; ``path`` is the adapter folder."""
-    adapters, lcfg, info = lora_lib.read_adapter(folder)
-    pre = load_model(str(info["base"]), dtype)
-    params = lora_lib.merge(pre.params, adapters, lcfg)
-    return dataclasses.replace(pre, params=params, path=Path(folder))
-
-
 def with_teacher(states, spec: dict) -> tuple[list[list[packing.SFTItem]], dict[str, Any]]:
     """Items with teacher probabilities from a backend (where a line gave none), and what was
     asked: {"asked", "failed", "first_error"}. An item whose teacher answer failed keeps the
@@ -169,16 +152,42 @@ def batch_order(n_states: int, states_per_step: int, seed: int, step: int) -> li
     return [int(x) for x in perm[i * states_per_step:(i + 1) * states_per_step]]
 
 
+def adapted_params(base: dict, adapters: dict, cfg: "lora_lib.LoraConfig") -> dict:
+    """base with every adapted layer weight as a ``decoder.Adapted`` (W, A, B, α/r): the
+    decoder applies it as x·W + (α/r)·(x·A)·B. Same numbers as ``lora.merge`` (to fp32
+    rounding), but neither W + BA nor its dense gradient dW' = xᵀ·dy is ever built: the
+    backward pass through the frozen weights computes only dx (measured in
+    ``benchmarks/train_throughput.py``)."""
+    from jaxdm.models.decoder import Adapted
+    layers = dict(base["layers"])
+    for name, ad in adapters.items():
+        if name not in lora_lib.TARGETS or name not in layers:
+            raise ValueError(f"adapter for unknown weight {name!r}")
+        w = layers[name]
+        split = lora_lib.TARGETS[name]
+        i, o = math.prod(w.shape[1:1 + split]), math.prod(w.shape[1 + split:])
+        if ad["a"].shape != (w.shape[0], i, cfg.rank) or ad["b"].shape != (w.shape[0],
+                                                                           cfg.rank, o):
+            raise ValueError(f"adapter {name}: a {ad['a'].shape} / b {ad['b'].shape} do not fit "
+                             f"weight {w.shape} at rank {cfg.rank}")
+        layers[name] = Adapted(w, ad["a"], ad["b"], cfg.scale)
+    return {**base, "layers": layers}
+
+
 @functools.lru_cache(maxsize=8)
 def train_step_fn(config, lcfg: "lora_lib.LoraConfig | None", mu: float, lr: float,
-                   weight_decay: float):
+                   weight_decay: float, lora_apply: Literal["unmerged", "merged"] = "unmerged"):
     """(jitted step, optimizer), cached so resumed / repeated runs in one process reuse the
-    compiled step."""
+    compiled step. lora_apply: "unmerged" (``adapted_params``, the default) or "merged"
+    (``lora.merge``: W + (α/r)·A·B built every step; the reference it is checked against)."""
     import optax
     optimizer = optax.adamw(lr, weight_decay=weight_decay)
+    if lora_apply not in ("unmerged", "merged"):
+        raise ValueError(f"lora_apply must be 'unmerged' or 'merged', got {lora_apply!r}")
+    apply = adapted_params if lora_apply == "unmerged" else lora_lib.merge
 
     def loss_fn(trainable, base, batch, window, full_vocab):
-        params = lora_lib.merge(base, trainable, lcfg) if lcfg else trainable
+        params = apply(base, trainable, lcfg) if lcfg else trainable
         return packing.batch_loss(params, config, batch, window=window, full_vocab=full_vocab,
                                   mu=mu)
 

@@ -10,7 +10,7 @@ import pytest
 
 from jaxdm.decision.types import YesNo
 from jaxdm.screen.run import ScreenError, build_judges, normalize_judge_spec
-from jaxdm.train import lora, sft
+from jaxdm.train import lora
 from tests.train.train_fixtures import adapter_folder as make_adapter_folder
 
 
@@ -28,7 +28,7 @@ def test_adapter_folder_round_trip(folders, tmp_path):
     assert got_cfg == cfg and info["base"] == str(hf) and info["command"] == "test"
     for x, y in zip(jax.tree.leaves(ad), jax.tree.leaves(got)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))       # float32: exact
-    loaded = sft.load_adapted(folder)
+    loaded = lora.load_adapted(folder)
     want = lora.merge(pre.params, ad, cfg)
     for x, y in zip(jax.tree.leaves(want), jax.tree.leaves(loaded.params)):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)

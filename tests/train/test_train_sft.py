@@ -98,7 +98,7 @@ def test_full_run_exports_a_folder_jaxdm_and_transformers_load(setup):
     # The adapter alone (out/adapter) rebuilds the same model from the base.
     assert summary["adapter_bytes"] == (root / "full" / "adapter" / "adapter.safetensors"
                                         ).stat().st_size
-    adapted = sft.load_adapted(root / "full" / "adapter")
+    adapted = lora.load_adapted(root / "full" / "adapter")
     np.testing.assert_allclose(np.asarray(decoder.logits(adapted.params, loaded.config, tokens)),
                                want, atol=1e-5)
     # ... and through a backend given the path.
@@ -144,6 +144,36 @@ def test_lora_merge_equals_unmerged_projection():
                                    atol=1e-5)
     with pytest.raises(ValueError, match="unknown LoRA target"):
         lora.LoraConfig(targets=("q", "lm_head"))
+
+
+def test_unmerged_training_step_equals_the_merged_one(setup):
+    """The default step applies LoRA unmerged (decoder.Adapted: x·W + s·(x·A)·B, no dense
+    weight gradient); it gives the merged step's loss and gradient norm, and the same update,
+    with remat on and off."""
+    root, model, data = setup
+    pre = load_pretrained(model)
+    states = read_states(str(data))
+    enc = packing.Encoder(pre, mode="readout")
+    batch, window, full_vocab, _ = packing.pack_items(enc, [it for s in states[:2] for it in s])
+    batch = jax.tree.map(jnp.asarray, batch)
+    lcfg = lora.LoraConfig(4, 8.0)
+    tr = jax.tree.map(lambda a: a + 0.02, lora.init_adapters(pre.params, lcfg, jax.random.key(0)))
+    for remat in (False, True):
+        got = {}
+        for how in ("merged", "unmerged"):
+            fn, opt = sft.train_step_fn(pre.config.replace(remat=remat), lcfg, 0.2, 1e-3, 0.0,
+                                        how)
+            got[how] = fn(tr, opt.init(tr), pre.params, batch, window, full_vocab)
+        (m_tr, _, m_loss, m_norm, _), (u_tr, _, u_loss, u_norm, _) = got["merged"], got["unmerged"]
+        np.testing.assert_allclose(float(u_loss), float(m_loss), rtol=1e-5)
+        np.testing.assert_allclose(float(u_norm), float(m_norm), rtol=1e-4)
+        for a, b in zip(jax.tree.leaves(u_tr), jax.tree.leaves(m_tr)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+    with pytest.raises(ValueError, match="lora_apply"):
+        sft.train_step_fn(pre.config, lcfg, 0.2, 1e-3, 0.0, "fused")
+    with pytest.raises(ValueError, match="do not fit"):
+        sft.adapted_params(pre.params, {"q": {"a": jnp.zeros((2, 3, 4)), "b": jnp.zeros((2, 4, 3))}},
+                           lcfg)
 
 
 def test_nan_loss_stops_with_step_and_keeps_last_checkpoint(setup, monkeypatch):
