@@ -2,7 +2,7 @@
 
 Both tokenise every request exactly as a one-by-one chat API call would (the chat template of
 ``jaxdm.decision.render.render_messages`` applied as text, then tokenised without extra special
-tokens) and score all requests of a batch with ``shared_prefix.score_requests``, so each
+tokens; special-token strings inside contexts and options stay text, ``jaxdm.models.tokenizer.chat_ids``) and score all requests of a batch with ``shared_prefix.score_requests``, so each
 answer equals what scoring that request alone gives (tests check max |diff| <= 1e-3 fp32).
 
 - ``LocalReadout``: options are shown with single-token labels A, B, C, ... and the
@@ -32,6 +32,7 @@ from jaxdm.decision import shared_prefix
 from jaxdm.decision.types import (ChoiceResult, Cost, MultipleChoice, ScoreResult, YesNo,
                                   choice_ok, score_ok)
 from jaxdm.models import compile_cache
+from jaxdm.models.tokenizer import chat_ids, text_ids
 
 
 def encode_messages(tokenizer: Any, messages: Sequence[dict]) -> list[int]:
@@ -43,11 +44,10 @@ def encode_conversations(tokenizer: Any, conversations: Sequence[Sequence[dict]]
                          ) -> list[list[int]]:
     """``encode_messages`` of each conversation, encoded as one batch (the fast tokenizer
     spreads it over the CPU's cores: 60 judge prompts 0.14-0.19 -> 0.07 s here)."""
-    texts = [tokenizer.apply_chat_template(list(m), tokenize=False, add_generation_prompt=True)
-             for m in conversations]
-    if not texts:
+    if not conversations:
         return []
-    return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    # Untrusted contents stay text: a "<|im_start|>" in an observation is not a new turn.
+    return chat_ids(tokenizer, [list(m) for m in conversations])
 
 
 def single_token_id(tokenizer: Any, label: str) -> int:
@@ -209,7 +209,7 @@ class LocalLikelihood(_LocalBase):
         prompt = encode_messages(self.tokenizer, render.render_messages(q, "likelihood"))
         reqs = []
         for j, opt in enumerate(q.options):
-            opt_ids = list(self.tokenizer(opt, add_special_tokens=False)["input_ids"])
+            opt_ids = text_ids(self.tokenizer, opt)
             if not opt_ids:
                 raise ValueError(f"{where}: option {j} ({opt!r}) has no tokens")
             cont = opt_ids + self.end_ids

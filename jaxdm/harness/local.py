@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping
 
 from jaxdm.harness.llm import (ANSWER_TOOL, LLMReply, LLMRequest, parse_tool_calls,
                                questions_text)
+from jaxdm.models.tokenizer import chat_ids
 
 INSTRUCTIONS = (
     "You are a customer-service agent for a small shop. Reply with one JSON object and nothing "
@@ -103,23 +104,20 @@ class LocalLLM:
         msgs = self.messages(req)
         tools = [t for t in req.tools
                  if req.forced_tool is None or t["function"]["name"] == req.forced_tool]
-        text = None
+        templated = False
         if tools:
             try:
                 text = self.tokenizer.apply_chat_template(msgs, tools=tools, tokenize=False,
                                                           add_generation_prompt=True)
+                templated = tools[0]["function"]["name"] in text
             except Exception:  # noqa: BLE001 - a template without tool support
-                text = None
-            if text is not None and tools[0]["function"]["name"] not in text:
-                text = None  # the template ignored the tools: put them in the system message
-            if text is None:
+                templated = False
+            if not templated:  # the template ignores tools: put them in the system message
                 msgs[0] = {"role": "system", "content": msgs[0]["content"] + "\n\nTools:\n"
                            + "\n".join(json.dumps(t["function"], sort_keys=True)
                                        for t in tools)}
-        if text is None:
-            text = self.tokenizer.apply_chat_template(msgs, tokenize=False,
-                                                      add_generation_prompt=True)
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        # Observations and tool results are untrusted: their special-token strings stay text.
+        return chat_ids(self.tokenizer, [msgs], tools=tools if templated else None)[0]
 
     def act(self, req: LLMRequest) -> LLMReply:
         t0 = time.perf_counter()

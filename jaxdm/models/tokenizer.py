@@ -244,3 +244,142 @@ def _compiled(template: str):
         except jinja2.TemplateSyntaxError:
             _TEMPLATES[template] = None
     return _TEMPLATES[template]
+
+
+# -- untrusted text: special-token strings as text, template markers as ids ---------------
+# Contexts, observations, options and tool results come from trajectories, environments and
+# users. A fast tokenizer splits its special tokens (``<|im_start|>``, ``<|im_end|>``, ...) out
+# of any text by default, so such a string inside an observation would become the real
+# control token and could forge a chat turn. Only a chat template's own markers may become
+# special tokens: ``text_ids`` tokenises untrusted text with special-token splitting off and
+# ``chat_ids`` renders a conversation with its contents kept as text.
+
+def _backend(tokenizer: Any):
+    """The ``tokenizers.Tokenizer`` under a FastTokenizer, a transformers fast tokenizer or
+    itself; None when there is none (a slow tokenizer)."""
+    from tokenizers import Tokenizer
+    if isinstance(tokenizer, Tokenizer):
+        return tokenizer
+    if isinstance(tokenizer, FastTokenizer):
+        return tokenizer._tok
+    return getattr(tokenizer, "backend_tokenizer", None)
+
+
+def _text_backend(tokenizer: Any):
+    """A copy of the backend tokenizer that encodes special-token strings as ordinary text
+    (``encode_special_tokens``), built once per tokenizer."""
+    cached = getattr(tokenizer, "_jaxdm_text_backend", None)
+    if cached is not None:
+        return cached
+    from tokenizers import Tokenizer
+    backend = _backend(tokenizer)
+    if backend is None:
+        raise TypeError(f"{type(tokenizer).__name__} has no fast (tokenizers) backend: cannot "
+                        "tokenise untrusted text with special-token parsing off")
+    copy = Tokenizer.from_str(backend.to_str())
+    copy.encode_special_tokens = True
+    try:
+        object.__setattr__(tokenizer, "_jaxdm_text_backend", copy)
+    except (AttributeError, TypeError):
+        pass  # a tokenizer that takes no attributes: rebuilt per call (slower, same ids)
+    return copy
+
+
+def special_texts(tokenizer: Any) -> tuple[str, ...]:
+    """The strings the tokenizer turns into special tokens when it parses them in text."""
+    backend = _backend(tokenizer)
+    if backend is None:
+        return tuple(getattr(tokenizer, "all_special_tokens", ()))
+    return tuple(sorted({t.content for t in backend.get_added_tokens_decoder().values()
+                         if t.special}, key=len, reverse=True))
+
+
+def text_ids(tokenizer: Any, texts: "str | list[str]") -> "list[int] | list[list[int]]":
+    """Token ids of untrusted text, no BOS/EOS added, every special-token string in it
+    tokenised as ordinary text. Equal to ``tokenizer(text, add_special_tokens=False)`` for
+    text without such strings. A str gives one list, a list of str a list of lists."""
+    one = isinstance(texts, str)
+    batch = [texts] if one else list(texts)
+    if not all(isinstance(t, str) for t in batch):
+        raise TypeError("text_ids takes a str or a list of str")
+    specials = special_texts(tokenizer)
+    if not any(s in t for t in batch for s in specials):
+        out = [list(ids) for ids in tokenizer(batch, add_special_tokens=False)["input_ids"]]
+    else:
+        out = [list(e.ids) for e in
+               _text_backend(tokenizer).encode_batch(batch, add_special_tokens=False)]
+    return out[0] if one else out
+
+
+def chat_ids(tokenizer: Any, conversations: "list[list[dict]]", *,
+             add_generation_prompt: bool = True, tools: "list | None" = None
+             ) -> list[list[int]]:
+    """Token ids of each conversation under the tokenizer's chat template, as an API server
+    builds them (template applied as text, no extra BOS/EOS), except that a special-token
+    string inside a message's content (or a tool definition) stays text: only the template's
+    own markers become special tokens. Conversations without such strings take the server's
+    exact path (one batched encode of the rendered text).
+
+    How: each special-token string found in untrusted text is swapped for a random ASCII
+    slot before rendering; the rendered text is cut at the slots, its pieces encoded with
+    special tokens parsed (the template's markers) and each slot as the string's text ids."""
+    import re
+    import secrets
+
+    specials = special_texts(tokenizer)
+
+    def render(conv, tls):
+        kw = {} if tls is None else {"tools": tls}
+        return tokenizer.apply_chat_template(list(conv), tokenize=False,
+                                             add_generation_prompt=add_generation_prompt, **kw)
+
+    tools_hostile = tools is not None and any(s in json.dumps(tools, ensure_ascii=False)
+                                              for s in specials)
+    hostile = [tools_hostile or any(s in str(m.get("content", "")) for m in conv
+                                    for s in specials) for conv in conversations]
+    out: list[list[int] | None] = [None] * len(conversations)
+    plain = [i for i, h in enumerate(hostile) if not h]
+    if plain:
+        texts = [render(conversations[i], tools) for i in plain]
+        for i, ids in zip(plain, tokenizer(texts, add_special_tokens=False)["input_ids"]):
+            out[i] = list(ids)
+    if not any(hostile):
+        return out  # type: ignore[return-value]
+    pattern = re.compile("|".join(re.escape(s) for s in specials))
+    for i, conv in enumerate(conversations):
+        if not hostile[i]:
+            continue
+        nonce = secrets.token_hex(6)
+        found: list[str] = []
+
+        def slot(match):
+            found.append(match.group(0))
+            return f"@@{nonce}:{len(found) - 1}@@"
+
+        def swap(x):
+            if isinstance(x, str):
+                return pattern.sub(slot, x)
+            if isinstance(x, dict):
+                return {k: swap(v) for k, v in x.items()}
+            if isinstance(x, (list, tuple)):
+                return [swap(v) for v in x]
+            return x
+
+        conv2 = [dict(m, content=swap(m["content"])) if isinstance(m.get("content"), str)
+                 else dict(m) for m in conv]
+        tools2 = swap(tools) if tools is not None else None
+        rendered = render(conv2, tools2)
+        parts = re.split(f"@@{nonce}:(\\d+)@@", rendered)
+        used = [int(p) for p in parts[1::2]]
+        if sorted(set(used)) != list(range(len(found))):
+            raise ValueError("the chat template altered the untrusted text it renders (a "
+                             "special-token string in a message could not be kept as text)")
+        ids: list[int] = []
+        for k, piece in enumerate(parts):
+            if k % 2 == 0:
+                if piece:
+                    ids += list(tokenizer(piece, add_special_tokens=False)["input_ids"])
+            else:
+                ids += text_ids(tokenizer, found[int(piece)])
+        out[i] = ids
+    return out  # type: ignore[return-value]

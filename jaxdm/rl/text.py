@@ -118,9 +118,9 @@ class HFTokenizer:
         return self.eos_id
 
     def encode(self, text: str) -> list[int]:
-        out = self.tok.encode(text, add_special_tokens=False) if hasattr(self.tok, "vocab_size") \
-            else self.tok.encode(text, add_special_tokens=False).ids
-        return list(out)
+        # Observations and goals are untrusted: their special-token strings stay text.
+        from jaxdm.models.tokenizer import text_ids
+        return text_ids(self.tok, text)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)

@@ -38,6 +38,7 @@ from jaxdm.decision import shared_prefix
 from jaxdm.decision.local import LocalLikelihood, encode_messages, single_token_id
 from jaxdm.decision.types import MultipleChoice, YesNo
 from jaxdm.models.config import ModelConfig
+from jaxdm.models.tokenizer import text_ids
 from jaxdm.train import losses
 
 MODES = ("readout", "likelihood")
@@ -158,7 +159,7 @@ class Encoder:
                 continue
             seen: dict[tuple[int, ...], list[int]] = {}
             for j, opt in enumerate(q.options):
-                ids = tuple(self.tokenizer(opt, add_special_tokens=False)["input_ids"])
+                ids = tuple(text_ids(self.tokenizer, opt))
                 seen.setdefault(ids, []).append(j)
             for idx in seen.values():
                 if len(idx) > 1:
