@@ -16,14 +16,20 @@ buffer size (``memory_analysis().temp_size_in_bytes``: what the step needs beyon
 and outputs, known before it runs), then, when that fits the machine (``--max-run-gb``),
 runs one step and reports the process's peak RSS (``ru_maxrss``: model, compile and step).
 
+``--compare lora`` instead compares how LoRA is applied, remat on: ``merged`` (W + (α/r)·A·B
+built every step, its dense gradient xᵀ·dy contracted to dA, dB) against ``unmerged`` (train-dm's
+default, ``decoder.Adapted``: x·W + (α/r)·(x·A)·B, no weight-sized gradient), one process
+each, alternated ``--rounds`` times; the step time is the second step's (the first runs once
+after compiling).
+
   python benchmarks/sft_memory.py            # both states, remat off and on
   python benchmarks/sft_memory.py --quick    # judge state, 6 layers, budget 12 (< 60 s idle)
+  python benchmarks/sft_memory.py --compare lora --states gym,judge
 """
 from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -60,12 +66,21 @@ def gym_items():
     return best, "likelihood"
 
 
-def child(state: str, remat: bool, layers: int, budget: int, max_run_gb: float) -> dict:
+def peak_rss_gb() -> float:
+    # VmHWM: this process's own peak (ru_maxrss may carry a forking parent's across exec).
+    with open("/proc/self/status") as f:
+        kb = next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:"))
+    return round(kb / 2**20, 2)
+
+
+def child(state: str, remat: bool, layers: int, budget: int, max_run_gb: float,
+          lora_apply: str = "unmerged") -> dict:
     import jax
     import jax.numpy as jnp
 
     from jaxdm.models.smollm2 import smollm2
-    from jaxdm.train import lora, packing, sft
+    from jaxdm.models import lora
+    from jaxdm.train import packing, sft
     pre = smollm2()
     if layers < pre.config.num_layers:
         pre = pre.__class__(**{**pre.__dict__,
@@ -77,22 +92,27 @@ def child(state: str, remat: bool, layers: int, budget: int, max_run_gb: float) 
                                                           layout="rows")
     batch = jax.tree.map(jnp.asarray, batch)
     lcfg = lora.LoraConfig(32, 32.0)
-    step, opt = sft.train_step_fn(pre.config.replace(remat=remat), lcfg, 0.5, 1e-4, 0.0)
+    step, opt = sft.train_step_fn(pre.config.replace(remat=remat), lcfg, 0.5, 1e-4, 0.0,
+                                   lora_apply)
     tr = lora.init_adapters(pre.params, lcfg, jax.random.key(0))
     ost = opt.init(tr)
     t0 = time.perf_counter()
     compiled = step.lower(tr, ost, pre.params, batch, window, full_vocab).compile()
     mem = compiled.memory_analysis()
     temp = float(mem.temp_size_in_bytes) / 2**30
-    out = {"state": state, "remat": remat, "layers": layers, "questions": len(its),
+    out = {"state": state, "remat": remat, "lora_apply": lora_apply, "layers": layers,
+           "questions": len(its),
            "requests": stats["requests"], "tokens": stats["unique_tokens"],
            "compiled_temp_gb": round(temp, 3), "compile_s": round(time.perf_counter() - t0, 1)}
     if temp <= max_run_gb:
         t0 = time.perf_counter()
         res = compiled(tr, ost, pre.params, batch)
         out["loss"] = float(res[2])
-        out["step_s"] = round(time.perf_counter() - t0, 1)
-        out["peak_rss_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
+        out["first_step_s"] = round(time.perf_counter() - t0, 2)
+        t0 = time.perf_counter()
+        jax.block_until_ready(compiled(tr, ost, pre.params, batch))
+        out["step_s"] = round(time.perf_counter() - t0, 2)
+        out["peak_rss_gb"] = peak_rss_gb()
     return out
 
 
@@ -102,7 +122,10 @@ def main(argv=None):
     ap.add_argument("--states", default="judge,gym")
     ap.add_argument("--max-run-gb", type=float, default=12.0,
                     help="run the step only when XLA's temporary buffers fit this (GiB)")
-    ap.add_argument("--child", nargs=2, metavar=("STATE", "REMAT"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=3, metavar=("STATE", "REMAT", "LORA"),
+                    help=argparse.SUPPRESS)
+    ap.add_argument("--compare", choices=("remat", "lora"), default="remat")
+    ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--budget", type=int, default=30)
     args = ap.parse_args(argv)
@@ -110,24 +133,13 @@ def main(argv=None):
         args.states, args.layers, args.budget = "judge", 6, 12
     if args.child:
         print("CHILD " + json.dumps(child(args.child[0], args.child[1] == "on", args.layers,
-                                          args.budget, args.max_run_gb)), flush=True)
+                                          args.budget, args.max_run_gb, args.child[2])),
+              flush=True)
         return
-    rows = []
+    if args.compare == "lora":
+        return compare_lora(args)
     for state in args.states.split(","):
-        got = {}
-        for remat in ("off", "on"):
-            cmd = [sys.executable, __file__, "--child", state, remat, "--layers",
-                   str(args.layers), "--budget", str(args.budget), "--max-run-gb",
-                   str(args.max_run_gb)]
-            p = subprocess.run(cmd, capture_output=True, text=True)
-            line = [x for x in p.stdout.splitlines() if x.startswith("CHILD ")]
-            if p.returncode or not line:
-                got[remat] = {"state": state, "remat": remat == "on",
-                              "error": f"exit {p.returncode}: {p.stderr.strip()[-300:]}"}
-            else:
-                got[remat] = json.loads(line[0][6:])
-            print(json.dumps(got[remat]), flush=True)
-            rows.append(got[remat])
+        got = {remat: run_child(args, state, remat, "unmerged") for remat in ("off", "on")}
         off, on = got["off"], got["on"]
         if "compiled_temp_gb" in off and "compiled_temp_gb" in on:
             print(f"RESULT sft_memory_{state}_compiled: baseline {off['compiled_temp_gb']:.2f} "
@@ -138,6 +150,47 @@ def main(argv=None):
             print(f"RESULT sft_memory_{state}_rss: baseline {off['peak_rss_gb']:.2f} GiB, "
                   f"jaxdm {on['peak_rss_gb']:.2f} GiB, ratio "
                   f"{off['peak_rss_gb'] / on['peak_rss_gb']:.2f}x (remat off vs on, peak RSS)")
+
+
+def run_child(args, state: str, remat: str, lora_apply: str) -> dict:
+    cmd = [sys.executable, __file__, "--child", state, remat, lora_apply, "--layers",
+           str(args.layers), "--budget", str(args.budget), "--max-run-gb", str(args.max_run_gb)]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    line = [x for x in p.stdout.splitlines() if x.startswith("CHILD ")]
+    if p.returncode or not line:
+        got = {"state": state, "remat": remat == "on", "lora_apply": lora_apply,
+               "error": f"exit {p.returncode}: {p.stderr.strip()[-300:]}"}
+    else:
+        got = json.loads(line[0][6:])
+    print(json.dumps(got), flush=True)
+    return got
+
+
+def compare_lora(args) -> None:
+    import statistics
+    for state in args.states.split(","):
+        runs: dict[str, list[dict]] = {"merged": [], "unmerged": []}
+        for _ in range(args.rounds):
+            for how in runs:   # alternated: the machine's load hits both alike
+                runs[how].append(run_child(args, state, "on", how))
+        ok = {h: [r for r in rs if "step_s" in r] for h, rs in runs.items()}
+        if not (ok["merged"] and ok["unmerged"]):
+            print(f"RESULT sft_lora_{state}: a side failed; see the lines above")
+            continue
+        med = {h: {k: statistics.median(r[k] for r in rs)
+                   for k in ("step_s", "peak_rss_gb", "compiled_temp_gb")}
+               for h, rs in ok.items()}
+        m, u = med["merged"], med["unmerged"]
+        print(f"RESULT sft_lora_{state}_step: baseline {m['step_s']:.2f} s, jaxdm "
+              f"{u['step_s']:.2f} s, ratio {m['step_s'] / u['step_s']:.2f}x (merged vs unmerged "
+              f"LoRA, remat on, {ok['unmerged'][0]['tokens']} tokens, median of "
+              f"{len(ok['unmerged'])})")
+        print(f"RESULT sft_lora_{state}_rss: baseline {m['peak_rss_gb']:.2f} GiB, jaxdm "
+              f"{u['peak_rss_gb']:.2f} GiB, ratio {m['peak_rss_gb'] / u['peak_rss_gb']:.2f}x "
+              "(peak RSS of the whole process)")
+        print(f"RESULT sft_lora_{state}_compiled: baseline {m['compiled_temp_gb']:.2f} GiB, "
+              f"jaxdm {u['compiled_temp_gb']:.2f} GiB, ratio "
+              f"{m['compiled_temp_gb'] / max(u['compiled_temp_gb'], 1e-9):.2f}x (XLA temporaries)")
 
 
 if __name__ == "__main__":

@@ -78,7 +78,7 @@ def write_train_states(path: Path, tasks: int, error_rate: float, max_states: in
 def sft(out: Path, args, progress: bool) -> tuple[dict, Path]:
     """Train, then merge the exported adapter into an HF folder; (summary, folder)."""
     from jaxdm.models.loading import save_pretrained
-    from jaxdm.train.lora import load_adapted, load_model
+    from jaxdm.models.lora import load_adapted, load_model
     from jaxdm.train.sft import TrainDMConfig, train
 
     summary = train(TrainDMConfig(data=str(out / "train_states.jsonl"), model="smollm2",

@@ -89,12 +89,12 @@ def screen(out: Path, adapter: Path, args) -> dict:
 def evaluate(out: Path, adapter: Path, args) -> dict:
     """Progress under Prefix and Hindsight only (the judge's trained question; the screen's
     Value passes cost as much again on this CPU): the screen's scoring job
-    (``jaxdm.decision.jobs.score_trajectories``) and metrics (``jaxdm.screen.metrics``), the
+    (``jaxdm.roles.jobs.score_trajectories``) and metrics (``jaxdm.screen.metrics``), the
     judges built by the screen's ``build_judges``. Passes are cached in ``out/eval`` (resume);
     passes an earlier ``jaxdm screen`` run wrote to ``out/screen/scores.jsonl`` are reused."""
     import numpy as np
 
-    from jaxdm.decision.jobs import score_trajectories
+    from jaxdm.roles.jobs import score_trajectories
     from jaxdm.jsonl import read_records
     from jaxdm.screen import metrics
     from jaxdm.screen.run import build_judges

@@ -1,18 +1,22 @@
-"""The import graph of `jaxdm` has no circles, counting the function-level imports that would
-hide one (issue 39): a module never needs, even lazily, a module that needs it."""
+"""The import graph of `jaxdm` (with `jaxdm.envs` and `jaxdm.kernels`) has no circles and no
+upward edges, counting the function-level imports that would hide them (issue 39): a module
+never needs, even lazily, a module that needs it, nor a module of a higher layer."""
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1] / "jaxdm"
+REPO = Path(__file__).resolve().parents[1]
+# setup.py's package-dir mapping: envs/ and kernels/ import as jaxdm.envs and jaxdm.kernels.
+ROOTS = {"jaxdm": REPO / "jaxdm", "jaxdm.envs": REPO / "envs", "jaxdm.kernels": REPO / "kernels"}
 
 
 def _modules() -> dict[str, Path]:
     out = {}
-    for path in ROOT.rglob("*.py"):
-        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        out[".".join(parts)] = path
+    for package, root in ROOTS.items():
+        for path in root.rglob("*.py"):
+            parts = package.split(".") + list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
     return out
 
 
@@ -102,3 +106,38 @@ def test_jaxdm_has_no_import_circles():
     detail = "; ".join(" <-> ".join(c) + " (edges: " + ", ".join(
         f"{m} -> {sorted(graph[m] & set(c))}" for m in c) + ")" for c in found)
     assert not found, f"import circles: {detail}"
+
+
+# The layers, lowest first (README, "Architecture"): a module may import its own layer and the
+# ones below it. Named by the first part under jaxdm ("jaxdm" itself: the package's __init__).
+LAYERS = (
+    ("jaxdm", "secrets", "jsonl", "config", "rundir", "runlog", "stats", "trajectory"),
+    ("models", "kernels"),
+    ("decision", "judges"),
+    ("roles", "envs"),
+    ("rl",),
+    ("harness",),
+    ("screen",),
+    ("bench",),
+    ("train",),
+    ("decide",),
+    ("cli",),
+)
+
+
+def layer_of(module: str) -> int:
+    parts = module.split(".")
+    name = parts[1] if len(parts) > 1 else "jaxdm"
+    for i, names in enumerate(LAYERS):
+        if name in names:
+            return i
+    raise AssertionError(f"{module}: its package {name!r} is in no layer of LAYERS")
+
+
+def test_no_module_imports_a_higher_layer():
+    graph = import_graph()
+    up = sorted(f"{m} -> {t}" for m, ts in graph.items() for t in ts
+                if layer_of(t) > layer_of(m))
+    assert not up, "imports from a lower layer into a higher one: " + "; ".join(up)
+    assert layer_of("jaxdm.models.lora") < layer_of("jaxdm.decision.specs") < layer_of(
+        "jaxdm.roles.jobs") < layer_of("jaxdm.screen.run")

@@ -26,8 +26,8 @@ from jaxdm.envs.alfworld.engine import (NOTHING_HAPPENS, AlfWorldEnv, AlfWorldPa
 from jaxdm.envs.alfworld.experts import (NoisyExpertConfig, expert_plan, expert_trajectory,
                                          noisy_expert_trajectories, plan_from, run_noisy_expert)
 from jaxdm.envs.alfworld.gamefile import find_games, load_game, load_game_data, load_split
-from jaxdm.envs.alfworld.generator import (SPLITS, GeneratedTask, generate_game, generate_task,
-                                           write_game_dir, write_split)
+from jaxdm.envs.alfworld.gamedir import write_game_dir, write_split
+from jaxdm.envs.alfworld.generator import SPLITS, GeneratedTask, generate_game, generate_task
 from jaxdm.envs.alfworld.official import OfficialAlfWorldEnv, official_available
 from jaxdm.envs.alfworld.pddl import GameFileError, Problem, parse_problem, write_problem
 from jaxdm.envs.alfworld.world import (HAS_DEPENDENCY, TASK_LABELS, TASK_TYPES, Game,

@@ -10,6 +10,7 @@ unsolvable games and task types not asked for).
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Sequence
@@ -88,8 +89,14 @@ def load_game(path: str) -> Game:
             raise GameFileError(
                 f"{traj_path}: not valid JSON ({e.msg} at line {e.lineno})") from None
     game = load_game_data(data, where=path, traj_data=traj)
-    game.ref = ("file", os.path.abspath(path))
+    game.ref, game.rebuild = ("file", os.path.abspath(path)), _game_from_file
     return game
+
+
+@functools.lru_cache(maxsize=512)
+def _game_from_file(path: str) -> Game:
+    """A game file loaded once per process (how a pickled file game is rebuilt)."""
+    return load_game(path)
 
 
 def find_games(root: str, split: str | None = None, *,

@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.games_dir:
         import os
 
-        from jaxdm.envs.alfworld.generator import generate_task, write_game_dir
+        from jaxdm.envs.alfworld.gamedir import write_game_dir
+        from jaxdm.envs.alfworld.generator import generate_task
 
         for i, t in enumerate(trajs):
             task = generate_task(t.metadata["seed"], split=args.split,

@@ -9,7 +9,7 @@ and the PDDL goal templates and English task templates of ``alfworld/gen/goal_li
 
 A problem is the same PDDL an official ``initial_state.pddl`` holds (ALFRED ids such as
 ``Mug|+00.45|+00.91|-01.23`` escaped to ``Mug_bar__plus_00_dot_45...``, ``loc|x|z|r|h``
-locations, the same predicates), and ``write_game_dir`` writes the official file set:
+locations, the same predicates), and ``gamedir.write_game_dir`` writes the official file set:
 ``game.tw-pddl`` (JSON with ``pddl_domain``, ``grammar`` with the task sentence filled in,
 ``pddl_problem``, ``solvable``, ``walkthrough``), ``traj_data.json`` and
 ``initial_state.pddl``.
@@ -370,7 +370,7 @@ def _try_generate(rng: random.Random, seed: int, split: str, task_type: str):
 @functools.lru_cache(maxsize=512)
 def _cached_game(seed: int, split: str, task_types: tuple[str, ...]) -> Game:
     game = generate_task(seed, split=split, task_types=task_types).game()
-    game.ref = ("generated", seed, split, task_types)
+    game.ref, game.rebuild = ("generated", seed, split, task_types), _cached_game
     return game
 
 
@@ -397,39 +397,3 @@ def game_file_data(task: GeneratedTask, *, walkthrough: list[str] | None = None)
         "solvable": walkthrough is not None,
         "walkthrough": walkthrough,
     }
-
-
-def write_game_dir(out_dir: str, task: GeneratedTask, *,
-                   walkthrough: list[str] | None = None) -> str:
-    """Write ``game.tw-pddl``, ``traj_data.json`` and ``initial_state.pddl``; returns the game path.
-
-    Without a walkthrough, the expert's plan is computed and stored (``solvable`` true)."""
-    if walkthrough is None:
-        from jaxdm.envs.alfworld.experts import expert_plan
-
-        walkthrough = expert_plan(task.game())
-    os.makedirs(out_dir, exist_ok=True)
-    data = game_file_data(task, walkthrough=walkthrough)
-    path = os.path.join(out_dir, "game.tw-pddl")
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f)
-    with open(os.path.join(out_dir, "traj_data.json"), "w", encoding="utf-8") as f:
-        json.dump(task.traj_data, f, indent=1)
-    with open(os.path.join(out_dir, "initial_state.pddl"), "w", encoding="utf-8") as f:
-        f.write(data["pddl_problem"])
-    return path
-
-
-def write_split(root: str, split: str, n: int, *, start: int = 0,
-                task_types: Sequence[str] = TASK_TYPES) -> list[str]:
-    """Write ``n`` generated games of ``split`` in the official folder layout
-    ``root/<split>/<task_type>-<target>-...-<scene>/trial_<seed>/``; returns the game paths."""
-    paths = []
-    for seed in range(start, start + n):
-        task = generate_task(seed, split=split, task_types=task_types)
-        p = task.traj_data["pddl_params"]
-        folder = "-".join([task.task.task_type, p["object_target"], p["mrecep_target"] or "None",
-                           p["parent_target"] or p["toggle_target"] or "None",
-                           str(task.traj_data["scene"]["scene_num"])])
-        paths.append(write_game_dir(os.path.join(root, split, folder, f"trial_{seed:06d}"), task))
-    return paths

@@ -284,37 +284,19 @@ class Game:
             return self.goal_text
         return f"Your task is to: {self.goal_text}."
 
-    # Pickling: a game that knows how to rebuild itself (``ref``: a generated (seed, split,
-    # task types) or a file path) travels as that recipe and is rebuilt once per process, so
-    # VectorEnv messages carrying states stay small.
+    # Pickling: a game that knows how to rebuild itself travels as that recipe and is rebuilt
+    # once per process, so VectorEnv messages carrying states stay small. Its producer sets
+    # ``ref`` (("generated", seed, split, task types) or ("file", path)) and ``rebuild``, a
+    # module-level function of ref[1:] that pickle finds by name: this module never imports
+    # the generator or the file loader (they import it).
     ref: tuple | None = None
+    rebuild: Any = None
 
     def __reduce__(self):
-        if self.ref is not None:
-            return (_game_from_ref, (self.ref,))
+        if self.ref is not None and self.rebuild is not None:
+            return (self.rebuild, tuple(self.ref[1:]))
         return (_game_from_parts, (self.problem, self.goal_text, self.variant, self.task,
                                    self.where, self.meta))
-
-
-_GAMES_BY_REF: dict = {}
-
-
-def _game_from_ref(ref: tuple) -> "Game":
-    game = _GAMES_BY_REF.get(ref)
-    if game is None:
-        kind = ref[0]
-        if kind == "generated":
-            from jaxdm.envs.alfworld.generator import generate_game
-
-            game = generate_game(ref[1], split=ref[2], task_types=ref[3])
-        elif kind == "file":
-            from jaxdm.envs.alfworld.gamefile import load_game
-
-            game = load_game(ref[1])
-        else:
-            raise ValueError(f"unknown game reference {ref!r}")
-        _GAMES_BY_REF[ref] = game
-    return game
 
 
 def _game_from_parts(problem, goal_text, variant, task, where, meta) -> "Game":

@@ -57,7 +57,7 @@ BACKEND_KINDS = tuple(_SPEC_KEYS)
 def _load_pretrained(path: str, dtype: Any):
     import jax.numpy as jnp
 
-    from jaxdm.train.lora import load_model
+    from jaxdm.models.lora import load_model
     return load_model(path, jnp.dtype(dtype or "float32").name)
 
 
@@ -66,7 +66,7 @@ def make_backend(spec: Mapping[str, Any], *, pretrained: Any = None) -> Decision
     {"kind": "oracle", "noise": 0.1}, {"kind": "remote", "base_url": ..., "model": ...,
     "api_key_env": "MY_KEY", "price_per_1k_in": 0.1}.
 
-    ``path`` is an HF folder, an adapter folder (``jaxdm.train.lora``: its base model with the
+    ``path`` is an HF folder, an adapter folder (``jaxdm.models.lora``: its base model with the
     LoRA adapters merged, e.g. the trained judge ``jaxdm/judges/smollm2_progress``) or
     "smollm2" (the packaged default model); ``pretrained`` (an
     already loaded jaxdm.models.Pretrained) overrides ``path``. Unknown kinds or keys raise

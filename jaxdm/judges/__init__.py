@@ -1,4 +1,4 @@
-"""Trained judges shipped with the package, as adapter folders (``jaxdm.train.lora``).
+"""Trained judges shipped with the package, as adapter folders (``jaxdm.models.lora``).
 
 ``smollm2_progress/``: SmolLM2-135M-Instruct trained as a Hindsight + Progress judge with
 packed SFT on native-ALFWorld engine labels (milestone -> yes, no-op -> no), LoRA on every

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from jaxdm.models.gguf_convert import CONVERTER_VERSION, convert_gguf
 from jaxdm.models.loading import Pretrained, ensure_params_cache, load_pretrained
-from jaxdm.models.paths import cache_root  # noqa: F401 - where callers have long found it
+from jaxdm.models.paths import cache_root
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _FOLDER_NAME = f"smollm2-135m-instruct-q4_1-v{CONVERTER_VERSION}"

@@ -18,10 +18,10 @@ import jax
 import numpy as np
 
 from jaxdm.rl import text as rltext
-from jaxdm.rl.env_factories import ENV_FACTORIES, make_venv  # noqa: F401 - re-exported
+from jaxdm.rl.env_factories import ENV_FACTORIES
 from jaxdm.rl.policy import GenerativePolicy, OptionScoringPolicy
 
-__all__ = ["env_factory", "env_factories", "collect_texts", "build_policy", "make_venv",
+__all__ = ["env_factory", "env_factories", "collect_texts", "build_policy",
            "build_critic", "PolicyKind", "POLICY_KINDS", "check_policy_kind", "make_collector"]
 
 

@@ -14,7 +14,7 @@ says which entries are real (a failed request is a False entry, never an excepti
 producer are counted in its stats; the trainer applies failure thresholds.
 
 Registered here: ``teacher_scores`` (arrays ``{"scores": [B, T]}``, mask [B, T]: one judge
-score per executed action through ``jaxdm.decision.jobs.score_trajectories``) and
+score per executed action through ``jaxdm.roles.jobs.score_trajectories``) and
 ``critic_values`` (arrays ``{"values": [B, T + 1]}``, mask [B, T + 1]: the learned critic's
 V(s_t) for every visited state, 0 and False at the terminal slot).
 ``values`` (``jaxdm.rl.values``) and ``teacher_topk`` (the LVOPD teacher's top-K_T lists,
@@ -119,7 +119,7 @@ def _teacher_build(cfg, trainer):
 
 
 def _teacher_produce(episodes, backend, cfg) -> Signal:
-    from jaxdm.decision.jobs import score_trajectories
+    from jaxdm.roles.jobs import score_trajectories
 
     res = score_trajectories(backend, episodes.trajectories, question=cfg.teacher.question,
                              context=cfg.teacher.context, max_actions=cfg.max_actions,

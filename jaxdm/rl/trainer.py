@@ -8,7 +8,7 @@ One iteration, from the previous ``TrainState`` (``jaxdm.rl.state``) to the next
      (``jaxdm.rl.estimators``; episodes lost to env errors are masked out, counted as
      ``env/errors``).
   2. **Signals** (``jaxdm.rl.signals``): the estimator's and the loss terms' signals only —
-     teacher scores per action (``jaxdm.decision.jobs.score_trajectories`` on a
+     teacher scores per action (``jaxdm.roles.jobs.score_trajectories`` on a
      ``make_backend`` backend), the critic's values, the LVRL value model's values, the
      LVOPD teacher's top-K_T lists. A teacher failure is a missing score;
      more than ``teacher.max_failed_share`` of failures in one iteration (after asking the

@@ -135,7 +135,7 @@ def normalize_judge_spec(spec: Any) -> dict[str, Any]:
 
 
 # What a judge folder must hold: an HF folder (exported by ``jaxdm train-dm`` or any
-# transformers checkpoint of a supported family) or an adapter folder (``jaxdm.train.lora``).
+# transformers checkpoint of a supported family) or an adapter folder (``jaxdm.models.lora``).
 HF_FOLDER_FILES = ("config.json", "*.safetensors", "tokenizer.json")
 
 
@@ -153,7 +153,7 @@ def folder_judge_spec(path: str) -> dict[str, Any]:
     """``--judge path/to/folder``: a local_readout judge on an exported HF folder or on an
     adapter folder (base model + LoRA adapter). A path that is not such a folder raises
     ScreenError naming what is missing."""
-    from jaxdm.train.lora import ADAPTER_FILES, is_adapter_folder
+    from jaxdm.models.lora import ADAPTER_FILES, is_adapter_folder
     folder = Path(path)
     if not folder.is_dir():
         raise ScreenError(f"judge folder {str(folder)!r} does not exist (or is not a folder)")
@@ -212,7 +212,7 @@ def _score(backend, trajs, judge, question, context_label, context, expansion=No
     # 20 tokens under Hindsight, 150 with +FB), and one mixed call pads them to the longest.
     # Measured on the demo (2 idle cores): 3 min 14 s per pass vs 3 min 55 s in one call.
     # The scoring job is the trainer's: failures (a backend raising included) are counted.
-    from jaxdm.decision.jobs import score_trajectories
+    from jaxdm.roles.jobs import score_trajectories
 
     res = score_trajectories(backend, trajs, question=question, context=context,
                              expansion=expansion)
@@ -255,7 +255,7 @@ class _OnlyMissing:
 def _rescore(backend, trajs, saved: PassResult, context, expansion=None) -> PassResult:
     """``saved`` with its failed questions asked again; stats merged (costs and seconds add
     up, ``retried`` counts the questions asked again)."""
-    from jaxdm.decision.jobs import score_trajectories
+    from jaxdm.roles.jobs import score_trajectories
 
     proxy = _OnlyMissing(backend, saved.per_traj)
     res = score_trajectories(proxy, trajs, question=saved.question, context=context,

@@ -55,7 +55,7 @@ OUTPUT_FILES = ("screen.json", "trajectories.jsonl", "scores.jsonl", "passes.jso
 @dataclasses.dataclass
 class PassResult:
     """One (judge, question, context) pass: per-trajectory scores (NaN = failed) and stats
-    (``jaxdm.decision.jobs`` keys, plus ``retried``: questions asked again on resume).
+    (``jaxdm.roles.jobs`` keys, plus ``retried``: questions asked again on resume).
     ``status``: "ok" (nothing failed), "incomplete" (some scores failed, within the run's
     ``max_failed_share``) or "failed" (more failed: the judge failed); ``reason`` says why."""
 

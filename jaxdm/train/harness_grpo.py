@@ -172,7 +172,7 @@ def build_policy(cfg: HarnessGRPOConfig):
     if cfg.model == "tiny":
         params, mcfg, tok = _tiny_model(cfg)
     else:
-        from jaxdm.train.lora import load_model
+        from jaxdm.models.lora import load_model
         pre = load_model(cfg.model)
         params, mcfg, tok = pre.params, pre.config, rltext.HFTokenizer(pre.tokenizer)
     policy = OptionScoringPolicy(mcfg, tok, history=0, max_context_tokens=cfg.max_context_tokens,

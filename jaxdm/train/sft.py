@@ -30,8 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdm.train import lora as lora_lib
-from jaxdm.train.lora import load_model
+from jaxdm.models import lora as lora_lib
+from jaxdm.models.lora import load_model
 from jaxdm.train import packing
 from jaxdm.train.data import read_states
 from jaxdm.train.losses import ALPHA, MU

@@ -12,7 +12,7 @@ from dm_fixtures import small_trajectory, tiny_pretrained, with_params
 
 from jaxdm import roles
 from jaxdm.decision import shared_prefix as sp
-from jaxdm.decision.jobs import judge_request_batch
+from jaxdm.roles.jobs import judge_request_batch
 from jaxdm.decision.local import LocalReadout
 from jaxdm.envs.alfworld import noisy_expert_trajectories
 from jaxdm.screen.run import COMBOS, EXPANSIONS

@@ -3,7 +3,7 @@ import numpy as np
 
 from jaxdm import roles
 from jaxdm.decision import Oracle, make_backend
-from jaxdm.decision.jobs import score_trajectories
+from jaxdm.roles.jobs import score_trajectories
 from jaxdm.decision.types import Cost, score_failed, score_ok
 from jaxdm.trajectory import Trajectory
 

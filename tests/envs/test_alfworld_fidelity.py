@@ -93,7 +93,7 @@ def test_official_adapter_same_api_and_branching():
 
 def test_official_adapter_plays_native_games_and_files(tmp_path):
     from jaxdm.envs.alfworld import AlfWorldEnv, AlfWorldParams, Game, parse_problem
-    from jaxdm.envs.alfworld.generator import write_game_dir
+    from jaxdm.envs.alfworld.gamedir import write_game_dir
     from jaxdm.envs.alfworld.official import OfficialAlfWorldEnv
 
     problem = (Path(__file__).parent / "alfworld_heat_problem.pddl").read_text()

@@ -9,7 +9,7 @@ import pytest
 
 from jaxdm.models import decoder
 from jaxdm.models.config import ModelConfig
-from jaxdm.train import lora
+from jaxdm.models import lora
 
 CONFIG = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=2,
                      num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=10000.0,

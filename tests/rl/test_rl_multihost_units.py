@@ -15,6 +15,7 @@ import pytest
 
 from jaxdm import config as cfgmod
 from jaxdm.rl import build, distributed
+from jaxdm.rl.env_factories import make_venv
 from jaxdm.rl.policy import SampleWindow, TurnInput, bucket
 from jaxdm.rl.trainer import TrainConfig
 
@@ -29,7 +30,7 @@ def test_windowed_sampling_equals_the_whole_turn():
     cfg = _cfg()
     train_factory, eval_factory = build.env_factories(cfg)
     policy, params, _, _ = build.build_policy(cfg, train_factory, eval_factory)
-    venv = build.make_venv(cfg, train_factory, 8, 4)
+    venv = make_venv(cfg, train_factory, 8, 4)
     try:
         obs, infos = venv.reset(5)
     finally:

@@ -12,7 +12,7 @@ from jaxdm.envs.toy import OrderingEnv, OrderingParams
 from jaxdm.rl import sharding
 from jaxdm.rl import text as rltext
 from jaxdm.rl.policy import GenerativePolicy
-from jaxdm.decision.jobs import score_trajectories
+from jaxdm.roles.jobs import score_trajectories
 from jaxdm.rl.estimators import ESTIMATORS, episode_batch
 from jaxdm.rl.rollout import LocalVectorEnv, rollout
 from jaxdm.rl.signals import SIGNALS

@@ -1,5 +1,5 @@
 """`jaxdm screen --judge path/to/folder`: an exported HF folder or an adapter folder (base
-model + LoRA adapter, ``jaxdm.train.lora.save_adapter``) is a local_readout judge; a folder
+model + LoRA adapter, ``jaxdm.models.lora.save_adapter``) is a local_readout judge; a folder
 that is neither names what is missing."""
 import json
 
@@ -10,7 +10,7 @@ import pytest
 
 from jaxdm.decision.types import YesNo
 from jaxdm.screen.run import ScreenError, build_judges, normalize_judge_spec
-from jaxdm.train import lora
+from jaxdm.models import lora
 from tests.train.train_fixtures import adapter_folder as make_adapter_folder
 
 

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from jaxdm.decision import make_backend
-from jaxdm.decision.jobs import score_trajectories
+from jaxdm.roles.jobs import score_trajectories
 from jaxdm.decision.local import LocalReadout
 from jaxdm.decision.synthetic import alfworld_like_trajectory
 from jaxdm.rl.signals import signal_spec
 from jaxdm.rl.train_config import TeacherSection, TrainConfig
-from jaxdm.train import lora
+from jaxdm.models import lora
 from tests.train.train_fixtures import adapter_folder as make_adapter_folder
 
 

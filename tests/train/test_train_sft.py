@@ -9,7 +9,8 @@ import pytest
 
 from jaxdm.models import decoder
 from jaxdm.models.loading import load_pretrained, save_pretrained
-from jaxdm.train import lora, packing, sft
+from jaxdm.models import lora
+from jaxdm.train import packing, sft
 from jaxdm.train.data import read_states
 from tests.train.train_fixtures import tiny
 

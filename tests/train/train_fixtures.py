@@ -38,7 +38,7 @@ def adapter_folder(root, *, seed: int, key: int, base_name: str = "base",
     q, v, down; every adapter entry + 0.05, so B is non-zero and the delta real).
     Returns (pretrained, hf folder, adapter folder, adapters, LoraConfig)."""
     from jaxdm.models.loading import save_pretrained
-    from jaxdm.train import lora
+    from jaxdm.models import lora
 
     pre = tiny(seed=seed)
     hf = save_pretrained(root / base_name, pre.params, pre.config, tokenizer=pre.tokenizer,

@@ -26,6 +26,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from jaxdm.roles.judge import judge_requests
+
 __all__ = ["TrajectoryScores", "score_trajectories", "judge_request_batch"]
 
 _MAX_EXAMPLES = 5
@@ -69,15 +71,13 @@ def judge_request_batch(trajectories: Sequence[Any], *, question: str, context: 
     A trajectory without an ``id`` in its metadata is identified by its batch position (the
     Oracle's noise draw depends on it).
     """
-    from jaxdm import roles
-
     requests, owners = [], []
     lengths = np.zeros((len(trajectories),), np.int32)
     for i, traj in enumerate(trajectories):
         if not traj.steps:
             continue
         kw = {} if expansion is None else {"expansion": expansion}
-        reqs = roles.judge_requests(traj, question=question, context=context,
+        reqs = judge_requests(traj, question=question, context=context,
                                     traj_id=traj.metadata.get("id", i), **kw)
         if max_actions is not None:
             reqs = reqs[:max_actions]
