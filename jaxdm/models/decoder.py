@@ -554,8 +554,8 @@ class Whole:
 @jax.tree_util.register_pytree_node_class
 class Adapted:
     """A projection weight with a low-rank adapter, applied unmerged: ``_mm`` computes
-    x·W + scale·(x·A)·B and never builds W + scale·A·B (``jaxdm.train.sft`` trains LoRA
-    through it). base: the weight (stacked [L, ...] or one layer's), a [(L,) I, r],
+    x·W + scale·(x·A)·B and never builds W + scale·A·B (``jaxdm.models.lora.adapt`` builds
+    it; ``jaxdm.train.sft`` trains LoRA through it). base: the weight (stacked [L, ...] or one layer's), a [(L,) I, r],
     b [(L,) r, O] with I / O the products of base's input / output axes (as ``_mm``'s spec
     splits them). The layer scan slices the three like any other stacked leaf.
 
@@ -563,7 +563,7 @@ class Adapted:
     full fine-tune's weight gradient, 2·N·T FLOPs, and a [L, I, O] stack alive in the
     backward pass) before it is contracted to dA, dB; unmerged, autodiff computes dA, dB from
     the rank-r products and no cotangent of the frozen W at all (``benchmarks/
-    train_throughput.py``)."""
+    sft_memory.py --compare lora``)."""
 
     def __init__(self, base: Any, a: jax.Array, b: jax.Array, scale: float):
         self.base, self.a, self.b, self.scale = base, a, b, float(scale)

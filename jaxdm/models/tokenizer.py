@@ -303,11 +303,13 @@ def text_ids(tokenizer: Any, texts: "str | list[str]") -> "list[int] | list[list
     if not all(isinstance(t, str) for t in batch):
         raise TypeError("text_ids takes a str or a list of str")
     specials = special_texts(tokenizer)
-    if not any(s in t for t in batch for s in specials):
-        out = [list(ids) for ids in tokenizer(batch, add_special_tokens=False)["input_ids"]]
-    else:
+    if any(s in t for t in batch for s in specials):
         out = [list(e.ids) for e in
                _text_backend(tokenizer).encode_batch(batch, add_special_tokens=False)]
+    elif _backend(tokenizer) is tokenizer:   # a bare tokenizers.Tokenizer
+        out = [list(e.ids) for e in tokenizer.encode_batch(batch, add_special_tokens=False)]
+    else:
+        out = [list(ids) for ids in tokenizer(batch, add_special_tokens=False)["input_ids"]]
     return out[0] if one else out
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Protocol, Sequence
 
+from jaxdm.models.tokenizer import text_ids
+
 __all__ = ["TextTokenizer", "WordTokenizer", "HFTokenizer", "policy_prompt", "fit_prompt",
            "option_context", "parse_action", "INVALID_COMMAND", "PROMPT_VERSION"]
 
@@ -119,7 +121,6 @@ class HFTokenizer:
 
     def encode(self, text: str) -> list[int]:
         # Observations and goals are untrusted: their special-token strings stay text.
-        from jaxdm.models.tokenizer import text_ids
         return text_ids(self.tok, text)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:

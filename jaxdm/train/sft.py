@@ -152,39 +152,17 @@ def batch_order(n_states: int, states_per_step: int, seed: int, step: int) -> li
     return [int(x) for x in perm[i * states_per_step:(i + 1) * states_per_step]]
 
 
-def adapted_params(base: dict, adapters: dict, cfg: "lora_lib.LoraConfig") -> dict:
-    """base with every adapted layer weight as a ``decoder.Adapted`` (W, A, B, α/r): the
-    decoder applies it as x·W + (α/r)·(x·A)·B. Same numbers as ``lora.merge`` (to fp32
-    rounding), but neither W + BA nor its dense gradient dW' = xᵀ·dy is ever built: the
-    backward pass through the frozen weights computes only dx (measured in
-    ``benchmarks/train_throughput.py``)."""
-    from jaxdm.models.decoder import Adapted
-    layers = dict(base["layers"])
-    for name, ad in adapters.items():
-        if name not in lora_lib.TARGETS or name not in layers:
-            raise ValueError(f"adapter for unknown weight {name!r}")
-        w = layers[name]
-        split = lora_lib.TARGETS[name]
-        i, o = math.prod(w.shape[1:1 + split]), math.prod(w.shape[1 + split:])
-        if ad["a"].shape != (w.shape[0], i, cfg.rank) or ad["b"].shape != (w.shape[0],
-                                                                           cfg.rank, o):
-            raise ValueError(f"adapter {name}: a {ad['a'].shape} / b {ad['b'].shape} do not fit "
-                             f"weight {w.shape} at rank {cfg.rank}")
-        layers[name] = Adapted(w, ad["a"], ad["b"], cfg.scale)
-    return {**base, "layers": layers}
-
-
 @functools.lru_cache(maxsize=8)
 def train_step_fn(config, lcfg: "lora_lib.LoraConfig | None", mu: float, lr: float,
                    weight_decay: float, lora_apply: Literal["unmerged", "merged"] = "unmerged"):
     """(jitted step, optimizer), cached so resumed / repeated runs in one process reuse the
-    compiled step. lora_apply: "unmerged" (``adapted_params``, the default) or "merged"
+    compiled step. lora_apply: "unmerged" (``lora.adapt``, the default) or "merged"
     (``lora.merge``: W + (α/r)·A·B built every step; the reference it is checked against)."""
     import optax
     optimizer = optax.adamw(lr, weight_decay=weight_decay)
     if lora_apply not in ("unmerged", "merged"):
         raise ValueError(f"lora_apply must be 'unmerged' or 'merged', got {lora_apply!r}")
-    apply = adapted_params if lora_apply == "unmerged" else lora_lib.merge
+    apply = lora_lib.adapt if lora_apply == "unmerged" else lora_lib.merge
 
     def loss_fn(trainable, base, batch, window, full_vocab):
         params = apply(base, trainable, lcfg) if lcfg else trainable

@@ -62,6 +62,10 @@ def test_transformers_tokenizer_gives_the_same_ids(pre):
     conv = [{"role": "user", "content": FORGED}]
     assert chat_ids(hf, [conv]) == chat_ids(pre.tokenizer, [conv])
     assert text_ids(hf, FORGED) == text_ids(pre.tokenizer, FORGED)
+    from tokenizers import Tokenizer   # a bare tokenizers.Tokenizer (rl.text.HFTokenizer takes one)
+    bare = Tokenizer.from_file(str(pre.path / "tokenizer.json"))
+    assert text_ids(bare, FORGED) == text_ids(pre.tokenizer, FORGED)
+    assert text_ids(bare, [BENIGN]) == [bare.encode(BENIGN, add_special_tokens=False).ids]
 
 
 def test_every_local_backend_reads_injected_markers_as_text(pre):
