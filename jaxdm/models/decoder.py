@@ -439,17 +439,114 @@ def attend_segments(q: jax.Array, k: jax.Array, v: jax.Array, slot: jax.Array, s
                     need: jax.Array | None = None) -> jax.Array:
     """Softmax attention of q [B, Sq, K, G, H] over k, v [B, T, K, H] under the segment rule
     (``segment_mask``) -> [B, Sq, N, H]. On CPU one call of the fused kernel
-    (``cpu_attention``), whatever the layout of contexts and continuations; elsewhere, and
-    under differentiation, XLA's attention over ``plan``'s key ranges (None: all keys at
-    once), need [B, Sq] (default sees) bounding the leading keys each query may see (for the
-    plan's context cuts). A query that sees no key gets the uniform average of the values it
-    was offered."""
-    reference = functools.partial(_segment_attention_xla, plan=plan)
+    (``cpu_attention``), whatever the layout of contexts and continuations; elsewhere XLA's
+    attention over ``plan``'s key ranges (None: all keys at once), need [B, Sq] (default sees)
+    bounding the leading keys each query may see (for the plan's context cuts). A query that
+    sees no key gets the uniform average of the values it was offered.
+
+    Differentiable with its own backward pass (``segment_attention_vjp``): the forward keeps
+    only q, k, v and the output, and the gradient recomputes each query block's probabilities
+    over that block's key ranges alone, so training holds one block's [queries x keys] at a
+    time (not every block's, nor every context cut's) and runs the forward on the kernel."""
     need = sees if need is None else need
+    return _segment_attention(plan, q, k, v, slot, seg, sees, kseg, need)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _segment_attention(plan, q, k, v, slot, seg, sees, kseg, need):
+    reference = functools.partial(_segment_attention_xla, plan=plan)
     if cpu_attention.supports_segments(q, k, v) and cpu_attention.segments_enabled():
         return cpu_attention.make_attend_segments(reference)(q, k, v, slot, seg, sees, kseg,
                                                              need)
     return reference(q, k, v, slot, seg, sees, kseg, need)
+
+
+def _segment_attention_fwd(plan, q, k, v, slot, seg, sees, kseg, need):
+    out = _segment_attention(plan, q, k, v, slot, seg, sees, kseg, need)
+    return out, (q, k, v, slot, seg, sees, kseg, need, out)
+
+
+def _segment_attention_bwd(plan, residuals, dout):
+    q, k, v, slot, seg, sees, kseg, need, out = residuals
+    dq, dk, dv = segment_attention_vjp(q, k, v, out, dout, slot, seg, sees, kseg, need,
+                                       plan=plan)
+    return dq, dk, dv, None, None, None, None, None
+
+
+_segment_attention.defvjp(_segment_attention_fwd, _segment_attention_bwd)
+
+# Query rows per block of the backward pass when the forward had no plan (the last layer's
+# read slots against a whole row): bounds the [block x keys] probabilities held at once.
+VJP_QUERY_BLOCK = 256
+
+
+def segment_attention_vjp(q, k, v, out, dout, slot, seg, sees, kseg, need, *,
+                          plan: AttentionPlan | None = None
+                          ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(dq, dk, dv) of ``attend_segments`` at (q, k, v) with output ``out`` [B, Sq, N, H] and
+    its cotangent ``dout``, block by block over ``plan`` (None: blocks of
+    ``VJP_QUERY_BLOCK`` queries over all keys). Per block: logits over its key ranges (the
+    context cut picked at run time as in the forward), probabilities P, then with
+    Δ = Σ_h dout·out:  dv += Pᵀ·dout,  dS = P ∘ (dout·vᵀ - Δ),  dq = dS·k / √H,
+    dk += dSᵀ·q / √H. fp32 throughout; pure, so it runs on every platform."""
+    b, sq, kh, g, hd = q.shape
+    t = k.shape[1]
+    scale = 1.0 / math.sqrt(hd)
+    blocks = plan if plan is not None else tuple(
+        (qs, min(sq, qs + VJP_QUERY_BLOCK), ((0, t),), ())
+        for qs in range(0, sq, VJP_QUERY_BLOCK))
+    f32 = lambda a: a.astype(jnp.float32)
+    dout = f32(dout).reshape(b, sq, kh, g, hd)
+    out = f32(out).reshape(b, sq, kh, g, hd)
+    mask_fn = functools.partial(segment_mask, slot, seg, sees, kseg)
+
+    def block_grads(dk, dv, qs, qe, ranges):
+        # One KV head at a time, its G query heads stacked as G*q matmul rows batched over B
+        # only (xla_attend's layout: with K and G as batch dimensions XLA:CPU ran the same
+        # products several times slower).
+        nq = qe - qs
+        mask = jnp.concatenate([mask_fn(qs, qe, a, e) for a, e in ranges], axis=-1)
+        bias = jnp.where(mask, 0.0, MASK_VALUE)[:, None]                  # [B, 1, q, n]
+        rows = lambda a: jnp.transpose(a, (0, 2, 1, 3)).reshape(b, g * nq, hd)  # [B,q,G,H]->
+        dq_heads, dk_heads, dv_heads = [], [], []
+        for h in range(kh):
+            kb = jnp.concatenate([f32(k[:, a:e, h]) for a, e in ranges], axis=1)  # [B, n, H]
+            vb = jnp.concatenate([f32(v[:, a:e, h]) for a, e in ranges], axis=1)
+            qh = rows(f32(q[:, qs:qe, h]) * scale)                       # [B, G*q, H]
+            do = rows(dout[:, qs:qe, h])
+            delta = jnp.sum(do * rows(out[:, qs:qe, h]), axis=-1, keepdims=True)
+            logits = jnp.einsum("BRH,BNH->BRN", qh, kb).reshape(b, g, nq, -1) + bias
+            p = jax.nn.softmax(logits, axis=-1).reshape(b, g * nq, -1)   # [B, G*q, n]
+            ds = p * (jnp.einsum("BRH,BNH->BRN", do, vb) - delta)
+            dq_heads.append(jnp.einsum("BRN,BNH->BRH", ds, kb).reshape(b, g, nq, hd) * scale)
+            dk_heads.append(jnp.einsum("BRN,BRH->BNH", ds, qh))
+            dv_heads.append(jnp.einsum("BRN,BRH->BNH", p, do))
+        dq = jnp.transpose(jnp.stack(dq_heads, axis=1), (0, 3, 1, 2, 4))  # [B, q, K, G, H]
+        dkb, dvb = jnp.stack(dk_heads, axis=2), jnp.stack(dv_heads, axis=2)  # [B, n, K, H]
+        at = 0
+        for a, e in ranges:
+            dk = dk.at[:, a:e].add(dkb[:, at:at + e - a])
+            dv = dv.at[:, a:e].add(dvb[:, at:at + e - a])
+            at += e - a
+        return dq, dk, dv
+
+    dk = jnp.zeros((b, t, kh, hd), jnp.float32)
+    dv = jnp.zeros((b, t, kh, hd), jnp.float32)
+    dqs = []
+    for qs, qe, ranges, cuts in blocks:
+        if len(cuts) < 2:
+            dq, dk, dv = block_grads(dk, dv, qs, qe, ranges)
+        else:
+            # One branch runs (this is not differentiated again): no residuals per cut.
+            (ks0, _), rest = ranges[0], ranges[1:]
+            branches = [functools.partial(block_grads, qs=qs, qe=qe, ranges=((ks0, c),) + rest)
+                        for c in cuts]
+            index = jnp.clip(jnp.searchsorted(jnp.asarray(cuts), jnp.max(need[:, qs:qe])),
+                             0, len(cuts) - 1)
+            dq, dk, dv = jax.lax.switch(index, branches, dk, dv)
+        dqs.append(dq)
+    dq = jnp.concatenate(dqs, axis=1).astype(q.dtype)
+    return dq, dk.astype(k.dtype), dv.astype(v.dtype)
 
 
 def _run_layers(params: Params, config: ModelConfig, x: jax.Array, positions: jax.Array,

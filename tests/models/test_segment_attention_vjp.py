@@ -1,0 +1,112 @@
+"""The backward pass of ``decoder.attend_segments`` (``segment_attention_vjp``): gradients
+equal XLA's autodiff of the reference attention on rows with contexts, continuations, padding
+and masked keys, with and without a plan (context cuts included), at read slots, in fp32 and
+bf16; and the compiled gradient holds one block's probabilities, not every block's."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxdm.models import cpu_attention, decoder
+from tests.models.test_cpu_attention import _segment_rows
+
+
+def _operands(dtype, b=2, seed=1):
+    t, slot, seg, sees, real = _segment_rows(b=b)
+    s = seg.shape[1]
+    rng = np.random.default_rng(seed)
+    q = jnp.asarray(rng.normal(size=(b, s, 3, 3, 64)), dtype)
+    k, v = (jnp.asarray(rng.normal(size=(b, s, 3, 64)), dtype) for _ in range(2))
+    # a cotangent on real slots only: padding outputs are never read
+    w = jnp.asarray(rng.normal(size=(b, s, 9, 64)), jnp.float32) * real[..., None, None]
+    return t, slot, seg, sees, q, k, v, w
+
+
+def _grads(fn, q, k, v, w):
+    loss = lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) * w)  # noqa: E731
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel-forward", "xla-forward"])
+@pytest.mark.parametrize("planned", [False, True], ids=["one-block", "plan-with-cuts"])
+def test_gradients_equal_xla_autodiff_of_the_reference(monkeypatch, kernel, planned):
+    if kernel and not cpu_attention.segments_enabled():
+        pytest.skip("the fused CPU attention kernel is off here")
+    if not kernel:
+        monkeypatch.setattr(cpu_attention, "segments_enabled", lambda: False)
+    t, slot, seg, sees, q, k, v, w = _operands(jnp.float32)
+    s = seg.shape[1]
+    plan = decoder.trunk_suffix_plan(s, t, 32, 32, 4) if planned else None
+    ours = _grads(lambda q, k, v: decoder.attend_segments(q, k, v, slot, seg, sees, seg,
+                                                          plan=plan), q, k, v, w)
+    ref = functools.partial(decoder._segment_attention_xla, plan=plan)
+    want = _grads(lambda q, k, v: ref(q, k, v, slot, seg, sees, seg, sees), q, k, v, w)
+    for name, got, exp in zip("qkv", ours, want):
+        assert got.shape == exp.shape and got.dtype == exp.dtype, name
+        scale = float(jnp.max(jnp.abs(exp)))
+        assert scale > 0.1, name  # a gradient that is there
+        np.testing.assert_allclose(np.asarray(got), np.asarray(exp), atol=2e-5 * scale,
+                                   err_msg=f"d{name}")
+    # keys nobody may see (the padding slots) get no gradient
+    pad = np.asarray(seg) < 0
+    assert np.all(np.asarray(ours[1])[pad] == 0) and np.all(np.asarray(ours[2])[pad] == 0)
+
+
+def test_gradients_at_read_slots_and_in_bf16():
+    """The last layer's path: queries at some slots only (repeats, context and continuation
+    slots) against a whole row, one block per VJP_QUERY_BLOCK queries; bf16 operands give
+    bf16 gradients within bf16 rounding of the fp32 ones."""
+    t, slot, seg, sees, q, k, v, _ = _operands(jnp.float32)
+    b = seg.shape[0]
+    read = jnp.asarray([[130, 3, 99, 130, 140, 112] * 3, [0, 119, 124, 125, 111, 50] * 3],
+                       jnp.int32)
+    at = lambda a: jnp.take_along_axis(a, read, axis=1)  # noqa: E731
+    q_read = jnp.take_along_axis(q, read[:, :, None, None, None], axis=1)
+    w = jnp.asarray(np.random.default_rng(3).normal(size=(b, read.shape[1], 9, 64)),
+                    jnp.float32)
+    fn = lambda q, k, v: decoder.attend_segments(q, k, v, read, at(seg), at(sees), seg)  # noqa
+    ref = lambda q, k, v: decoder._segment_attention_xla(  # noqa: E731
+        q, k, v, read, at(seg), at(sees), seg, at(sees), plan=None)
+    for got, exp in zip(_grads(fn, q_read, k, v, w), _grads(ref, q_read, k, v, w)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(exp),
+                                   atol=2e-5 * float(jnp.max(jnp.abs(exp))))
+    f32 = _grads(fn, q_read, k, v, w)
+    bf16 = _grads(fn, *(x.astype(jnp.bfloat16) for x in (q_read, k, v)), w)
+    for got, exp in zip(bf16, f32):
+        assert got.dtype == jnp.bfloat16
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(exp),
+                                   atol=3e-2 * float(jnp.max(jnp.abs(exp))))
+
+
+def test_the_gradient_holds_one_blocks_probabilities():
+    """XLA's compiled temporaries of the gradient, at a 1,024-slot row with a 512-token
+    context and context cuts: below a bound from one block's arrays, and below what autodiff
+    of the planned reference needs (it keeps every block's and every cut's residuals)."""
+    b, s, trunk, chunk, kh, g, hd = 1, 1024, 512, 128, 3, 3, 64
+    seg = np.full((b, s), -1, np.int32)
+    seg[:, :trunk] = 0
+    for i, start in enumerate(range(trunk, 1000, 12)):
+        seg[:, start:start + 12] = i + 1
+    slot = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
+    seg = jnp.asarray(seg)
+    sees = jnp.where(seg == 0, slot + 1, jnp.where(seg > 0, trunk - 100, 0)).astype(jnp.int32)
+    plan = decoder.trunk_suffix_plan(s, trunk, 64, chunk, 8)
+    q = jax.ShapeDtypeStruct((b, s, kh, g, hd), jnp.float32)
+    kv = jax.ShapeDtypeStruct((b, s, kh, hd), jnp.float32)
+
+    def temp_bytes(fn):
+        loss = lambda q, k, v: jnp.sum(fn(q, k, v))  # noqa: E731
+        compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, kv, kv).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    ours = temp_bytes(lambda q, k, v: decoder.attend_segments(q, k, v, slot, seg, sees, seg,
+                                                              plan=plan))
+    ref = functools.partial(decoder._segment_attention_xla, plan=plan)
+    theirs = temp_bytes(lambda q, k, v: ref(q, k, v, slot, seg, sees, seg, sees))
+    widest = trunk + 64 + chunk                       # keys of a continuation block
+    block = b * g * chunk * widest * 4                # one head's [G*q, keys] fp32 array
+    operands = b * s * (kh * g + 2 * kh) * hd * 4     # q, k, v (or their gradients) once
+    assert ours <= 8 * block + 8 * operands, (ours, block, operands)
+    assert ours < theirs / 2, (ours, theirs)
