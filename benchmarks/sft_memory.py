@@ -20,11 +20,14 @@ runs one step and reports the process's peak RSS (``ru_maxrss``: model, compile 
 built every step, its dense gradient xᵀ·dy contracted to dA, dB) against ``unmerged`` (train-dm's
 default, ``decoder.Adapted``: x·W + (α/r)·(x·A)·B, no weight-sized gradient), one process
 each, alternated ``--rounds`` times; the step time is the second step's (the first runs once
-after compiling).
+after compiling). ``--compare layout`` compares the rows layout with the packed one
+(``--layout`` of train-dm), unmerged LoRA, remat on; ``--compare dtype`` bf16 frozen
+weights against fp32 (packed layout; the loss of each is printed: compare them).
 
   python benchmarks/sft_memory.py            # both states, remat off and on
   python benchmarks/sft_memory.py --quick    # judge state, 6 layers, budget 12 (< 60 s idle)
   python benchmarks/sft_memory.py --compare lora --states gym,judge
+  python benchmarks/sft_memory.py --compare layout --states gym,judge
 """
 from __future__ import annotations
 
@@ -74,14 +77,14 @@ def peak_rss_gb() -> float:
 
 
 def child(state: str, remat: bool, layers: int, budget: int, max_run_gb: float,
-          lora_apply: str = "unmerged") -> dict:
+          lora_apply: str = "unmerged", layout: str = "rows", dtype: str = "float32") -> dict:
     import jax
     import jax.numpy as jnp
 
     from jaxdm.models.smollm2 import smollm2
     from jaxdm.models import lora
     from jaxdm.train import packing, sft
-    pre = smollm2()
+    pre = smollm2(dtype)
     if layers < pre.config.num_layers:
         pre = pre.__class__(**{**pre.__dict__,
                                "params": {**pre.params, "layers": jax.tree.map(
@@ -89,7 +92,7 @@ def child(state: str, remat: bool, layers: int, budget: int, max_run_gb: float,
                                "config": pre.config.replace(num_layers=layers)})
     its, mode = judge_items(budget) if state == "judge" else gym_items()
     batch, window, full_vocab, stats = packing.pack_items(packing.Encoder(pre, mode), its,
-                                                          layout="rows")
+                                                          layout=layout)
     batch = jax.tree.map(jnp.asarray, batch)
     lcfg = lora.LoraConfig(32, 32.0)
     step, opt = sft.train_step_fn(pre.config.replace(remat=remat), lcfg, 0.5, 1e-4, 0.0,
@@ -100,7 +103,8 @@ def child(state: str, remat: bool, layers: int, budget: int, max_run_gb: float,
     compiled = step.lower(tr, ost, pre.params, batch, window, full_vocab).compile()
     mem = compiled.memory_analysis()
     temp = float(mem.temp_size_in_bytes) / 2**30
-    out = {"state": state, "remat": remat, "lora_apply": lora_apply, "layers": layers,
+    out = {"state": state, "remat": remat, "lora_apply": lora_apply, "layout": layout,
+           "dtype": dtype, "layers": layers,
            "questions": len(its),
            "requests": stats["requests"], "tokens": stats["unique_tokens"],
            "compiled_temp_gb": round(temp, 3), "compile_s": round(time.perf_counter() - t0, 1)}
@@ -122,9 +126,9 @@ def main(argv=None):
     ap.add_argument("--states", default="judge,gym")
     ap.add_argument("--max-run-gb", type=float, default=12.0,
                     help="run the step only when XLA's temporary buffers fit this (GiB)")
-    ap.add_argument("--child", nargs=3, metavar=("STATE", "REMAT", "LORA"),
+    ap.add_argument("--child", nargs=5, metavar=("STATE", "REMAT", "LORA", "LAYOUT", "DTYPE"),
                     help=argparse.SUPPRESS)
-    ap.add_argument("--compare", choices=("remat", "lora"), default="remat")
+    ap.add_argument("--compare", choices=("remat", "lora", "layout", "dtype"), default="remat")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--budget", type=int, default=30)
@@ -133,13 +137,15 @@ def main(argv=None):
         args.states, args.layers, args.budget = "judge", 6, 12
     if args.child:
         print("CHILD " + json.dumps(child(args.child[0], args.child[1] == "on", args.layers,
-                                          args.budget, args.max_run_gb, args.child[2])),
+                                          args.budget, args.max_run_gb, args.child[2],
+                                          args.child[3], args.child[4])),
               flush=True)
         return
-    if args.compare == "lora":
-        return compare_lora(args)
+    if args.compare in VARIANTS:
+        return compare(args, args.compare)
     for state in args.states.split(","):
-        got = {remat: run_child(args, state, remat, "unmerged") for remat in ("off", "on")}
+        got = {remat: run_child(args, state, remat, "unmerged", "rows", "float32")
+               for remat in ("off", "on")}
         off, on = got["off"], got["on"]
         if "compiled_temp_gb" in off and "compiled_temp_gb" in on:
             print(f"RESULT sft_memory_{state}_compiled: baseline {off['compiled_temp_gb']:.2f} "
@@ -152,43 +158,57 @@ def main(argv=None):
                   f"{off['peak_rss_gb'] / on['peak_rss_gb']:.2f}x (remat off vs on, peak RSS)")
 
 
-def run_child(args, state: str, remat: str, lora_apply: str) -> dict:
-    cmd = [sys.executable, __file__, "--child", state, remat, lora_apply, "--layers",
+def run_child(args, state: str, remat: str, lora_apply: str, layout: str, dtype: str) -> dict:
+    cmd = [sys.executable, __file__, "--child", state, remat, lora_apply, layout, dtype, "--layers",
            str(args.layers), "--budget", str(args.budget), "--max-run-gb", str(args.max_run_gb)]
     p = subprocess.run(cmd, capture_output=True, text=True)
     line = [x for x in p.stdout.splitlines() if x.startswith("CHILD ")]
     if p.returncode or not line:
-        got = {"state": state, "remat": remat == "on", "lora_apply": lora_apply,
-               "error": f"exit {p.returncode}: {p.stderr.strip()[-300:]}"}
+        got = {"state": state, "remat": remat == "on", "lora_apply": lora_apply, "layout": layout,
+               "dtype": dtype, "error": f"exit {p.returncode}: {p.stderr.strip()[-300:]}"}
     else:
         got = json.loads(line[0][6:])
     print(json.dumps(got), flush=True)
     return got
 
 
-def compare_lora(args) -> None:
+# --compare: the variants (baseline first) as (LoRA application, layout, weights' dtype),
+# remat on. "dtype": bf16 frozen weights (the kernels' bf16 products, fp32 accumulation, fp32
+# residual stream) with fp32 adapters and optimiser state, against fp32 throughout.
+VARIANTS = {"lora": {"merged": ("merged", "rows", "float32"),
+                     "unmerged": ("unmerged", "rows", "float32")},
+            "layout": {"rows": ("unmerged", "rows", "float32"),
+                       "packed": ("unmerged", "packed", "float32")},
+            "dtype": {"float32": ("unmerged", "packed", "float32"),
+                      "bfloat16": ("unmerged", "packed", "bfloat16")}}
+
+
+def compare(args, what: str) -> None:
     import statistics
+    variants = VARIANTS[what]
+    base_name, ours_name = variants
     for state in args.states.split(","):
-        runs: dict[str, list[dict]] = {"merged": [], "unmerged": []}
+        runs: dict[str, list[dict]] = {name: [] for name in variants}
         for _ in range(args.rounds):
-            for how in runs:   # alternated: the machine's load hits both alike
-                runs[how].append(run_child(args, state, "on", how))
+            for name, (lora_apply, layout, dtype) in variants.items():
+                # alternated: the machine's load hits both alike
+                runs[name].append(run_child(args, state, "on", lora_apply, layout, dtype))
         ok = {h: [r for r in rs if "step_s" in r] for h, rs in runs.items()}
-        if not (ok["merged"] and ok["unmerged"]):
-            print(f"RESULT sft_lora_{state}: a side failed; see the lines above")
+        if not all(ok.values()):
+            print(f"RESULT sft_{what}_{state}: a side failed; see the lines above")
             continue
         med = {h: {k: statistics.median(r[k] for r in rs)
                    for k in ("step_s", "peak_rss_gb", "compiled_temp_gb")}
                for h, rs in ok.items()}
-        m, u = med["merged"], med["unmerged"]
-        print(f"RESULT sft_lora_{state}_step: baseline {m['step_s']:.2f} s, jaxdm "
-              f"{u['step_s']:.2f} s, ratio {m['step_s'] / u['step_s']:.2f}x (merged vs unmerged "
-              f"LoRA, remat on, {ok['unmerged'][0]['tokens']} tokens, median of "
-              f"{len(ok['unmerged'])})")
-        print(f"RESULT sft_lora_{state}_rss: baseline {m['peak_rss_gb']:.2f} GiB, jaxdm "
+        m, u = med[base_name], med[ours_name]
+        tokens = "/".join(str(ok[h][0]["tokens"]) for h in variants)
+        print(f"RESULT sft_{what}_{state}_step: baseline {m['step_s']:.2f} s, jaxdm "
+              f"{u['step_s']:.2f} s, ratio {m['step_s'] / u['step_s']:.2f}x ({base_name} vs "
+              f"{ours_name}, remat on, {tokens} tokens, median of {len(ok[ours_name])})")
+        print(f"RESULT sft_{what}_{state}_rss: baseline {m['peak_rss_gb']:.2f} GiB, jaxdm "
               f"{u['peak_rss_gb']:.2f} GiB, ratio {m['peak_rss_gb'] / u['peak_rss_gb']:.2f}x "
               "(peak RSS of the whole process)")
-        print(f"RESULT sft_lora_{state}_compiled: baseline {m['compiled_temp_gb']:.2f} GiB, "
+        print(f"RESULT sft_{what}_{state}_compiled: baseline {m['compiled_temp_gb']:.2f} GiB, "
               f"jaxdm {u['compiled_temp_gb']:.2f} GiB, ratio "
               f"{m['compiled_temp_gb'] / max(u['compiled_temp_gb'], 1e-9):.2f}x (XLA temporaries)")
 

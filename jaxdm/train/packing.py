@@ -180,14 +180,14 @@ def pack_items(encoder: Encoder, items: Sequence[SFTItem], *, q_bucket: int = 1,
 
     layout (``shared_prefix.LAYOUTS``): "packed" (trunk + packed suffixes in one row per
     group) or "rows" (trunk prefilled into a KV cache, suffixes as padded rows over it; window
-    is then 0). Both give the same loss and gradients; for training, "rows" needs far less
-    memory when a context has many long suffixes: the packed layout picks among 8 context
-    cuts with ``lax.switch``, whose backward pass keeps the residuals of every branch (a
-    69-option DECISION GYM tool question on SmolLM2 asked for 93 GB). The rows layout is
-    not enough either for that state on SmolLM2's 30 layers (62 GB requested: every row is
-    padded to the longest suffix, here a parameter question's whole text, and the layer scan
-    keeps every layer's attention residuals); ``ModelConfig.remat`` (train-dm's default)
-    rematerialises each layer in the backward pass so only one layer's residuals are alive."""
+    is then 0). Both give the same loss and gradients. For training, "packed" runs fewer
+    tokens (the rows layout pads every suffix to the group's longest, here a parameter
+    question's whole text) and its attention backward (``decoder.segment_attention_vjp``)
+    holds one query block's probabilities at a time. Full-depth SmolLM2-135M step on the
+    69-option DECISION GYM state (AMD EPYC, 2 cores, fp32, remat on): rows 117.7 s, 5.18 GiB
+    peak RSS; packed 30.2 s, 3.18 GiB (benchmarks/RESULTS.md). ``ModelConfig.remat``
+    (train-dm's default) rematerialises each layer in the backward pass so only one layer's
+    residuals are alive."""
     if not items:
         raise ValueError("pack_items: no items")
     reqs: list[shared_prefix.Request] = []

@@ -47,9 +47,10 @@ class TrainDMConfig:
 
     data: JSONL of states (``jaxdm.train.data``); model: "smollm2" or an HF folder;
     mode: how options are read ("likelihood": option tokens; "readout": label letters);
-    layout: the scorer layout trained through ("rows": the context once as a KV cache, the
-    questions' suffixes as rows over it; "packed": one row per context, less compute but its
-    backward pass keeps every context-cut branch: see ``jaxdm.train.packing.pack_items``);
+    layout: the scorer layout trained through ("packed", the default: one row per context,
+    its questions' suffixes packed after it, nothing padded per suffix; "rows": the context
+    once as a KV cache, the suffixes as rows over it padded to the longest: see
+    ``jaxdm.train.packing.pack_items`` and ``benchmarks/sft_memory.py --compare layout``);
     teacher: optional backend spec (``jaxdm.decision.make_backend``) whose probabilities
     enter the mixed target for questions without a ``teacher`` field;
     lora_rank: 0 trains all weights; require_split: refuse lines of other splits (None: off);
@@ -69,7 +70,7 @@ class TrainDMConfig:
     model: str = "smollm2"
     out_dir: str = "train_dm_out"
     mode: Literal["likelihood", "readout"] = "likelihood"
-    layout: Literal["rows", "packed"] = "rows"
+    layout: Literal["rows", "packed"] = "packed"
     epochs: int = 2
     lr: float = 1e-4
     weight_decay: float = 0.0
