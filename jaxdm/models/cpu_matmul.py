@@ -8,10 +8,9 @@ computes to summation order: from bf16 operands (products of bf16 pairs, fp32 ac
 the AMX tiles of x86-64 CPUs that have them (``amx_bf16``), else with AVX-512 BF16 pair dot
 products (``avx512_bf16``, e.g. AMD Zen 4); from fp32 operands with AVX-512 FMAs.
 
-- ``matmul(x, w)`` is the decoder's projection path: on CPU the kernel, elsewhere the
-  einsum. Differentiated, the forward still runs the kernel and the derivatives are XLA's
-  dots (a custom JVP whose tangent is linear: its transpose gives dy·wᵀ, and xᵀ·dy only
-  for a weight that is differentiated). ``matmul_layer(x, stack, layer)`` takes a layer of a weight stack [L, K, N] and
+- ``matmul(x, w)`` is the decoder's projection path: on CPU the kernel, elsewhere and under
+  differentiation the einsum (a custom JVP: the kernel is forward-only), so gradients are
+  XLA's. ``matmul_layer(x, stack, layer)`` takes a layer of a weight stack [L, K, N] and
   reads it in place (the decoder's layer loop passes its stacks whole: XLA would copy each
   layer's slice for a custom call). Both take ``valid`` (int [B]): only the first valid[b]
   rows of x[b] are computed, the others' results are zeros (a packed row's padding tail).
@@ -25,7 +24,6 @@ products (``avx512_bf16``, e.g. AMD Zen 4); from fp32 operands with AVX-512 FMAs
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -153,7 +151,7 @@ def _reference_any(x, w, layer, valid):
 
 def matmul(x: jax.Array, w: jax.Array, valid: jax.Array | None = None) -> jax.Array:
     """x [..., K] @ w [K, N] (both bf16 or both fp32) -> [..., N] fp32: the kernel on CPU,
-    ``reference`` elsewhere (and for the derivatives).
+    ``reference`` elsewhere and under differentiation.
 
     valid (int [B], for x [B, ..., K]): only the first valid[b] rows of x[b] (its trailing
     dims but K flattened) are computed; the others' results are zeros (a packed row's padding
@@ -167,7 +165,7 @@ def matmul_layer(x: jax.Array, stack: jax.Array, layer: jax.Array,
     [..., N] fp32, rows as ``matmul``'s valid says. On CPU the kernel reads the stack in
     place: a layer loop that passes its whole weight stack and the loop index saves the copy
     of each layer's slice (~1 % of the fp32 readout; issue 17). ``reference_layer`` elsewhere
-    and for the derivatives (whose transpose is a full-stack update per layer: differentiate
+    and under differentiation (whose transpose is a full-stack update per layer: differentiate
     a loop over sliced weights)."""
     return _product(x, stack, layer, _valid(valid))
 
@@ -178,23 +176,10 @@ def _product(x, w, layer, valid):
     return jax.lax.platform_dependent(x, w, layer, valid, cpu=_kernel, default=_reference_any)
 
 
+@_product.defjvp
 def _jvp(primals, tangents):
-    """The primal through the kernel (training's forward and rematerialised passes run at the
-    kernel's rate), the tangent by XLA: dx·w (+ x·dw where w has a tangent), linear, so its
-    transpose is XLA's dy·wᵀ (and xᵀ·dy). A frozen weight's tangent is a symbolic zero:
-    no x·0 product is traced for it."""
     x, w, layer, valid = primals
     dx, dw = tangents[:2]
-    out = _product(x, w, layer, valid)
-    zero = lambda t: isinstance(t, jax.custom_derivatives.SymbolicZero)
-    parts = []
-    if not zero(dx):
-        parts.append(_reference_any(dx, w, layer, valid))
-    if not zero(dw) and w.dtype != jnp.uint16:  # bits: no tangent space
-        parts.append(_reference_any(x, dw, layer, valid))
-    if not parts:
-        return out, jnp.zeros_like(out)
-    return out, functools.reduce(jnp.add, parts)
-
-
-_product.defjvp(_jvp, symbolic_zeros=True)
+    if w.dtype == jnp.uint16:  # bits: no tangent space
+        return _product(x, w, layer, valid), _reference_any(dx, w, layer, valid)
+    return jax.jvp(lambda x, w: _reference_any(x, w, layer, valid), (x, w), (dx, dw))
