@@ -169,14 +169,16 @@ class Encoder:
 
 def pack_items(encoder: Encoder, items: Sequence[SFTItem], *, q_bucket: int = 1,
                min_shared_frac: float = 0.5, alpha: float = losses.ALPHA,
-               layout: str = "packed", min_trunk: int = 64
+               layout: str = "packed", min_trunk: int = 64, o_bucket: int = 1
                ) -> tuple[SFTBatch, int, bool, dict[str, int]]:
     """Packs items into one ``SFTBatch``. Returns (batch, window, full_vocab, stats) where
     window and full_vocab are the static arguments of ``option_scores``; stats counts tokens
     run ("unique_tokens") and tokens a one-sequence-per-request trainer would run.
     q_bucket (questions) and min_trunk (context tokens) are padding floors: batches of
     varied sizes then share a few shapes, so a training run compiles its step a few times
-    instead of once per batch size (padded questions carry no loss).
+    instead of once per batch size (padded questions carry no loss). o_bucket: option slots in
+    multiples of it (masked past each question's options; train-dm: 8, so the 117 DECISION
+    GYM training contexts' 7 option counts, 2 .. 69, become 4: 36 -> 29 distinct programs).
 
     layout (``shared_prefix.LAYOUTS``): "packed" (trunk + packed suffixes in one row per
     group) or "rows" (trunk prefilled into a KV cache, suffixes as padded rows over it; window
@@ -212,6 +214,7 @@ def pack_items(encoder: Encoder, items: Sequence[SFTItem], *, q_bucket: int = 1,
     a = shared_prefix.bucket(max(len(r.answer_positions) for r in reqs), 1)
     q = shared_prefix.bucket(len(items), 1, fine=q_bucket) if q_bucket > 1 else len(items)
     o = max(it.n_options for it in items)
+    o = shared_prefix.bucket(o, 1, fine=o_bucket, fine_limit=256) if o_bucket > 1 else o
     group = np.zeros((q, o), np.int32)
     answer_slot = np.zeros((q, o, a), np.int32)
     slot = np.zeros((q, o), np.int32)

@@ -62,8 +62,8 @@ class TrainDMConfig:
     the adapter folder a LoRA run also exports (``out_dir/adapter``, ``lora.save_adapter``:
     a few MB, loaded by ``load_adapted`` and by ``jaxdm screen --judge <folder>``; written
     also when max_steps stops the run early, unlike the merged ``model/``); q_bucket /
-    min_trunk: padding floors of a batch's questions / context tokens
-    (``packing.pack_items``), so states of varied sizes share a few compiled steps.
+    min_trunk / o_bucket: padding floors of a batch's questions / context tokens / option
+    slots (``packing.pack_items``), so states of varied sizes share a few compiled steps.
     """
 
     data: str = ""
@@ -94,9 +94,11 @@ class TrainDMConfig:
     adapter_dtype: str = "float32"
     q_bucket: int = 1
     min_trunk: int = 64
+    o_bucket: int = 8
 
     def __post_init__(self):
-        for name in ("epochs", "states_per_step", "save_every", "q_bucket", "min_trunk"):
+        for name in ("epochs", "states_per_step", "save_every", "q_bucket", "min_trunk",
+                     "o_bucket"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train-dm: {name} must be >= 1, got {getattr(self, name)}")
         if self.lora_rank < 0:
@@ -249,7 +251,8 @@ def train(cfg: TrainDMConfig) -> dict[str, Any]:
                                                                   alpha=cfg.alpha,
                                                                   layout=cfg.layout,
                                                                   q_bucket=cfg.q_bucket,
-                                                                  min_trunk=cfg.min_trunk)
+                                                                  min_trunk=cfg.min_trunk,
+                                                                  o_bucket=cfg.o_bucket)
             batch = jax.tree.map(jnp.asarray, batch)
             new_tr, new_opt, loss, gnorm, m = step_fn(trainable, opt_state, base, batch,
                                                       window, full_vocab)
@@ -318,5 +321,5 @@ def _fingerprint(cfg: TrainDMConfig, n_states: int) -> str:
     keep = {k: v for k, v in dataclasses.asdict(cfg).items()
             if k not in ("out_dir", "max_steps", "progress", "export", "save_every",
                          "keep_checkpoints", "remat", "adapter_dtype", "q_bucket",
-                         "min_trunk")}
+                         "min_trunk", "o_bucket")}
     return json.dumps(keep, sort_keys=True, default=str) + f"|states={n_states}"

@@ -86,3 +86,22 @@ def test_bad_items_name_their_source():
     with pytest.raises(ValueError, match="f.jsonl:9: 30 options, more than the 26"):
         packing.Encoder(pre, mode="readout").requests(packing.SFTItem(many, (0,),
                                                                       source="f.jsonl:9"))
+
+
+def test_padded_option_slots_change_nothing():
+    """o_bucket (train-dm: 8) pads the option slots to a multiple of 8, masked: the same loss
+    and gradients as the unpadded batch, and fewer distinct shapes."""
+    pre = tiny()
+    encoder = packing.Encoder(pre, mode="likelihood")
+    got = {}
+    for o_bucket in (1, 8):
+        batch, window, full_vocab, _ = packing.pack_items(encoder, _items(), o_bucket=o_bucket)
+        batch = jax.tree.map(jax.numpy.asarray, batch)
+        got[o_bucket] = (batch.option_mask.shape, jax.value_and_grad(
+            lambda p: packing.batch_loss(p, pre.config, batch, window=window,
+                                         full_vocab=full_vocab)[0])(pre.params))
+    (shape1, (l1, g1)), (shape8, (l8, g8)) = got[1], got[8]
+    assert shape1[1] < 8 and shape8[1] == 8 and shape1[0] == shape8[0]
+    assert abs(float(l1) - float(l8)) < 1e-6
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g8)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
