@@ -17,7 +17,10 @@ callback.
   its mask given by a rule on int32 vectors (``decoder.segment_mask``: shared contexts and
   their continuations) instead of a pred array, so a packed row's whole self-attention is
   one call per layer (no query blocks, key slices, per-block packing or output concatenation
-  in XLA: fp32 Prefix+Value batch 9.95 -> 9.71 s; issue 17).
+  in XLA: fp32 Prefix+Value batch 9.95 -> 9.71 s; issue 17). Training differentiates it
+  through ``decoder.attend_segments``' own backward pass (``decoder.segment_attention_vjp``),
+  so the kernel runs the forward there too; this function's JVP (``reference``'s) is then
+  not used.
 - The kernel is built with jaxdm's other CPU kernels (``jaxdm.models.cpu_kernels``: one
   library, compiled on first use or ahead of time by ``make test`` and ``make demo``) and
   registered with XLA.
