@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -122,7 +123,10 @@ def trl_child(layers: int, budget: int, steps: int, dtype: str) -> dict:
     trainer = SFTTrainer(model=model, args=cfg, train_dataset=Dataset.from_list(rows),
                          processing_class=tok, peft_config=peft, callbacks=[Clock()])
     t0 = time.perf_counter()
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        shutil.rmtree(out, ignore_errors=True)  # nothing is saved there (save_strategy "no")
     gaps = [b - a for a, b in zip([t0] + marks, marks)]
     per_q = statistics.median(gaps[2:]) if len(gaps) > 2 else statistics.median(gaps)
     tokens = statistics.mean(len(r["input_ids"]) for r in rows)
