@@ -76,6 +76,17 @@ def peak_rss_gb() -> float:
     return round(kb / 2**20, 2)
 
 
+def first_layers(pre, layers: int):
+    """The pretrained model cut to its first ``layers`` decoder layers (all when more)."""
+    import jax
+    if layers >= pre.config.num_layers:
+        return pre
+    return pre.__class__(**{**pre.__dict__,
+                            "params": {**pre.params, "layers": jax.tree.map(
+                                lambda x: x[:layers], pre.params["layers"])},
+                            "config": pre.config.replace(num_layers=layers)})
+
+
 def child(state: str, remat: bool, layers: int, budget: int, max_run_gb: float,
           lora_apply: str = "unmerged", layout: str = "rows", dtype: str = "float32") -> dict:
     import jax
@@ -84,12 +95,7 @@ def child(state: str, remat: bool, layers: int, budget: int, max_run_gb: float,
     from jaxdm.models.smollm2 import smollm2
     from jaxdm.models import lora
     from jaxdm.train import packing, sft
-    pre = smollm2(dtype)
-    if layers < pre.config.num_layers:
-        pre = pre.__class__(**{**pre.__dict__,
-                               "params": {**pre.params, "layers": jax.tree.map(
-                                   lambda x: x[:layers], pre.params["layers"])},
-                               "config": pre.config.replace(num_layers=layers)})
+    pre = first_layers(smollm2(dtype), layers)
     its, mode = judge_items(budget) if state == "judge" else gym_items()
     batch, window, full_vocab, stats = packing.pack_items(packing.Encoder(pre, mode), its,
                                                           layout=layout)

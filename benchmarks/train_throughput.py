@@ -32,24 +32,28 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sft_memory import judge_items, peak_rss_gb  # noqa: E402
+from sft_memory import first_layers, judge_items, peak_rss_gb  # noqa: E402
 
 
-def _model(layers: int, dtype: str):
-    import jax
-
+def trl_rows(budget: int) -> list[dict]:
+    """TRL's dataset: per question our Encoder's prompt ids + the label id, loss on the label
+    (built here, in the parent: the TRL child then holds no JAX model)."""
     from jaxdm.models.smollm2 import smollm2
-    pre = smollm2(dtype)
-    if layers < pre.config.num_layers:
-        pre = pre.__class__(**{**pre.__dict__,
-                               "params": {**pre.params, "layers": jax.tree.map(
-                                   lambda x: x[:layers], pre.params["layers"])},
-                               "config": pre.config.replace(num_layers=layers)})
-    return pre
+    from jaxdm.train import packing
+    its, mode = judge_items(budget)
+    enc = packing.Encoder(smollm2(), mode)
+    rows = []
+    for it in its:
+        (req,), _ = enc.requests(it)
+        prompt = list(req.tokens)
+        rows.append({"input_ids": prompt + [enc.yes_no[it.answer[0]]],
+                     "completion_mask": [0] * len(prompt) + [1]})
+    return rows
 
 
 def jaxdm_child(layers: int, budget: int, steps: int, dtype: str) -> dict:
@@ -57,8 +61,9 @@ def jaxdm_child(layers: int, budget: int, steps: int, dtype: str) -> dict:
     import jax.numpy as jnp
 
     from jaxdm.models import lora
+    from jaxdm.models.smollm2 import smollm2
     from jaxdm.train import packing, sft
-    pre = _model(layers, dtype)
+    pre = first_layers(smollm2(dtype), layers)
     its, mode = judge_items(budget)
     batch, window, full_vocab, stats = packing.pack_items(packing.Encoder(pre, mode), its)
     batch = jax.tree.map(jnp.asarray, batch)
@@ -80,7 +85,7 @@ def jaxdm_child(layers: int, budget: int, steps: int, dtype: str) -> dict:
             "losses": losses, "peak_rss_gb": peak_rss_gb()}
 
 
-def trl_child(layers: int, budget: int, steps: int, dtype: str) -> dict:
+def trl_child(layers: int, rows_file: str, steps: int, dtype: str) -> dict:
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -88,16 +93,7 @@ def trl_child(layers: int, budget: int, steps: int, dtype: str) -> dict:
     from trl import SFTConfig, SFTTrainer
 
     from jaxdm.models.smollm2 import smollm2_path
-    from jaxdm.train import packing
-    pre = _model(layers, "float32")
-    its, mode = judge_items(budget)
-    enc = packing.Encoder(pre, mode)
-    rows = []
-    for it in its:
-        (req,), _ = enc.requests(it)
-        label = enc.yes_no[it.answer[0]]
-        prompt = list(req.tokens)
-        rows.append({"input_ids": prompt + [label], "completion_mask": [0] * len(prompt) + [1]})
+    rows = json.loads(Path(rows_file).read_text())
     rows = (rows * (-(-steps // len(rows))))[:steps]     # one question per step
     path = smollm2_path()
     model = AutoModelForCausalLM.from_pretrained(path, num_hidden_layers=layers,
@@ -137,9 +133,10 @@ def trl_child(layers: int, budget: int, steps: int, dtype: str) -> dict:
             "peak_rss_gb": peak_rss_gb()}
 
 
-def run_child(args, side: str) -> dict:
+def run_child(args, side: str, rows_file: str) -> dict:
     cmd = [sys.executable, __file__, "--child", side, "--layers", str(args.layers), "--budget",
-           str(args.budget), "--steps", str(args.steps), "--dtype", args.dtype]
+           str(args.budget), "--steps", str(args.steps), "--dtype", args.dtype,
+           "--rows", rows_file]
     p = subprocess.run(cmd, capture_output=True, text=True)
     line = [x for x in p.stdout.splitlines() if x.startswith("CHILD ")]
     got = (json.loads(line[0][6:]) if line and not p.returncode else
@@ -157,18 +154,23 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=8, help="steps per side and round")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--rows", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.quick:
         args.layers, args.budget, args.steps, args.rounds = 4, 12, 5, 1
     if args.child:
-        fn = jaxdm_child if args.child == "jaxdm" else trl_child
-        print("CHILD " + json.dumps(fn(args.layers, args.budget, args.steps, args.dtype)),
-              flush=True)
+        got = (jaxdm_child(args.layers, args.budget, args.steps, args.dtype)
+               if args.child == "jaxdm" else
+               trl_child(args.layers, args.rows, args.steps, args.dtype))
+        print("CHILD " + json.dumps(got), flush=True)
         return
     runs: dict[str, list[dict]] = {"trl": [], "jaxdm": []}
-    for _ in range(args.rounds):
-        for side in runs:  # alternated: the machine's load hits both alike
-            runs[side].append(run_child(args, side))
+    with tempfile.TemporaryDirectory() as tmp:
+        rows_file = str(Path(tmp) / "trl_rows.json")
+        Path(rows_file).write_text(json.dumps(trl_rows(args.budget)))
+        for _ in range(args.rounds):
+            for side in runs:  # alternated: the machine's load hits both alike
+                runs[side].append(run_child(args, side, rows_file))
     ok = {s: [r for r in rs if "step_s" in r] for s, rs in runs.items()}
     if not all(ok.values()):
         print("RESULT train_judge_questions_per_s: a side failed; see the lines above")
