@@ -10,8 +10,9 @@ Line format (DECISION GYM states from ``experiments/decision_gym_data.py`` fit i
      ],
      "split": "train", ...}                          # other keys are kept in meta
 
-``answer`` lists the acceptable option indices (a Yes/No question: "yes" or "no"). A
-malformed line raises ``ValueError`` naming the file and line (and the question index).
+``answer`` lists the acceptable option indices (a Yes/No question: "yes", "no", or
+``["yes", "no"]`` when either is acceptable, so the target is 0.5 each: a judge's label for an
+action that is neither progress nor a no-op, ``jaxdm.train.judge_data``). A malformed line raises ``ValueError`` naming the file and line (and the question index).
 """
 from __future__ import annotations
 
@@ -44,11 +45,14 @@ def _item(q: Any, context: str, where: str, extra: dict[str, Any]) -> SFTItem:
         teacher = tuple(float(t) for t in teacher)
     answer = q.get("answer")
     if "options" not in q:
-        if answer not in ANSWERS_YES_NO:
+        labels = answer if isinstance(answer, list) else [answer]
+        if not labels or not all(isinstance(a, str) and a in ANSWERS_YES_NO for a in labels) \
+                or len(set(labels)) != len(labels):
             raise ValueError(f"{where}: a question without 'options' is Yes/No and needs "
-                             f"'answer' \"yes\" or \"no\", got {answer!r}")
+                             f"'answer' \"yes\", \"no\" or a list of both (either is "
+                             f"acceptable: a 0.5 target), got {answer!r}")
         return SFTItem(YesNo(context=context, question=text, meta=meta),
-                       (ANSWERS_YES_NO[answer],), teacher, where)
+                       tuple(sorted(ANSWERS_YES_NO[a] for a in labels)), teacher, where)
     options = q["options"]
     if not isinstance(options, list) or len(options) < 2 or not all(
             isinstance(o, str) for o in options):

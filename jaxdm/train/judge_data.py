@@ -3,9 +3,13 @@
 Each trajectory gives one line (its shared context) whose questions are the judge questions of
 ``jaxdm.roles.judge_requests`` (e.g. Hindsight + Progress) about its actions, labelled from the
 environment's annotations: a milestone -> "yes" (the action made progress), a no-op -> "no".
-Actions that are neither carry no label we can trust (a move toward the goal, a needless but
-state-changing look, ...): they are left out of training and counted in the stats. The line
-format is ``jaxdm.train.data``'s, so ``jaxdm train-dm`` trains on it directly.
+Actions that are neither (a move toward the goal, taking an object the task does not need, ...)
+have no Yes/No answer we can trust, but they do sit between the two in the ranking a judge is
+screened on (milestones highest, no-ops lowest). ``other="skip"`` leaves them out (counted in
+the stats); ``other="either"`` labels them ``["yes", "no"]`` (a 0.5 target), so the judge
+learns the whole ranking and not only milestone-vs-no-op, and a no-op must score below every
+state-changing action. The line format is ``jaxdm.train.data``'s, so ``jaxdm train-dm`` trains
+on it directly.
 """
 from __future__ import annotations
 
@@ -13,13 +17,19 @@ from typing import Any, Sequence
 
 from jaxdm.trajectory import Trajectory
 
+# How actions that are neither milestone nor no-op are labelled (module docstring).
+OTHER_LABELS = ("skip", "either")
+
 
 def judge_lines(trajectories: Sequence[Trajectory], *, question: str = "progress",
-                context: str = "hindsight", split: str = "train"
+                context: str = "hindsight", split: str = "train", other: str = "skip"
                 ) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """(lines, stats): one line per trajectory with at least one labelled action."""
     from jaxdm.roles import judge_requests
-    lines, stats = [], {"milestone": 0, "no_op": 0, "unlabelled": 0, "trajectories": 0}
+    if other not in OTHER_LABELS:
+        raise ValueError(f"other must be one of {sorted(OTHER_LABELS)}, got {other!r}")
+    lines = []
+    stats = {"milestone": 0, "no_op": 0, "other": 0, "unlabelled": 0, "trajectories": 0}
     for traj in trajectories:
         qs = judge_requests(traj, question=question, context=context)
         items = []
@@ -32,6 +42,9 @@ def judge_lines(trajectories: Sequence[Trajectory], *, question: str = "progress
             elif ann.get("no_op"):
                 label = "no"
                 stats["no_op"] += 1
+            elif other == "either":
+                label = ["yes", "no"]
+                stats["other"] += 1
             else:
                 stats["unlabelled"] += 1
                 continue

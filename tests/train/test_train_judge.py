@@ -6,6 +6,7 @@ ends with its action, and the Prefix requests of a trajectory pack into one shar
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxdm.decision.synthetic import alfworld_like_trajectory
 from jaxdm.train import packing, sft
@@ -14,19 +15,23 @@ from jaxdm.train.judge_data import judge_lines
 from tests.train.train_fixtures import tiny
 
 
-def _gap(params, config, batch, items):
+def _p_yes(params, config, batch, items, answer):
     b, w, fv = batch
     sc = np.asarray(packing.option_scores(params, config, b, window=w, full_vocab=fv))
     p = 1.0 / (1.0 + np.exp(sc[:, 1] - sc[:, 0]))                # P(Yes) / (P(Yes) + P(No))
-    yes = [pi for pi, it in zip(p, items) if it.answer == (0,)]
-    no = [pi for pi, it in zip(p, items) if it.answer == (1,)]
-    return float(np.mean(yes) - np.mean(no))
+    return float(np.mean([pi for pi, it in zip(p, items) if it.answer == answer]))
+
+
+def _gap(params, config, batch, items):
+    return (_p_yes(params, config, batch, items, (0,))
+            - _p_yes(params, config, batch, items, (1,)))
 
 
 def test_few_steps_move_the_gap(tmp_path):
     trajs = [alfworld_like_trajectory(seed=s, n_actions=12) for s in (3, 5)]  # 4 yes, 4 no
     lines, stats = judge_lines(trajs, context="prefix")
-    assert stats == {"milestone": 4, "no_op": 4, "unlabelled": 16, "trajectories": 2}
+    assert stats == {"milestone": 4, "no_op": 4, "other": 0, "unlabelled": 16,
+                     "trajectories": 2}
     items = [it for s in read_states(write_states(tmp_path / "judge.jsonl", lines)) for it in s]
     assert len(items) == 8
     pre = tiny(seed=2)
@@ -63,3 +68,39 @@ def test_judge_trains_on_the_tokens_it_is_scored_on(tmp_path):
         for it, want in zip(items, scored):
             [got], how = enc.requests(it)
             assert how == "readout" and got == want
+
+
+def test_other_actions_labelled_either_train_the_whole_ranking(tmp_path):
+    """other="either": the actions that are neither milestone nor no-op get the target 0.5
+    (answer ["yes", "no"]); a few steps order P(Yes) milestone > other > no-op."""
+    trajs = [alfworld_like_trajectory(seed=s, n_actions=12) for s in (3, 5)]
+    lines, stats = judge_lines(trajs, context="prefix", other="either")
+    assert stats == {"milestone": 4, "no_op": 4, "other": 16, "unlabelled": 0,
+                     "trajectories": 2}
+    assert sum(q["answer"] == ["yes", "no"] for line in lines for q in line["questions"]) == 16
+    items = [it for s in read_states(write_states(tmp_path / "judge.jsonl", lines)) for it in s]
+    assert sorted({it.answer for it in items}) == [(0,), (0, 1), (1,)]
+    pre = tiny(seed=2)
+    b, w, fv, _ = packing.pack_items(packing.Encoder(pre, "readout"), items)
+    batch = (jax.tree.map(jnp.asarray, b), w, fv)
+    step, opt = sft.train_step_fn(pre.config, None, 0.5, 1e-2, 0.0)
+    params, opt_state = pre.params, opt.init(pre.params)
+    for _ in range(16):
+        params, opt_state, loss, _, _ = step(params, opt_state, params, *batch)
+        assert np.isfinite(float(loss))
+    m, o, z = (_p_yes(params, pre.config, batch, items, a) for a in ((0,), (0, 1), (1,)))
+    assert m > o + 0.1 and o > z + 0.1, (m, o, z)
+
+
+def test_other_label_names_are_checked():
+    with pytest.raises(ValueError, match="other must be one of"):
+        judge_lines([alfworld_like_trajectory(seed=3, n_actions=4)], other="yes")
+
+
+@pytest.mark.parametrize("answer", [[], ["yes", "yes"], ["maybe"], "Yes", 1, ["yes", 0]])
+def test_bad_yes_no_answers_are_named(tmp_path, answer):
+    write_states(tmp_path / "bad.jsonl", [{"context": "c", "questions": [
+        {"question": "Did it help?", "answer": answer}]}])
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: questions\[0\]: a question without "
+                                         r"'options' is Yes/No"):
+        read_states(tmp_path / "bad.jsonl")
