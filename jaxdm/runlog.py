@@ -7,6 +7,10 @@ Generic (used by RL training, screening and benchmarks alike):
 - ``Progress``: a tqdm bar with a compact metrics postfix (silent when ``enabled=False``).
 - ``plot_curves``: one PNG with one panel per metric and one line per run.
 - ``metric_series``: columns of a run's records (e.g. the evaluation rows) for curves.
+- ``MAX_FAILED_SHARE`` / ``check_failed_share``: the one default and check of the
+  ``max_failed_share`` bound every job that calls a model or an agent applies (screen, bench,
+  the harness, the trainer's teacher): a pass or unit in which a larger share of calls failed
+  stops its job by name.
 """
 from __future__ import annotations
 
@@ -22,7 +26,22 @@ import numpy as np
 from jaxdm.jsonl import read_records, write_records
 
 __all__ = ["MetricsWriter", "read_metrics", "truncate_after", "Progress", "plot_curves",
-           "jsonable", "format_table", "metric_series", "refuse_overwrite"]
+           "jsonable", "format_table", "metric_series", "refuse_overwrite",
+           "MAX_FAILED_SHARE", "check_failed_share"]
+
+# A dead or flaky server is a failure, not a result: 5 % of calls failing stops a job.
+MAX_FAILED_SHARE = 0.05
+
+
+def check_failed_share(value: Any, key: str = "max_failed_share",
+                       error: type[ValueError] = ValueError) -> float:
+    """``value`` as a ``max_failed_share`` bound: a real number in [0, 1] (not a bool, not NaN),
+    else ``error`` naming ``key`` and the value."""
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and 0.0 <= value <= 1.0)
+    if not ok:
+        raise error(f"{key} must be in [0, 1], got {value!r}")
+    return float(value)
 
 
 def jsonable(value: Any) -> Any:

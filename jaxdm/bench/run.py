@@ -47,6 +47,7 @@ from jaxdm.bench import metrics
 from jaxdm.bench.l2 import AFTER_ERROR_SHARE, L2Config, build_l2
 from jaxdm.decision.types import choice_failed
 from jaxdm.jsonl import write_atomic, write_json, write_records
+from jaxdm.runlog import MAX_FAILED_SHARE, check_failed_share
 
 LEVELS = ("l1", "l2", "l3")
 
@@ -83,12 +84,10 @@ class BenchConfig:
     batch: int = 32
     ece_bins: int = metrics.ECE_BINS
     progress: bool = True
-    max_failed_share: float = 0.5
+    max_failed_share: float = MAX_FAILED_SHARE
 
     def __post_init__(self):
-        if not (isinstance(self.max_failed_share, (int, float))
-                and 0.0 <= self.max_failed_share <= 1.0):
-            raise BenchError(f"max_failed_share must be in [0, 1], got {self.max_failed_share!r}")
+        check_failed_share(self.max_failed_share, error=BenchError)
         bad = sorted(set(self.levels) - set(LEVELS))
         if bad or not self.levels:
             raise BenchError(f"unknown bench level(s) {bad or '(none)'}; known: {list(LEVELS)}")

@@ -61,6 +61,7 @@ from jaxdm import jsonl
 from jaxdm.jsonl import OutputError, read_records
 from jaxdm.roles.harness import POINTS
 from jaxdm.rundir import RunFolderError, lock_run_dir
+from jaxdm.runlog import MAX_FAILED_SHARE, check_failed_share
 from jaxdm.secrets import redact
 from jaxdm.stats import check_settings
 
@@ -177,14 +178,11 @@ class HarnessConfig:
     progress: bool = True
     # a pass in which a larger share of the agent LLM's calls, or of the decision model's
     # answers, got no answer (a server down) stops its command (the name `jaxdm screen` uses)
-    max_failed_share: float = 0.05
+    max_failed_share: float = MAX_FAILED_SHARE
 
     def __post_init__(self):
         # Everything a command would otherwise find wrong only after the episodes before it.
-        if not (isinstance(self.max_failed_share, (int, float))
-                and 0.0 <= self.max_failed_share <= 1.0):
-            raise ValueError(f"max_failed_share must be in [0, 1], got "
-                             f"{self.max_failed_share!r}")
+        check_failed_share(self.max_failed_share)
         for key in ("shadow_tasks", "test_tasks", "stage2_tasks"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)!r}")

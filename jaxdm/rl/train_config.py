@@ -14,6 +14,8 @@ import dataclasses
 import math
 from typing import Any, Literal
 
+from jaxdm.runlog import MAX_FAILED_SHARE, check_failed_share
+
 __all__ = ["ModelSection", "EnvSection", "PolicySection", "TeacherSection", "CriticSection",
            "AlgoSection", "OptimSection", "TrainConfig", "RUN_CHANGING_EXEMPT"]
 
@@ -84,7 +86,7 @@ class TeacherSection:
     timeout: float = 30.0
     price_per_1k_in: float | None = None
     price_per_1k_out: float | None = None
-    max_failed_share: float | None = 0.05
+    max_failed_share: float | None = MAX_FAILED_SHARE
     retries: int = 1
 
     def __post_init__(self):
@@ -98,9 +100,8 @@ class TeacherSection:
                 raise ValueError(f"teacher.kind must be 'none', a backend kind "
                                  f"{list(BACKEND_KINDS)} or a teacher policy "
                                  f"{sorted(TEACHER_POLICIES)}, got {self.kind!r}")
-        if self.max_failed_share is not None and not 0.0 <= self.max_failed_share <= 1.0:
-            raise ValueError(f"teacher.max_failed_share must be in [0, 1] or null, got "
-                             f"{self.max_failed_share}")
+        if self.max_failed_share is not None:  # None: never stop
+            check_failed_share(self.max_failed_share, "teacher.max_failed_share")
         if self.retries < 0:
             raise ValueError(f"teacher.retries must be >= 0, got {self.retries}")
 

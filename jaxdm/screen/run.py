@@ -32,6 +32,7 @@ import numpy as np
 
 from jaxdm.config import to_dict
 from jaxdm.jsonl import write_atomic, write_json
+from jaxdm.runlog import MAX_FAILED_SHARE, check_failed_share
 from jaxdm.secrets import redact
 from jaxdm.decision.specs import BackendSpecError, parse_backend_spec, parse_scalar, shown_spec
 from jaxdm.screen import metrics
@@ -77,11 +78,10 @@ class ScreenConfig:
     expansions: tuple = ("FB", "25%", "50%", "75%")
     out_dir: str = "screen_out"
     progress: bool = True
-    max_failed_share: float = 0.5
+    max_failed_share: float = MAX_FAILED_SHARE
 
     def __post_init__(self):
-        if not 0.0 <= self.max_failed_share <= 1.0:
-            raise ValueError(f"max_failed_share must be in [0, 1], got {self.max_failed_share}")
+        check_failed_share(self.max_failed_share)
         if not self.judges:
             raise ValueError("judges: at least one judge is needed")
         if not self.out_dir:
@@ -316,7 +316,7 @@ def _expansion_plan(expansions) -> list[tuple[str, Any]]:
 
 def screen(trajs: Sequence[Trajectory], judges, *, expansions=True, progress: bool = True,
            out_dir: str | Path | None = None, resume: bool = False, overwrite: bool = False,
-           max_failed_share: float = 0.5, settings: Mapping[str, Any] | None = None) -> dict:
+           max_failed_share: float = MAX_FAILED_SHARE, settings: Mapping[str, Any] | None = None) -> dict:
     """Score ``trajs`` with every judge; returns {"summary", "shifts", "ranking",
     "failed_judges", ...} and writes outputs to ``out_dir`` when given (pass by pass; see
     ``jaxdm.screen.store`` for ``resume`` / ``overwrite``). ``expansions``: True (all),
@@ -329,8 +329,7 @@ def screen(trajs: Sequence[Trajectory], judges, *, expansions=True, progress: bo
     for i, tr in enumerate(trajs):
         if not tr.steps:
             raise ScreenError(f"trajectory {i} has no executed actions")
-    if not 0.0 <= max_failed_share <= 1.0:
-        raise ScreenError(f"max_failed_share must be in [0, 1], got {max_failed_share}")
+    check_failed_share(max_failed_share, error=ScreenError)
     plan = _expansion_plan(expansions)
     levels = [lab for lab, _ in plan]
     jobs = [(j, q, c, c, None) for j, _ in judges for q, c in COMBOS]

@@ -63,7 +63,7 @@ def test_a_partial_outage_is_retried_not_kept(tmp_path, judge_server):
     seen: list = []
     srv.fail_if, srv.requests = _fail_some(seen), 0
     out = tmp_path / "out"
-    res = run(_cfg(srv, out))                     # under max_failed_share 0.5: rc 0
+    res = run(_cfg(srv, out, max_failed_share=0.5))   # under the bound: rc 0
     n_failed = len(seen)
     assert 0 < n_failed < 10 and srv.requests == asked_healthy
     s = res["backends"]["remote"]["l1"]
@@ -79,7 +79,7 @@ def test_a_partial_outage_is_retried_not_kept(tmp_path, judge_server):
     assert unit["complete"] is False
 
     srv.fail_if, srv.requests = None, 0
-    resumed = run(_cfg(srv, out), resume=True)
+    resumed = run(_cfg(srv, out, max_failed_share=0.5), resume=True)
     assert srv.requests == n_failed               # only the failed questions again
     assert _untimed(resumed) == _untimed(healthy)
     assert resumed["backends"]["remote"]["l1"]["accuracy"] == acc
@@ -90,16 +90,17 @@ def test_a_partial_outage_is_retried_not_kept(tmp_path, judge_server):
     run(_cfg(srv, out), resume=True)
     assert srv.requests == 0
 
-    # over max_failed_share: the job fails after writing; a resume asks only the failed ones
+    # over max_failed_share (the default, 0.05): the job fails after writing; a resume asks
+    # only the failed ones
     seen.clear()
     srv.fail_if, srv.requests = _fail_some(seen), 0
     bad = tmp_path / "bad"
     with pytest.raises(BenchError, match=r"too many failed answers: remote on l1 \(\d+ of 20 "
                                          r"answers failed \(\d+% > max_failed_share 0.05\)"):
-        run(_cfg(srv, bad, max_failed_share=0.05))
+        run(_cfg(srv, bad))
     assert json.loads((bad / "bench.json").read_text())["failed_units"][0]["level"] == "l1"
     srv.fail_if, srv.requests = None, 0
-    again = run(_cfg(srv, bad, max_failed_share=0.05), resume=True)
+    again = run(_cfg(srv, bad), resume=True)
     assert srv.requests == len(seen)
     assert _untimed(again) == _untimed(healthy)
 

@@ -52,12 +52,12 @@ def test_a_partial_outage_is_incomplete_and_resume_asks_only_the_failed(tmp_path
     want = _untimed(json.loads((full / "summary.json").read_text()))
     assert want["n_failed_scores"] == 0
 
-    # the outage: some answers fail (under max_failed_share 0.5): the run finishes (rc 0)
+    # the outage: some answers fail (under a max_failed_share of 0.5): the run finishes (rc 0)
     seen: list = []
     srv.fail_if, srv.requests = _failing(4, seen), 0
     out = tmp_path / "out"
     capsys.readouterr()
-    assert main(_args(srv, path, out)) == 0
+    assert main(_args(srv, path, out, "max_failed_share=0.5")) == 0
     n_failed = len(seen)
     assert 0 < n_failed < 20 and srv.requests == 40
     err = capsys.readouterr().err
@@ -86,19 +86,21 @@ def test_a_partial_outage_is_incomplete_and_resume_asks_only_the_failed(tmp_path
     srv.requests = 0
     assert main(_args(srv, path, out, "--resume")) == 0 and srv.requests == 0
 
-    # over max_failed_share: the judge fails, the job exits 1, what finished is kept
+    # over the default max_failed_share (0.05): the judge fails, the job exits 1, what
+    # finished is kept
     seen.clear()
     srv.fail_if, srv.requests = _failing(4, seen), 0
     bad = tmp_path / "bad"
-    assert main(_args(srv, path, bad, "max_failed_share=0.1")) == 1
-    assert "judge 'remote-judge' failed" in capsys.readouterr().err
+    assert main(_args(srv, path, bad)) == 1
+    err = capsys.readouterr().err
+    assert "judge 'remote-judge' failed" in err and "> max_failed_share 0.05" in err
     first = _records(bad)
     # the pass over the share failed its judge; its remaining passes were skipped
     assert [r["status"] for r in first][-1] == "failed" and len(first) < 4
     lost = sum(r["score"] is None for r in _rows(bad))
     assert 0 < lost == len(seen)
     srv.fail_if, srv.requests = None, 0
-    assert main(_args(srv, path, bad, "max_failed_share=0.1", "--resume")) == 0
+    assert main(_args(srv, path, bad, "--resume")) == 0
     # the failed answers, then the passes not run
     assert srv.requests == lost + 10 * (4 - len(first))
     assert _rows(bad) == want_rows
