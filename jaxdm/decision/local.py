@@ -22,16 +22,20 @@ wall time divided evenly over its questions. ``stats`` accumulates unique tokens
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import time
 from typing import Any, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxdm.decision import render
 from jaxdm.decision import shared_prefix
 from jaxdm.decision.types import (ChoiceResult, Cost, MultipleChoice, ScoreResult, YesNo,
                                   choice_ok, score_ok)
-from jaxdm.models import compile_cache
+from jaxdm.models import compile_cache, decoder
 from jaxdm.models.tokenizer import chat_ids, text_ids
 
 
@@ -70,7 +74,137 @@ def _check_finite(arr: np.ndarray, where: str) -> None:
                                  f"{arr.ravel()[:8]} (NaN/inf in the logits or parameters)")
 
 
-class _LocalBase:
+# ------------------------------------------- next-token distributions (`jaxdm decide` routes)
+# The OpenAI-compatible routes of `jaxdm decide` need what the decision paths above never
+# compute: the full-vocabulary distribution after a prompt (its top k) and, with ``echo``, each
+# prompt token's log-prob. Separate programs, so the scoring paths build no logits they discard.
+
+
+@functools.partial(jax.jit, static_argnames=("config", "k"))
+def position_logprobs(params, config, tokens: jax.Array, read: jax.Array, targets: jax.Array,
+                      *, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The next-token log-softmax over the vocabulary at positions ``read`` of one prompt.
+
+    tokens [1, S] int32 (right padding changes nothing before it: causal), read [R] int32
+    positions, targets [R] int32 ids -> (top_logprobs [R, k] fp32, top_ids [R, k] int32,
+    target_logprobs [R] fp32): the k largest entries of log p(. | tokens[:r + 1]) and the
+    entry of targets[r]. The [R, V] logits are built ``shared_prefix.HEAD_CHUNK`` rows at a
+    time."""
+    if tokens.ndim != 2 or tokens.shape[0] != 1:
+        raise ValueError(f"position_logprobs: tokens must be [1, S], got {tokens.shape}")
+    if read.ndim != 1 or targets.shape != read.shape:
+        raise ValueError(f"position_logprobs: read and targets must be [R], got {read.shape} "
+                         f"and {targets.shape}")
+    if not 1 <= k <= config.vocab_size:
+        raise ValueError(f"position_logprobs: k must be in [1, {config.vocab_size}], got {k}")
+    s = tokens.shape[1]
+    hidden = decoder.forward(params, config, tokens, jnp.arange(s)[None])[0]     # [S, D]
+    picked = jnp.take(hidden, read, axis=0)                                     # [R, D]
+    r = read.shape[0]
+    size = min(shared_prefix.HEAD_CHUNK, r)
+    blocks = -(-r // size)
+    picked = jnp.pad(picked, [(0, blocks * size - r), (0, 0)])
+    tgt = jnp.pad(targets, [(0, blocks * size - r)])
+
+    def block(args):
+        h, t = args                                                             # [C, D], [C]
+        logits = decoder.lm_logits(params, config, h)                           # [C, V]
+        lp = logits - jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+        vals, ids = jax.lax.top_k(lp, k)                                        # [C, k]
+        return vals, ids.astype(jnp.int32), jnp.take_along_axis(lp, t[:, None], -1)[:, 0]
+
+    vals, ids, target = jax.lax.map(block, (picked.reshape(blocks, size, -1),
+                                            tgt.reshape(blocks, size)))
+    return (vals.reshape(-1, k)[:r], ids.reshape(-1, k)[:r], target.reshape(-1)[:r])
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptLogprobs:
+    """``LocalReadout.prompt_logprobs`` of one prompt of n tokens, rows = positions read
+    (the last one only, or with echo all n): row r is the distribution after tokens[:r + 1].
+
+    top_ids, top_logprobs [R, k]: its k most likely next tokens (k >= 1, descending).
+    token_logprobs [R]: log p(tokens[r + 1] | tokens[:r + 1]), NaN in the last row (no token
+    follows the prompt).
+    """
+
+    top_ids: np.ndarray
+    top_logprobs: np.ndarray
+    token_logprobs: np.ndarray
+
+
+def _k_bucket(k: int) -> int:
+    return 1 << max(0, int(k) - 1).bit_length()   # 1, 2, 4, 8, ...: few programs
+
+
+class _NextTokens:
+    """Next-token distributions of a local backend (mixed into ``_LocalBase``: uses its
+    params, config, pad_id, _check_length and _run)."""
+
+    def prompt_logprobs(self, prompt: Sequence[int], *, top_k: int = 1, echo: bool = False
+                        ) -> PromptLogprobs:
+        """Log-probs after ``prompt`` (token ids) under the full vocabulary: its ``top_k``
+        next tokens, and with ``echo`` the same at every prompt position plus each prompt
+        token's own log-prob (``PromptLogprobs``). Too long a prompt or an id outside the
+        vocabulary is a ValueError."""
+        ids = [int(t) for t in prompt]
+        if not ids:
+            raise ValueError("prompt has no tokens")
+        self._check_length(len(ids), "prompt")
+        bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} outside the vocabulary of "
+                             f"{self.config.vocab_size}")
+        if not 1 <= top_k <= self.config.vocab_size:
+            raise ValueError(f"top_k must be in [1, {self.config.vocab_size}], got {top_k}")
+        n = len(ids)
+        s = shared_prefix.bucket(n, 64, fine=128)
+        tokens = np.full((1, s), self.pad_id, np.int32)
+        tokens[0, :n] = ids
+        if echo:
+            read = np.arange(s, dtype=np.int32)        # all of the bucket: one program per S
+            targets = np.zeros(s, np.int32)
+            targets[:n - 1] = ids[1:]
+        else:
+            read = np.asarray([n - 1], np.int32)
+            targets = np.zeros(1, np.int32)
+        fn = compile_cache.stored(position_logprobs, ("config", "k"))
+        vals, top, tgt = (np.asarray(a) for a in fn(self.params, self.config, tokens, read,
+                                                     targets, k=_k_bucket(top_k)))
+        rows = slice(0, n) if echo else slice(0, 1)
+        token_lp = tgt[rows].astype(np.float32)
+        token_lp[-1] = np.nan
+        _check_finite(vals[rows, :top_k], "prompt_logprobs")
+        return PromptLogprobs(top_ids=top[rows, :top_k], top_logprobs=vals[rows, :top_k],
+                              token_logprobs=token_lp)
+
+    def label_logprobs(self, prompts: Sequence[Sequence[int]], label_ids: Sequence[int], *,
+                       normalize: bool) -> list[np.ndarray]:
+        """Per prompt (token ids), the log-probs [L] of ``label_ids`` as its next token: over
+        the labels only (``normalize``: log-softmax across them, constrained readout) or under
+        the full vocabulary. All prompts run in one shared-prefix pass (one trunk for a
+        common query)."""
+        if not prompts:
+            return []
+        labels = tuple(int(t) for t in label_ids)
+        if not labels:
+            raise ValueError("label_ids is empty")
+        reqs = []
+        for i, p in enumerate(prompts):
+            toks = tuple(int(t) for t in p)
+            if not toks:
+                raise ValueError(f"prompts[{i}] has no tokens")
+            self._check_length(len(toks), f"prompts[{i}]")
+            reqs.append(shared_prefix.Request(toks, (len(toks) - 1,), (labels,)))
+        out = self._run(reqs, full_vocab=not normalize)
+        rows = []
+        for i, lp in enumerate(out):
+            _check_finite(lp, f"prompts[{i}]")
+            rows.append(lp[0].astype(np.float64))
+        return rows
+
+
+class _LocalBase(_NextTokens):
     def __init__(self, pretrained: Any, *, max_groups_per_call: int = 4,
                  min_shared_frac: float = 0.5, progress: bool = False, name: str | None = None,
                  layout: str = "packed"):
@@ -182,6 +316,16 @@ class LocalReadout(_LocalBase):
             results.append(choice_ok(probs / probs.sum(),
                                      cost=Cost(tokens_in=len(r.tokens), seconds=per)))
         return results
+
+    def refusal(self, question: Any) -> str | None:
+        """Why ``choose`` would refuse ``question`` before any scoring (the server checks this
+        per question, so one refused question does not fail the batch it came in), or None."""
+        if not isinstance(question, MultipleChoice):
+            return f"{type(question).__name__} is not a MultipleChoice"
+        if len(question.options) > len(self.label_ids):
+            return (f"{len(question.options)} options, more than the {len(self.label_ids)} "
+                    "single-token labels; use LocalLikelihood or split the options")
+        return None
 
 
 class LocalLikelihood(_LocalBase):
