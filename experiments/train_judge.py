@@ -4,8 +4,10 @@
    "train") and five of the six task types; the sixth (``--held-out-type``, default cool) is
    never trained on.
 2. Labels (``jaxdm.train.judge_data.judge_lines``): every action judged under Hindsight +
-   Progress; an engine milestone -> "yes", a no-op -> "no"; the other actions carry no
-   trustworthy label and are left out (counted in data.json).
+   Progress; an engine milestone -> "yes", a no-op -> "no"; the other actions get the
+   0.5 target ``["yes", "no"]`` (``--other either``, the default: the judge learns that a
+   no-op ranks below every state-changing action) or are left out (``--other skip``, the
+   v3 judge's recipe); counted in data.json.
 3. ``jaxdm train-dm`` (readout mode: the Yes/No label logits the judge reads; LoRA on every
    projection, per-layer remat, orbax checkpoints every few steps, so a rerun resumes). The
    adapter folder it exports (``train/adapter``) is what ``jaxdm screen --judge`` loads.
@@ -30,6 +32,7 @@ import time
 from pathlib import Path
 
 from jaxdm.jsonl import write_atomic, write_json
+from jaxdm.train.judge_data import OTHER_LABELS
 
 HELD_OUT_TYPE = "pick_cool_then_place_in_recep"
 ROWS = (("progress", "hindsight"), ("progress", "prefix"))
@@ -43,7 +46,15 @@ def write_data(out: Path, args) -> dict:
     from jaxdm.trajectory import write_jsonl
     done = out / "data.json"
     if done.is_file():
-        return json.loads(done.read_text())
+        info = json.loads(done.read_text())
+        made = {"other": info.get("other", "skip"), "train_trajectories":
+                info["train_trajectories"], "test_trajectories": info["test_trajectories"]}
+        asked = {"other": args.other, "train_trajectories": args.train_trajectories,
+                 "test_trajectories": args.test_trajectories}
+        if made != asked:
+            raise SystemExit(f"{out}: its data was made with {made}, this run asks {asked}; "
+                             "use another --out")
+        return info
     train_types = [t for t in TASK_TYPES if t != args.held_out_type]
     train = noisy_expert_trajectories(args.train_trajectories, seed=args.seed,
                                       task_types=train_types, budget=args.budget, split="train")
@@ -51,12 +62,13 @@ def write_data(out: Path, args) -> dict:
                                      budget=args.test_budget, split="valid_unseen")
     write_jsonl(out / "train_trajectories.jsonl", train)
     write_jsonl(out / "test_trajectories.jsonl", test)
-    lines, stats = judge_lines(train, question="progress", context="hindsight")
+    lines, stats = judge_lines(train, question="progress", context="hindsight",
+                               other=args.other)
     write_states(out / "judge_train.jsonl", lines)
     info = {"train_trajectories": len(train), "train_types": train_types,
             "held_out_type": args.held_out_type, "test_trajectories": len(test),
             "test_split": "valid_unseen", "budget": args.budget,
-            "test_budget": args.test_budget, "labels": stats,
+            "test_budget": args.test_budget, "labels": stats, "other": args.other,
             "lines": len(lines)}
     write_json(done, info, indent=2)
     return info
@@ -184,6 +196,9 @@ def main(argv=None) -> dict:
                     "trajectories (shorter contexts: cheaper steps on CPU)")
     ap.add_argument("--test-budget", type=int, default=20, help="as the demo")
     ap.add_argument("--held-out-type", default=HELD_OUT_TYPE)
+    ap.add_argument("--other", choices=OTHER_LABELS, default="either",
+                    help="labels of actions that are neither milestone nor no-op: either "
+                         "(a 0.5 target) or skip (left out of training)")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--max-steps", type=int, default=None)
     ap.add_argument("--lr", type=float, default=2e-3)
