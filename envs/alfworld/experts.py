@@ -10,6 +10,8 @@ the target instance with the shortest plan, and never issues an inadmissible com
 * detours: a visit to an unrelated receptacle (sometimes opening it) before a navigation step;
 * repeated looks: "look" / "inventory" / re-"examine" — the no-ops of the annotation;
 * invalid commands (answered "Nothing happens.");
+* decoys: taking an object the task does not need where the agent stands (and so, next,
+  putting it down again): state-changing actions with a milestone's verbs that are no progress;
 * searching: not knowing where the target lies, visiting (and opening) receptacles that could
   hold it until one is seen;
 * the dependency error of Clean / Heat / Cool tasks: carrying the target straight to the goal
@@ -184,6 +186,8 @@ class NoisyExpertConfig:
     give_up_prob: float = 0.0  # any task: stop following the plan and wander
     search_prob: float = 0.6  # per episode: the agent does not know where the target lies and
     #                           looks into receptacles that could hold it until it sees one
+    decoy_prob: float = 0.0  # empty-handed: take an object the task does not need (then put
+    #                          it down again: the plan drops whatever non-target it holds)
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -297,6 +301,13 @@ def run_noisy_expert(game: Game, *, seed: int, budget: int = 30,
             wandering = True
             meta["gave_up"] = True
             continue
+        if config.decoy_prob and not state.held and rng.random() < config.decoy_prob:
+            decoys = sorted(c for c, a in state.command_map().items() if c.startswith("take ")
+                            and not any(game.names[o] == c.split(" from ")[0][5:]
+                                        for o in targets))
+            if decoys:
+                act(rng.choice(decoys))
+                continue
         holding_target = any(o in targets for o in state.held)
         if make_error and not error_done and holding_target:
             verb = _CHANGE[kind][0]
@@ -344,6 +355,16 @@ def run_noisy_expert(game: Game, *, seed: int, budget: int = 30,
                                        "subgoals_reached": sorted(state.achieved)})
 
 
+# The cue-controlled judge test set's agent (experiments/judge_cues.py): no invalid commands
+# (so no no-op says "Nothing happens."), repeated looks and examines (no-ops whose feedback is
+# ordinary text, beside first looks that are not no-ops), decoy takes and puts (a milestone's
+# verbs, no progress), and on Clean / Heat / Cool tasks always the dependency error and its
+# recovery (the recovering put repeats the earlier put's exact command and is the milestone).
+CUE_CONTROLLED = NoisyExpertConfig(detour_prob=0.25, look_prob=0.3, invalid_prob=0.0,
+                                   dependency_error_prob=1.0, recover_prob=1.0,
+                                   search_prob=0.6, decoy_prob=0.3)
+
+
 def expert_trajectory(game: Game, *, budget: int = 30) -> Trajectory:
     """The noiseless expert's episode (all probabilities zero)."""
     zero = NoisyExpertConfig(detour_prob=0, look_prob=0, invalid_prob=0,
@@ -374,5 +395,5 @@ def noisy_expert_trajectories(n: int, seed: int = 0, *, task_types: Sequence[str
     return out
 
 
-__all__ = ["NoisyExpertConfig", "expert_plan", "expert_trajectory", "noisy_expert_trajectories",
+__all__ = ["CUE_CONTROLLED", "NoisyExpertConfig", "expert_plan", "expert_trajectory", "noisy_expert_trajectories",
            "plan_from", "run_noisy_expert"]

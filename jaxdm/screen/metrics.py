@@ -180,3 +180,35 @@ def group_by(values: Mapping[int, str], items: Sequence[int]) -> dict[str, list[
     for i in items:
         out[values[i]].append(i)
     return dict(out)
+
+
+def bootstrap_intervals(score_lists: Sequence[Sequence[float]], type_lists: Sequence[Sequence[str]],
+                        keys: Sequence[str] = ("gap", "recall_at_r", "noop_miss", "milestone_miss"),
+                        *, n_resamples: int = 2000, level: float = 0.95, seed: int = 0
+                        ) -> dict[str, tuple[float, float]]:
+    """Trajectory-bootstrap percentile intervals of ``summarize``'s ``keys``: trajectories are
+    resampled with replacement (the actions of one trajectory are not independent), with
+    ``scipy.stats.bootstrap``. A resample in which a metric is undefined (no trajectory with
+    both a milestone and a no-op, for the gap) makes that interval NaN rather than biased."""
+    from scipy.stats import bootstrap
+    if len(score_lists) != len(type_lists):
+        raise ValueError(f"{len(score_lists)} score lists but {len(type_lists)} type lists")
+    if len(score_lists) < 2:
+        raise ValueError(f"a bootstrap needs at least 2 trajectories, got {len(score_lists)}")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    known = set(summarize(score_lists, type_lists))
+    bad = [k for k in keys if k not in known]
+    if bad:
+        raise ValueError(f"unknown metric(s) {bad}; summarize gives {sorted(known)}")
+    out = {}
+    idx = np.arange(len(score_lists))
+    for key in keys:
+        def stat(sample, key=key):
+            picked = sample.astype(int)
+            return summarize([score_lists[i] for i in picked], [type_lists[i] for i in picked])[key]
+        res = bootstrap((idx,), stat, n_resamples=n_resamples, confidence_level=level,
+                        method="percentile", vectorized=False,
+                        rng=np.random.default_rng(seed))
+        out[key] = (float(res.confidence_interval.low), float(res.confidence_interval.high))
+    return out
