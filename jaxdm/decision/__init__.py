@@ -48,7 +48,7 @@ _SPEC_KEYS: dict[str, set[str]] = {
     "remote": {"base_url", "model", "interface", "endpoint", "api_key_env", "price_per_1k_in",
                "price_per_1k_out", "concurrency", "timeout", "max_retries", "backoff",
                "max_backoff", "top_logprobs", "max_tokens", "label_match", "progress",
-               "down_after"},
+               "down_after", "probe_after", "tokenizer"},
     "oracle": {"noise", "seed", "levels"},
 }
 BACKEND_KINDS = tuple(_SPEC_KEYS)

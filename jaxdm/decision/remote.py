@@ -23,9 +23,20 @@ numeric Retry-After up to ``max_backoff``); anything that still fails, and any m
 response, becomes a failed result with the reason, so a batch never raises because of the
 server. After ``down_after`` consecutive connection failures or timeouts (attempts, across
 all threads, with no HTTP answer in between) the backend is marked down (``down`` holds the
-reason) and every later request fails at once without contacting the server, so a dead
-server costs a few attempts, not ``max_retries`` backoffs per question for the rest of a job
-(``down_after=0`` never marks it down). The API key is read from the environment variable
+reason) and requests fail at once without contacting the server, so a dead server costs a few
+attempts, not ``max_retries`` backoffs per question for the rest of a job
+(``down_after=0`` never marks it down). A down server is re-probed (half-open): once
+``probe_after`` seconds have passed, one request is let through; an HTTP answer marks the
+server up again, a failure doubles the wait (up to ``max_backoff``). ``health()`` reports
+the state for a service's ``/health`` and ``/ready``.
+
+Prompts: with ``endpoint="completions"`` and a ``tokenizer`` (an object, or a path / "smollm2"
+loaded with ``jaxdm.models.loading.load_tokenizer``) the prompt is sent as token ids built by
+``jaxdm.models.tokenizer.chat_ids``, so a special-token string inside untrusted text (an
+observation holding ``<|im_start|>``) stays text; a text prompt would let the server's
+tokenizer parse it as a special token. With ``endpoint="chat"`` the server applies its own
+template and tokenisation (vLLM parses special-token strings inside messages): for untrusted
+contexts prefer completions with the model's tokenizer. The API key is read from the environment variable
 named ``api_key_env`` when each request is sent; it is never stored on the object, logged or
 put into results.
 
@@ -52,11 +63,13 @@ _RETRY_STATUS = {429, 500, 502, 503, 504}
 
 
 class _Failure(Exception):
-    """A request that failed for good (reason in args[0]); carries the raw body if any."""
+    """A request that failed for good (reason in args[0]); carries the raw body and the HTTP
+    status of the last answer, if any."""
 
-    def __init__(self, reason: str, raw: str | None = None):
+    def __init__(self, reason: str, raw: str | None = None, status: int | None = None):
         super().__init__(reason)
         self.raw = raw
+        self.status = status
 
 
 def normalize_base_url(base_url: str) -> str:
@@ -95,7 +108,7 @@ class Remote:
                  concurrency: int = 8, timeout: float = 30.0, max_retries: int = 3,
                  backoff: float = 0.5, max_backoff: float = 30.0, top_logprobs: int = 20,
                  max_tokens: int = 256, tokenizer: Any = None, label_match: str = "strip",
-                 progress: bool = False, down_after: int = 5):
+                 progress: bool = False, down_after: int = 5, probe_after: float = 1.0):
         if interface not in ("constrained", "prompted"):
             raise ValueError(f"Remote interface must be 'constrained' or 'prompted', "
                              f"got {interface!r}")
@@ -108,6 +121,10 @@ class Remote:
         if concurrency < 1 or max_retries < 0 or not timeout > 0 or down_after < 0:
             raise ValueError("concurrency >= 1, max_retries >= 0, timeout > 0 and down_after >= 0 "
                              "are required")
+        if isinstance(probe_after, bool) or not isinstance(probe_after, (int, float)) \
+                or not math.isfinite(probe_after) or probe_after <= 0:
+            raise ValueError(f"Remote probe_after must be a finite number of seconds > 0, got "
+                             f"{probe_after!r}")
         for key, val in (("timeout", timeout), ("backoff", backoff), ("max_backoff", max_backoff),
                          ("price_per_1k_in", price_per_1k_in),
                          ("price_per_1k_out", price_per_1k_out)):
@@ -127,7 +144,13 @@ class Remote:
         self.max_backoff = float(max_backoff)
         self.top_logprobs = int(top_logprobs)
         self.max_tokens = int(max_tokens)
-        # Completions endpoints take a raw prompt: use the model's chat template when given.
+        # Completions endpoints take a raw prompt: with the model's tokenizer it is sent as the
+        # chat template's token ids (untrusted text stays text), else as plain rendered text.
+        if isinstance(tokenizer, str):
+            from jaxdm.models.loading import load_tokenizer
+            from jaxdm.models.smollm2 import smollm2_path
+
+            tokenizer = load_tokenizer(smollm2_path() if tokenizer == "smollm2" else tokenizer)
         self.tokenizer = tokenizer
         self.label_match = label_match
         self.progress = progress
@@ -137,6 +160,10 @@ class Remote:
         self.down_after = int(down_after)
         self.down: str | None = None  # reason, once marked down
         self._consecutive = 0  # connection failures since the last HTTP answer
+        self.probe_after = float(probe_after)
+        self._probe_wait = self.probe_after   # doubles per failed probe, up to max_backoff
+        self._probe_at = 0.0                  # monotonic time of the next probe while down
+        self._probing = False                 # a probe request is in flight
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:  # never shows a key (there is none stored), only its env name
@@ -157,8 +184,9 @@ class Remote:
                 body["top_logprobs"] = self.top_logprobs
             return "/v1/chat/completions", body
         if self.tokenizer is not None:
-            prompt = self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                        add_generation_prompt=True)
+            from jaxdm.models.tokenizer import chat_ids
+
+            prompt = chat_ids(self.tokenizer, [messages])[0]
         else:
             prompt = render.render_plain(messages)
         body["prompt"] = prompt
@@ -175,20 +203,22 @@ class Remote:
             headers["Authorization"] = f"Bearer {key}"
         return headers
 
-    def _post(self, client: httpx.Client, path: str, body: dict) -> dict:
-        """POST with retries; returns the parsed JSON body or raises _Failure."""
+    def _post(self, client: httpx.Client, path: str, body: dict | None,
+              method: str = "POST") -> dict:
+        """POST (or ``method``) with retries; returns the parsed JSON body or raises
+        _Failure."""
         import httpx  # here, not at import: `jaxdm` commands that never call an API skip it
         last = "no attempt"
         for attempt in range(self.max_retries + 1):
-            if self.down is not None:
+            if self.down is not None and not self._may_probe():
                 raise _Failure(self.down)
             if attempt:
                 with self._lock:
                     self.stats["retries"] += 1
             wait = min(self.backoff * (2 ** attempt), self.max_backoff)
             try:
-                resp = client.post(self.base_url + path, json=body, headers=self._headers(),
-                                   timeout=self.timeout)
+                resp = client.request(method, self.base_url + path, json=body,
+                                      headers=self._headers(), timeout=self.timeout)
             except httpx.TimeoutException:
                 last = f"timeout after {self.timeout:g} s"
                 self._connection_failed(last)
@@ -196,8 +226,7 @@ class Remote:
                 last = f"connection error ({type(e).__name__})"
                 self._connection_failed(last)
             else:
-                with self._lock:
-                    self._consecutive = 0
+                self._answered()
                 if resp.status_code == 200:
                     try:
                         data = resp.json()
@@ -208,7 +237,7 @@ class Remote:
                     return data
                 last = f"HTTP {resp.status_code}"
                 if resp.status_code not in _RETRY_STATUS:
-                    raise _Failure(last, raw=resp.text[:2000])
+                    raise _Failure(last, raw=resp.text[:2000], status=resp.status_code)
                 retry_after = resp.headers.get("retry-after")
                 try:
                     if retry_after is not None:
@@ -217,15 +246,50 @@ class Remote:
                     pass
             if attempt < self.max_retries and self.down is None:
                 time.sleep(wait)
-        raise _Failure(f"{last} (gave up after {self.max_retries + 1} attempts)")
+        status = resp.status_code if last.startswith("HTTP") else None
+        raise _Failure(f"{last} (gave up after {self.max_retries + 1} attempts)",
+                       raw=resp.text[:2000] if status else None, status=status)
+
+    def _may_probe(self) -> bool:
+        """While down: True for the one request that re-probes the server (half-open)."""
+        with self._lock:
+            if self.down is None:
+                return True
+            if self._probing or time.monotonic() < self._probe_at:
+                return False
+            self._probing = True
+            return True
+
+    def _answered(self) -> None:
+        """The server answered over HTTP: it is up."""
+        with self._lock:
+            self._consecutive = 0
+            self.down = None
+            self._probing = False
+            self._probe_wait = self.probe_after
 
     def _connection_failed(self, reason: str) -> None:
         with self._lock:
             self.stats["connection_failures"] += 1
             self._consecutive += 1
-            if self.down is None and self.down_after and self._consecutive >= self.down_after:
+            if self.down is not None:           # the probe failed: wait twice as long
+                self._probing = False
+                self._probe_wait = min(self._probe_wait * 2, max(self.max_backoff,
+                                                                  self.probe_after))
+                self._probe_at = time.monotonic() + self._probe_wait
+                return
+            if self.down_after and self._consecutive >= self.down_after:
                 self.down = (f"server {self.base_url} marked down after {self._consecutive} "
                              f"consecutive connection failures (last: {reason})")
+                self._probe_at = time.monotonic() + self._probe_wait
+
+    def health(self) -> dict:
+        """{"state": "up"} or {"state": "down", "reason", "probe_in_s"} (the next re-probe)."""
+        with self._lock:
+            if self.down is None:
+                return {"state": "up", "server": self.base_url}
+            return {"state": "down", "server": self.base_url, "reason": self.down,
+                    "probe_in_s": round(max(0.0, self._probe_at - time.monotonic()), 3)}
 
     # ---- response reading ----------------------------------------------------------------
     def _cost(self, data: Mapping, seconds: float) -> Cost:
@@ -355,6 +419,13 @@ class Remote:
 
         with httpx.Client() as client:
             return self._post(client, path, body)
+
+    def get_json(self, path: str) -> dict:
+        """GET ``<base_url><path>`` the way ``post_json`` posts (retries, key, down-marking)."""
+        import httpx
+
+        with httpx.Client() as client:
+            return self._post(client, path, None, method="GET")
 
 
 RequestFailed = _Failure  # public name of the failure post_json raises

@@ -228,7 +228,9 @@ def test_remote_serving_a_jaxdm_model_matches_local_readout(server):
              tok.convert_ids_to_tokens(list(range(pre.config.vocab_size)))]
 
     def model_fn(prompt, k):
-        ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        # Remote with the model's tokenizer sends the chat template's token ids
+        assert isinstance(prompt, list) and all(isinstance(t, int) for t in prompt), prompt
+        ids = prompt
         lg = decoder.logits(pre.params, pre.config, jax.numpy.asarray(ids))[-1]
         lp = np.asarray(jax.nn.log_softmax(lg))
         order = np.argsort(-lp)[:k]
