@@ -40,7 +40,8 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'jaxdm.decision' has no attribute {name!r}")
 
 
-_COMMON_LOCAL = {"path", "dtype", "max_groups_per_call", "min_shared_frac", "progress", "name"}
+_COMMON_LOCAL = {"path", "dtype", "max_groups_per_call", "min_shared_frac", "progress", "name",
+                 "prefix_cache_mb", "prefix_cache_block"}
 _SPEC_KEYS: dict[str, set[str]] = {
     "local_readout": _COMMON_LOCAL,
     "local_likelihood": _COMMON_LOCAL | {"reduction", "append_end"},

@@ -16,6 +16,15 @@ answer equals what scoring that request alone gives (tests check max |diff| <= 1
   is the mean (``reduction="mean"``) or sum of its token log-probs, softmaxed over options.
   The options are the suffixes of one shared state, scored in one batched pass.
 
+Cross-call prefix cache (``prefix_cache_mb``, default ``DEFAULT_PREFIX_CACHE_MB``; 0 = off;
+``prefix_cache_block`` tokens per block, default 32): the keys/values of the shared contexts
+of earlier calls are kept (``jaxdm.decision.prefix_cache``, LRU within the bound), and a
+call runs only the tokens after the longest cached run of whole blocks of its context, so an
+agent asking at every step about its growing context does not re-run the steps before. The
+answers equal the uncached ones to fp32 rounding (tests). ``cache_stats()`` reports it. The
+cache is cleared when ``params`` is replaced. Packed layout only (``layout="rows"`` has it
+off; asking for both is a PrefixCacheError).
+
 Cost per answer: tokens_in is what the one-by-one API call would send (for likelihood: the
 prompt once per option plus the option tokens), tokens_out 0, usd None, seconds the batch
 wall time divided evenly over its questions. ``stats`` accumulates unique tokens actually run.
@@ -31,12 +40,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdm.decision import render
+from jaxdm.decision import prefix_cache, render
 from jaxdm.decision import shared_prefix
 from jaxdm.decision.types import (ChoiceResult, Cost, MultipleChoice, ScoreResult, YesNo,
                                   choice_ok, score_ok)
 from jaxdm.models import compile_cache, decoder
 from jaxdm.models.tokenizer import chat_ids, text_ids
+
+# Default bound of the cross-call prefix cache (MiB): SmolLM2-135M keeps 45 KiB of fp32 keys
+# and values per token, so about 23,000 tokens (eight 30-step agent sessions of ~2,500).
+DEFAULT_PREFIX_CACHE_MB = 1024
 
 
 def encode_messages(tokenizer: Any, messages: Sequence[dict]) -> list[int]:
@@ -207,9 +220,20 @@ class _NextTokens:
 class _LocalBase(_NextTokens):
     def __init__(self, pretrained: Any, *, max_groups_per_call: int = 4,
                  min_shared_frac: float = 0.5, progress: bool = False, name: str | None = None,
-                 layout: str = "packed"):
+                 layout: str = "packed", prefix_cache_mb: float | None = None,
+                 prefix_cache_block: int = prefix_cache.DEFAULT_BLOCK_TOKENS):
         if layout not in shared_prefix.LAYOUTS:
             raise ValueError(f"layout must be one of {shared_prefix.LAYOUTS}, got {layout!r}")
+        # The cross-call prefix cache (module docstring): on by default in the packed layout.
+        if prefix_cache_mb is None:
+            prefix_cache_mb = DEFAULT_PREFIX_CACHE_MB if layout == "packed" else 0
+        mb = prefix_cache.check_bound_mb(prefix_cache_mb)
+        if mb > 0 and layout != "packed":
+            raise prefix_cache.PrefixCacheError(
+                f"prefix_cache_mb={prefix_cache_mb!r} needs layout 'packed', got {layout!r} "
+                "(set prefix_cache_mb=0)")
+        self.prefix_cache = (prefix_cache.PrefixCache(int(mb * prefix_cache.MIB),
+                                                      prefix_cache_block) if mb > 0 else None)
         for attr in ("params", "config", "tokenizer"):
             if not hasattr(pretrained, attr):
                 raise TypeError(f"pretrained must have .params, .config and .tokenizer (a "
@@ -219,6 +243,7 @@ class _LocalBase(_NextTokens):
         compile_cache.enable()  # second processes load the scoring programs from disk
         self.pretrained = pretrained
         self.params = pretrained.params
+        self._cached_params = self.params   # the params the prefix cache's blocks belong to
         self.config = pretrained.config
         self.tokenizer = pretrained.tokenizer
         self.max_groups_per_call = int(max_groups_per_call)
@@ -241,11 +266,24 @@ class _LocalBase(_NextTokens):
 
     def _run(self, requests: list[shared_prefix.Request], full_vocab: bool,
              max_group: int = 64) -> list[np.ndarray]:
+        if self.prefix_cache is not None and self.params is not self._cached_params:
+            # new parameters (a training step, an adapter swap): no cached key is theirs
+            self.prefix_cache.clear()
+            self._cached_params = self.params
         return shared_prefix.score_requests(
             self.params, self.config, requests, full_vocab=full_vocab,
             max_groups_per_call=self.max_groups_per_call,
             min_shared_frac=self.min_shared_frac, pad_id=self.pad_id, progress=self.progress,
-            stats=self.stats, layout=self.layout, max_group=max_group)
+            stats=self.stats, layout=self.layout, max_group=max_group,
+            prefix_cache=self.prefix_cache)
+
+    def cache_stats(self) -> dict:
+        """The cross-call prefix cache's counters (``prefix_cache.PrefixCache.stats``: bytes
+        used, max_bytes, hits, misses, evictions, tokens_reused, ...); ``enabled`` False and
+        zeros when it is off."""
+        if self.prefix_cache is None:
+            return prefix_cache.disabled_stats()
+        return self.prefix_cache.stats()
 
     def _yesno_requests(self, questions: Sequence[YesNo]) -> list[shared_prefix.Request]:
         for i, q in enumerate(questions):

@@ -294,10 +294,23 @@ def score_packed(params, config: ModelConfig, batch: PackedScoringBatch, *, wind
     NaN). Pure and differentiable in params.
     """
     _check_packed(batch)
+    t = batch.trunk_tokens.shape[1]
+    tokens, positions, segments, visible, read = _packed_row(batch, "score_packed")
+    row_len = tokens.shape[1]
+    picked = decoder.forward_trunk_suffixes(params, config, tokens, positions, segments,
+                                            visible, trunk=t, window=window,
+                                            read=jnp.minimum(read, row_len - 1))  # [G, M, D]
+    return _packed_readout(params, config, batch, picked, read, row_len, full_vocab)
+
+
+def _packed_row(batch: PackedScoringBatch, where: str, trunk_start: Any = 0):
+    """The model rows [G, P] of a packed batch: (tokens, positions, segments, visible, read
+    [G, M] the answer slots' row indices). Trunk tokens sit at positions trunk_start + slot
+    (trunk_start [G, 1]: tokens of the context already cached before them, else 0)."""
     g, t = batch.trunk_tokens.shape
     p = row_len = batch.suffix_tokens.shape[1]
     if p < t:
-        raise ValueError(f"score_packed: the row (P={p}) must hold the trunk (T={t})")
+        raise ValueError(f"{where}: the row (P={p}) must hold the trunk (T={t})")
     slots = jnp.arange(row_len)[None]                                           # [1, P]
     trunk_len = batch.trunk_len[:, None]
     in_trunk = slots < trunk_len
@@ -310,17 +323,45 @@ def score_packed(params, config: ModelConfig, batch: PackedScoringBatch, *, wind
     tokens = jnp.where(in_trunk, jnp.take_along_axis(
         batch.trunk_tokens, jnp.broadcast_to(jnp.minimum(slots, t - 1), (g, row_len)), axis=1),
         suffix(batch.suffix_tokens, 0))
-    positions = jnp.where(in_trunk, slots, suffix(batch.suffix_positions, 0))
+    positions = jnp.where(in_trunk, slots + trunk_start, suffix(batch.suffix_positions, 0))
     segments = jnp.where(in_trunk, 0, suffix(batch.suffix_segments, -1))
     visible = jnp.where(in_trunk, 0, suffix(batch.suffix_visible, 0))
-    idx, mask, labels, label_mask = _flat_slots(batch, 0)
-    read = trunk_len + idx
-    picked = decoder.forward_trunk_suffixes(params, config, tokens, positions, segments,
-                                            visible, trunk=t, window=window,
-                                            read=jnp.minimum(read, row_len - 1))  # [G, M, D]
+    idx = _flat_slots(batch, 0)[0]
+    return tokens, positions, segments, visible, trunk_len + idx
+
+
+def _packed_readout(params, config: ModelConfig, batch: PackedScoringBatch, picked, read,
+                    row_len: int, full_vocab: bool) -> jax.Array:
+    """Log-probs of the answer slots' hidden states picked [G, M, D] (NaN at a slot past the
+    row), in the batch's label layout."""
+    _, mask, labels, label_mask = _flat_slots(batch, 0)
     out = _readout(params, config, picked, mask, labels, label_mask, full_vocab)
     out = jnp.where((read < row_len)[..., None], out, jnp.nan)
     return out.reshape(batch.label_ids.shape)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "full_vocab"))
+def score_packed_cached(params, config: ModelConfig, batch: PackedScoringBatch,
+                        past: decoder.KVCache, *, full_vocab: bool = False
+                        ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``score_packed`` over trunks whose first ``past.lengths[g]`` tokens are already cached
+    (``past``: their keys/values [L, G, C, K, H], e.g. from a ``prefix_cache.PrefixCache``):
+    the batch's trunk holds only the rest of each trunk, the suffixes' positions and visible
+    lengths stay those of the whole request. Returns (log-probs as ``score_packed``'s, the
+    keys and values [L, G, T, K, H] of each trunk rest, for the cache). Pure; the trunk rest
+    may be empty (the whole trunk cached)."""
+    _check_packed(batch)
+    g, t = batch.trunk_tokens.shape
+    if past.lengths.shape != (g,):
+        raise ValueError(f"score_packed_cached: past.lengths must be [G]={g}, got "
+                         f"{past.lengths.shape}")
+    tokens, positions, segments, visible, read = _packed_row(
+        batch, "score_packed_cached", past.lengths[:, None])
+    row_len = tokens.shape[1]
+    picked, ks, vs = decoder.forward_cached_suffixes(
+        params, config, tokens, positions, segments, visible, past, keep=t,
+        read=jnp.minimum(read, row_len - 1))                                    # [G, M, D]
+    return _packed_readout(params, config, batch, picked, read, row_len, full_vocab), ks, vs
 
 
 # ----------------------------------------------------------------------------- host side
@@ -649,7 +690,12 @@ def _plan_calls(requests: Sequence[Request], layout: str, *, max_groups_per_call
         key = (_shape_key(requests, gr, 64, 8) if layout == "rows" else
                _packed_key(requests, gr))
         by_shape.setdefault(key, []).append(gr)
-    calls: list[list[Group]] = []
+    return groups, _split_calls(by_shape, max_groups_per_call)
+
+
+def _split_calls(by_shape: dict[tuple, list], max_groups_per_call: int) -> list[list]:
+    """Each shape's items in calls of power-of-two counts (no group slot is padding)."""
+    calls: list[list] = []
     for key in sorted(by_shape):
         pending = by_shape[key]
         while pending:
@@ -657,7 +703,86 @@ def _plan_calls(requests: Sequence[Request], layout: str, *, max_groups_per_call
             size = 1 << (size.bit_length() - 1)
             calls.append(pending[:size])
             pending = pending[size:]
-    return groups, calls
+    return calls
+
+
+def past_bucket(n: int) -> int:
+    """Padded cached-prefix slots C of a call: 0, else a power of two >= 256. Unused past slots
+    cost a copy but no attention (the CPU kernel skips key blocks no query sees), so the
+    buckets are coarse: a growing agent context compiles a new program only when its cached
+    part doubles."""
+    return 0 if n <= 0 else max(256, 1 << (int(n) - 1).bit_length())
+
+
+class _CachedGroup(NamedTuple):
+    """A group whose trunk's first ``match.tokens`` tokens are cached: ``rest`` is the group
+    with only the trunk after them (visible lengths and suffixes unchanged)."""
+
+    rest: Group
+    trunk: tuple[int, ...]
+    match: Any  # prefix_cache.Match
+
+
+def _plan_cached_calls(requests: Sequence[Request], groups: Sequence[Group], cache: Any,
+                       max_groups_per_call: int) -> list[list[_CachedGroup]]:
+    """Looks every group's trunk up in ``cache`` and puts groups of one (row shape, past
+    bucket) into the same calls."""
+    by_shape: dict[tuple, list[_CachedGroup]] = {}
+    for gr in groups:
+        # pinned until its call has gathered and stored (``_run_cached_call``): an earlier
+        # call's stores must not evict the blocks a later call reads
+        match = cache.match(gr.trunk, pin=True)
+        rest = Group(trunk=gr.trunk[match.tokens:], members=gr.members, visible=gr.visible)
+        key = (_packed_key(requests, rest), past_bucket(match.tokens))
+        by_shape.setdefault(key, []).append(_CachedGroup(rest, gr.trunk, match))
+    return _split_calls(by_shape, max_groups_per_call)
+
+
+def _run_call(params, config: ModelConfig, requests: Sequence[Request], call: Sequence[Group],
+              layout: str, *, pad_id: int, full_vocab: bool) -> tuple[PackedBatch, np.ndarray]:
+    """One device call of ``layout`` over groups (no prefix cache): (the batch, log-probs)."""
+    if layout == "rows":
+        packed = pack_groups(requests, call, pad_id=pad_id)
+        # stored: a later process loads the compiled program without tracing it
+        fn = functools.partial(compile_cache.stored(score_batch, ("config", "full_vocab")),
+                               full_vocab=full_vocab)
+    else:
+        packed, window = pack_suffixes(requests, call, pad_id=pad_id)
+        fn = functools.partial(
+            compile_cache.stored(score_packed, ("config", "window", "full_vocab")),
+            window=window, full_vocab=full_vocab)
+    # numpy in: jit transfers it (jnp.asarray would compile one staging program per array
+    # shape in this jax version, 7 of the 8 programs of a cold scoring job)
+    return packed, np.asarray(fn(params, config, packed.batch))               # [G, M, K]
+
+
+def _run_cached_call(params, config: ModelConfig, requests: Sequence[Request],
+                     call: Sequence[_CachedGroup], cache: Any, kv_dtype: Any, *,
+                     pad_id: int, full_vocab: bool) -> tuple[PackedBatch, np.ndarray]:
+    """One device call over cached prefixes: gathers the groups' cached keys/values, scores
+    the packed rest (``score_packed_cached``), stores the trunks' new whole blocks and
+    releases the groups' matches."""
+    try:
+        packed, _ = pack_suffixes(requests, [cg.rest for cg in call], pad_id=pad_id)
+        c = past_bucket(max(cg.match.tokens for cg in call))
+        shape = (config.num_layers, len(call), c, config.num_kv_heads, config.head_dim)
+        past_k, past_v = np.zeros(shape, kv_dtype), np.zeros(shape, kv_dtype)
+        for gi, cg in enumerate(call):
+            cache.gather(cg.match, past_k[:, gi], past_v[:, gi])
+        lengths = np.array([cg.match.tokens for cg in call], np.int32)
+        fn = functools.partial(
+            compile_cache.stored(score_packed_cached, ("config", "full_vocab")),
+            full_vocab=full_vocab)
+        result, ks, vs = fn(params, config, packed.batch,
+                            decoder.KVCache(past_k, past_v, lengths))
+        ks, vs = np.asarray(ks), np.asarray(vs)                                # [L, G, T, K, H]
+        for gi, cg in enumerate(call):
+            n = len(cg.rest.trunk)
+            cache.store(cg.trunk, cg.match, ks[:, gi, :n], vs[:, gi, :n])
+        return packed, np.asarray(result)
+    finally:
+        for cg in call:
+            cache.release(cg.match)
 
 
 def program_keys(requests: Sequence[Request], *, full_vocab: bool = False,
@@ -688,13 +813,19 @@ def score_requests(params, config: ModelConfig, requests: Sequence[Request], *,
                    full_vocab: bool = False, max_groups_per_call: int = 4,
                    min_shared_frac: float = 0.5, min_shared_tokens: int = 32,
                    max_group: int = 64, pad_id: int = 0, progress: bool = False,
-                   stats: dict | None = None, layout: str = "packed") -> list[np.ndarray]:
+                   stats: dict | None = None, layout: str = "packed",
+                   prefix_cache: Any = None) -> list[np.ndarray]:
     """Scores requests with shared-prefix batching; returns per request [A_r, K_r] log-probs.
 
     Groups with the same (T, N, S) buckets are packed together, up to ``max_groups_per_call``
     per call, split into power-of-two counts so no group slot is ever padding. ``stats``
     (a dict) receives "unique_tokens" (tokens actually run), "request_tokens" (tokens a
-    one-by-one scorer would run) and "calls".
+    one-by-one scorer would run), "calls" and "cached_tokens".
+
+    prefix_cache (a ``jaxdm.decision.prefix_cache.PrefixCache`` filled for these params and
+    config only; packed layout): each group's trunk is looked up, only the tokens after its
+    longest cached run of whole blocks are run (``score_packed_cached``), and the trunk's new
+    whole blocks are stored. Same numbers as without it (to fp32 rounding).
     """
     for i, r in enumerate(requests):
         if not isinstance(r, Request):
@@ -708,47 +839,56 @@ def score_requests(params, config: ModelConfig, requests: Sequence[Request], *,
                              f"of {config.vocab_size}")
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if prefix_cache is not None and layout != "packed":
+        raise ValueError(f"a prefix cache needs layout 'packed', got {layout!r}")
     groups, calls = _plan_calls(requests, layout, max_groups_per_call=max_groups_per_call,
                                 min_shared_frac=min_shared_frac,
                                 min_shared_tokens=min_shared_tokens, max_group=max_group)
-    # bf16 layer weights as their bit patterns and the projections' stacks passed whole to the
-    # matmul kernel, once for all calls (no copy on CPU; inside each call's program a cast
-    # would copy the whole stack, the layer loop each layer's slice)
-    params = decoder.inference_layers(params)
+    cached_tokens = 0
+    if prefix_cache is not None:
+        calls = _plan_cached_calls(requests, groups, prefix_cache, max_groups_per_call)
+        cached_tokens = sum(cg.match.tokens for call in calls for cg in call)
+        kv_dtype = jax.tree.leaves(params["layers"]["k"])[0].dtype
     out: list[np.ndarray | None] = [None] * len(requests)
-    it = calls
-    if progress:
-        from tqdm.auto import tqdm
-        it = tqdm(calls, desc="shared-prefix scoring", unit="call")
     unique = 0
-    for call in it:
-        if layout == "rows":
-            packed = pack_groups(requests, call, pad_id=pad_id)
-            # stored: a later process loads the compiled program without tracing it
-            fn = functools.partial(compile_cache.stored(score_batch, ("config", "full_vocab")),
-                                   full_vocab=full_vocab)
-        else:
-            packed, window = pack_suffixes(requests, call, pad_id=pad_id)
-            fn = functools.partial(
-                compile_cache.stored(score_packed, ("config", "window", "full_vocab")),
-                window=window, full_vocab=full_vocab)
-        unique += packed.unique_tokens
-        # numpy in: jit transfers it (jnp.asarray would compile one staging program per array
-        # shape in this jax version, 7 of the 8 programs of a cold scoring job)
-        result = np.asarray(fn(params, config, packed.batch))                # [G, M, K]
-        for rid, (gi, m0) in packed.slots.items():
-            req = requests[rid]
-            arr = np.full((len(req.answer_positions), max(len(c) for c in req.candidates)),
-                          np.nan, np.float32)
-            for ai, cand in enumerate(req.candidates):
-                arr[ai, :len(cand)] = result[gi, m0 + ai, :len(cand)]
-            out[rid] = arr
+    started = 0  # calls begun (a cached call releases its own matches)
+    try:
+        # bf16 layer weights as their bit patterns and the projections' stacks passed whole to
+        # the matmul kernel, once for all calls (no copy on CPU; inside each call's program a
+        # cast would copy the whole stack, the layer loop each layer's slice)
+        params = decoder.inference_layers(params)
+        it = calls
+        if progress:
+            from tqdm.auto import tqdm
+            it = tqdm(calls, desc="shared-prefix scoring", unit="call")
+        for call in it:
+            started += 1
+            if prefix_cache is not None:
+                packed, result = _run_cached_call(params, config, requests, call, prefix_cache,
+                                                  kv_dtype, pad_id=pad_id,
+                                                  full_vocab=full_vocab)
+            else:
+                packed, result = _run_call(params, config, requests, call, layout,
+                                           pad_id=pad_id, full_vocab=full_vocab)
+            unique += packed.unique_tokens
+            for rid, (gi, m0) in packed.slots.items():
+                req = requests[rid]
+                arr = np.full((len(req.answer_positions), max(len(c) for c in req.candidates)),
+                              np.nan, np.float32)
+                for ai, cand in enumerate(req.candidates):
+                    arr[ai, :len(cand)] = result[gi, m0 + ai, :len(cand)]
+                out[rid] = arr
+    finally:
+        for call in calls[started:] if prefix_cache is not None else ():
+            for cg in call:
+                prefix_cache.release(cg.match)
     if stats is not None:
         stats["unique_tokens"] = stats.get("unique_tokens", 0) + unique
         stats["request_tokens"] = stats.get("request_tokens", 0) + sum(
             len(r.tokens) for r in requests)
         stats["calls"] = stats.get("calls", 0) + len(calls)
         stats["groups"] = stats.get("groups", 0) + len(groups)
+        stats["cached_tokens"] = stats.get("cached_tokens", 0) + cached_tokens
     return out  # type: ignore[return-value]
 
 

@@ -551,7 +551,8 @@ def segment_attention_vjp(q, k, v, out, dout, slot, seg, sees, kseg, need, *,
 
 def _run_layers(params: Params, config: ModelConfig, x: jax.Array, positions: jax.Array,
                 attention: Any, read: tuple[jax.Array, Any] | None = None,
-                valid: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+                valid: jax.Array | None = None, past: tuple[jax.Array, jax.Array] | None = None,
+                keep: int | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Runs all layers; returns (x, k [L,B,S,K,H], v [L,B,S,K,H]).
 
     attention(q [B, S, K, G, H], k, v [B, S, K, H]) -> [B, S, N, H]: each layer's
@@ -562,29 +563,48 @@ def _run_layers(params: Params, config: ModelConfig, x: jax.Array, positions: ja
     row), and x comes back as [B, M, D].
     valid (int [B]): only rows [0, valid[b]) of x[b] are wanted (the rest is padding): the
     matmul kernel skips the others (``_mm``); their values are then unspecified.
+    past: (k, v [L, B, C, K, H]) of an earlier context (``forward_cached_suffixes``): each
+    layer's attention then takes keys and values [B, C + S, K, H], the past's first; the k, v
+    returned stay the new rows' own. keep: return only the first ``keep`` rows' k, v.
     """
     cos, sin = rope_cos_sin(config, positions)
 
-    def layer(x, lp):
+    def split(inputs):
+        return inputs if past is not None else (inputs, None)
+
+    def with_past(k, v, lpast):
+        if lpast is None:
+            return k, v
+        return (jnp.concatenate([lpast[0], k], axis=1),
+                jnp.concatenate([lpast[1], v], axis=1))
+
+    def kept(k, v):
+        return (k, v) if keep is None else (k[:, :keep], v[:, :keep])
+
+    def layer(x, inputs):
+        lp, lpast = split(inputs)
         h = rms_norm(x, lp["attn_norm"], config.rms_norm_eps)
         q, k, v = _qkv(lp, config, h, cos, sin, valid)
-        return _out_and_mlp(lp, config, x, attention(q, k, v), valid), (k, v)
+        out = _out_and_mlp(lp, config, x, attention(q, *with_past(k, v, lpast)), valid)
+        return out, kept(k, v)
 
+    xs = params["layers"] if past is None else (params["layers"], past)
     if read is None:
-        x, (ks, vs) = scan_layers(_maybe_remat(layer, config), x, params["layers"])
+        x, (ks, vs) = scan_layers(_maybe_remat(layer, config), x, xs)
         return x, ks, vs
 
     rows, read_attention = read
     at_rows = lambda a: jnp.take_along_axis(a, rows.reshape(rows.shape + (1,) * (a.ndim - 2)),
                                             axis=1)
 
-    def last_layer(x, lp):
+    def last_layer(x, inputs):
         # nothing reads the other rows' outputs: no layer comes after this one
+        lp, lpast = split(inputs)
         h = rms_norm(x, lp["attn_norm"], config.rms_norm_eps)
         k, v = _keys_values(lp, config, h, cos, sin, valid)
         q = _queries(lp, config, at_rows(h), at_rows(cos), at_rows(sin))
-        out = _out_and_mlp(lp, config, at_rows(x), read_attention(q, k, v))
-        return x.at[jnp.arange(x.shape[0])[:, None], rows].set(out), (k, v)
+        out = _out_and_mlp(lp, config, at_rows(x), read_attention(q, *with_past(k, v, lpast)))
+        return x.at[jnp.arange(x.shape[0])[:, None], rows].set(out), kept(k, v)
 
     n_layers = config.num_layers
 
@@ -593,7 +613,7 @@ def _run_layers(params: Params, config: ModelConfig, x: jax.Array, positions: ja
         return jax.lax.cond(i == n_layers - 1, last_layer, layer, x, lp)
 
     x, (ks, vs) = scan_layers(_maybe_remat(layer_or_last, config), x,
-                              (params["layers"], jnp.arange(n_layers)))
+                              (xs, jnp.arange(n_layers)))
     return at_rows(x), ks, vs
 
 
@@ -1059,6 +1079,69 @@ def forward_trunk_suffixes(params: Params, config: ModelConfig, tokens: jax.Arra
     x, _, _ = _run_layers(params, config, _embed(params, tokens), positions, attention, read,
                           valid)
     return _final_norm(params, config, x)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "keep"))
+def forward_cached_suffixes(params: Params, config: ModelConfig, tokens: jax.Array,
+                            positions: jax.Array, segments: jax.Array, visible: jax.Array,
+                            past: KVCache, *, keep: int, read: jax.Array | None = None
+                            ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``forward_trunk_suffixes`` over rows that continue a cached context: returns the hidden
+    states [B, S, D] (or [B, M, D] at the slots ``read`` [B, M]) and the keys / values
+    [L, B, keep, K, H] of each row's first ``keep`` (static) slots, for a caller to cache.
+
+    past: the keys / values [L, B, C, K, H] of row b's earlier context tokens, positions
+    0 .. past.lengths[b] - 1, in its first lengths[b] slots (the rest unused). Row layout as in
+    ``forward_trunk_suffixes``: the context's continuation first (segment 0, positions
+    lengths[b], lengths[b] + 1, ...; it may be empty), then continuations (segment r >= 1)
+    seeing context positions < visible (cached or in the row), then padding (-1). A context
+    token sees the cached context and the row's context up to itself.
+
+    Keys are laid out as [past C | row S]; the segment rule (``attend_segments``) works on key
+    indices, so a "sees v context positions" becomes an index bound: v itself while v is
+    within the cached part, else v plus the unused past slots. The attention is one call per
+    layer (the CPU kernel skips every 16-key block no query of a group sees, unused past slots
+    included); elsewhere XLA's over all keys (no block plan: the offset key space).
+    """
+    _check_params(params, config)
+    _check_tokens("forward_cached_suffixes", tokens, positions)
+    b, s = tokens.shape
+    for name, arr in (("segments", segments), ("visible", visible)):
+        if arr.shape != (b, s):
+            raise ValueError(f"forward_cached_suffixes: {name} must be [B, S]={(b, s)}, got "
+                             f"{arr.shape}")
+    c = past.k.shape[2]
+    expected = (config.num_layers, b, c, config.num_kv_heads, config.head_dim)
+    if past.k.shape != expected or past.v.shape != expected or past.lengths.shape != (b,):
+        raise ValueError(f"forward_cached_suffixes: past k/v must be [L, B, C, K, H]="
+                         f"{expected} with lengths [B]={b}, got k {past.k.shape}, v "
+                         f"{past.v.shape}, lengths {past.lengths.shape}")
+    if not 0 <= keep <= s:
+        raise ValueError(f"forward_cached_suffixes: need 0 <= keep={keep} <= S={s}")
+    if read is not None and (read.ndim != 2 or read.shape[0] != b
+                             or not jnp.issubdtype(read.dtype, jnp.integer)):
+        raise ValueError(f"forward_cached_suffixes: read must be integer slots [B={b}, M], got "
+                         f"{read.dtype} {read.shape}")
+    segments = segments.astype(jnp.int32)
+    cached = past.lengths.astype(jnp.int32)[:, None]                            # [B, 1]
+    row_slot = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
+    sees = jnp.where(segments == 0, positions.astype(jnp.int32) + 1,
+                     jnp.where(segments > 0, visible.astype(jnp.int32), 0))      # positions
+    sees = jnp.where(sees > cached, sees + (c - cached), sees)                   # key indices
+    kseg = jnp.concatenate([jnp.where(jnp.arange(c)[None] < cached, 0, -1).astype(jnp.int32),
+                            segments], axis=1)                                   # [B, C + S]
+    slot = row_slot + c
+    attention = functools.partial(attend_segments, slot=slot, seg=segments, sees=sees,
+                                  kseg=kseg)
+    if read is not None:
+        read = read.astype(jnp.int32)
+        at = lambda a: jnp.take_along_axis(a, read, axis=1)
+        read = (read, functools.partial(attend_segments, slot=read + c, seg=at(segments),
+                                        sees=at(sees), kseg=kseg))
+    valid = jnp.max(jnp.where(segments >= 0, row_slot + 1, 0), axis=1)
+    x, ks, vs = _run_layers(params, config, _embed(params, tokens), positions, attention, read,
+                            valid, past=(past.k, past.v), keep=keep)
+    return _final_norm(params, config, x), ks, vs
 
 
 def head_matrix(params: Params, config: ModelConfig) -> jax.Array:
