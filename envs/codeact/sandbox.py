@@ -1,0 +1,144 @@
+"""The CodeAct REPL: a persistent Python session in a sandboxed child process.
+
+Parent side, ``Sandbox`` (a ``jaxdm.envs.repl.ReplSession``) starts
+``python -I envs/codeact/child.py`` in an empty temporary folder with a bare
+environment and speaks JSON lines over its stdin/stdout. Child side (``child.serve``), after
+importing what it needs and before running any agent code:
+
+* **limits** (``resource.setrlimit``): address space (``memory_mb``), CPU seconds for the
+  whole session (``cpu_seconds``), no file may be written (``RLIMIT_FSIZE`` 0); each cell has
+  a wall-clock limit (``cell_timeout``, ``SIGALRM`` in the child; the parent kills a child
+  that does not answer ``cell_timeout + grace`` seconds later);
+* **no file, process or network access**: cells run with a whitelist of builtins (no
+  ``open``, ``eval``, ``exec``, ``getattr``, ...), ``import`` only of pure modules
+  (``child.ALLOWED_IMPORTS``), and a syntax check that refuses any name or attribute starting with
+  an underscore (the usual way out of a restricted namespace: ``().__class__...``);
+* the task world lives in the child (``jaxdm.envs.codeact.apps``); cells see only ``apis``.
+
+A killed child (timeout, memory, CPU) loses the REPL: ``Sandbox`` starts a new child and
+replays the cells that took effect, so the episode goes on from the state before the failed
+cell (which reports ``took_effect=False``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+
+from jaxdm.envs.repl import Evaluation, ExecResult
+
+_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
+
+__all__ = ["SandboxLimits", "Sandbox", "SandboxLost"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxLimits:
+    cell_timeout: float = 2.0     # wall seconds per cell
+    cpu_seconds: int = 60         # CPU seconds of the whole session
+    memory_mb: int = 512          # address space of the child
+    grace: float = 3.0            # extra seconds before the parent kills a silent child
+
+    def __post_init__(self):
+        if not (self.cell_timeout > 0 and self.cpu_seconds >= 1 and self.memory_mb >= 64
+                and self.grace > 0):
+            raise ValueError(f"bad sandbox limits {self}: need cell_timeout > 0, "
+                             "cpu_seconds >= 1, memory_mb >= 64, grace > 0")
+
+
+class SandboxLost(RuntimeError):
+    """The child died or stopped answering; the session is gone."""
+
+
+# ---- parent -------------------------------------------------------------------------------
+class Sandbox:
+    """One task's REPL in a sandboxed child (see module docstring); a ``ReplSession``."""
+
+    def __init__(self, seed: int, split: str, task_types: tuple[str, ...],
+                 limits: SandboxLimits = SandboxLimits()):
+        self.seed, self.split, self.task_types, self.limits = seed, split, task_types, limits
+        self._cells: list[str] = []  # cells that took effect, replayed into a new child
+        self.restarts = 0
+        self._tmp = tempfile.TemporaryDirectory(prefix="jaxdm-codeact-")
+        self._proc = None
+        self.facts = self._start()
+
+    def _start(self) -> dict:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-I", _CHILD, json.dumps(dataclasses.asdict(self.limits))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            cwd=self._tmp.name, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+        self._buf = b""
+        facts = self._call({"op": "open", "seed": self.seed, "split": self.split,
+                            "task_types": list(self.task_types)}, timeout=60.0)
+        for code in self._cells:
+            self._call({"op": "exec", "code": code}, self._cell_deadline())
+        return facts
+
+    def _cell_deadline(self) -> float:
+        return self.limits.cell_timeout + self.limits.grace
+
+    def _call(self, msg: dict, timeout: float) -> dict:
+        proc = self._proc
+        try:
+            proc.stdin.write((json.dumps(msg) + "\n").encode())
+            proc.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            self._kill()
+            raise SandboxLost("the sandbox process is gone") from None
+        deadline = time.monotonic() + timeout
+        fd = proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                self._kill()
+                raise SandboxLost(f"the sandbox did not answer within {timeout:g} s")
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                code = proc.wait()
+                self._kill()
+                raise SandboxLost(f"the sandbox process died (exit code {code})")
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def _kill(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+
+    # ---- ReplSession --------------------------------------------------------------------------
+    def execute(self, code: str) -> ExecResult:
+        try:
+            reply = self._call({"op": "exec", "code": code}, self._cell_deadline())
+        except SandboxLost as e:
+            self.restarts += 1
+            self._start()
+            return ExecResult(f"Execution failed. {e}; the REPL was restarted from the "
+                              "state before this cell.", ok=False, took_effect=False)
+        self._cells.append(code)
+        return ExecResult(reply["output"], bool(reply["ok"]))
+
+    def completed(self) -> bool:
+        return bool(self._call({"op": "completed"}, 10.0)["completed"])
+
+    def evaluate(self) -> Evaluation:
+        reqs = self._call({"op": "evaluate"}, 10.0)["requirements"]
+        return Evaluation(tuple((str(r), bool(p)) for r, p in reqs))
+
+    def close(self) -> None:
+        if self._proc is not None:
+            try:
+                self._proc.stdin.close()
+                self._proc.wait(timeout=2)
+            except Exception:
+                pass
+            self._kill()
+            self._proc = None
+        self._tmp.cleanup()
+
