@@ -182,8 +182,9 @@ class _NextTokens:
             read = np.asarray([n - 1], np.int32)
             targets = np.zeros(1, np.int32)
         fn = compile_cache.stored(position_logprobs, ("config", "k"))
+        k = min(_k_bucket(top_k), self.config.vocab_size)
         vals, top, tgt = (np.asarray(a) for a in fn(self.params, self.config, tokens, read,
-                                                     targets, k=_k_bucket(top_k)))
+                                                     targets, k=k))
         rows = slice(0, n) if echo else slice(0, 1)
         token_lp = tgt[rows].astype(np.float32)
         token_lp[-1] = np.nan
