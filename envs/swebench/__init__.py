@@ -1,0 +1,8 @@
+"""SWE-bench over the official ``swebench`` package (``pip install 'jaxdm[swebench]'``).
+
+``grading``: an instance (the package's dataset format, read by its own loader) is checked
+out into a per-episode sandbox folder, edited there, and graded by running its eval script
+in that folder and reading the test log with the package's own log parsers and report
+(``swebench.harness.grading.get_eval_report``). Real instances' eval scripts expect their
+container (``/testbed``, conda); see the README for that path.
+"""
