@@ -113,7 +113,7 @@ def test_jaxdm_has_no_import_circles():
 LAYERS = (
     ("jaxdm", "secrets", "jsonl", "config", "rundir", "runlog", "stats", "trajectory"),
     ("models", "kernels"),
-    ("decision", "judges"),
+    ("decision", "judges", "client"),
     ("roles", "envs"),
     ("rl",),
     ("harness",),
