@@ -6,13 +6,18 @@ Line format (DECISION GYM states from ``experiments/decision_gym_data.py`` fit i
      "questions": [
         {"question": "Which tool ...?", "options": ["a", "b", ...], "answer": [0],
          "teacher": [0.7, 0.3, ...]},              # optional teacher probabilities
-        {"question": "Did action 3 make progress?", "answer": "yes"}   # Yes/No: no options
+        {"question": "Did action 3 make progress?", "answer": "yes"},  # Yes/No: no options
+        {"context": "...", "question": "...", "answer": 0.62}  # its own context, graded label
      ],
      "split": "train", ...}                          # other keys are kept in meta
 
 ``answer`` lists the acceptable option indices (a Yes/No question: "yes", "no", or
 ``["yes", "no"]`` when either is acceptable, so the target is 0.5 each: a judge's label for an
-action that is neither progress nor a no-op, ``jaxdm.train.judge_data``). A malformed line raises ``ValueError`` naming the file and line (and the question index).
+action that is neither progress nor a no-op, ``jaxdm.train.judge_data``; or a number in [0, 1],
+a graded label that is the target P(Yes) itself: a value model's label from returns,
+``jaxdm.train.value_data``). A question may carry its own ``context`` (the states of one
+trajectory, each asked about over its own prefix: they still pack into one shared row, as
+prefixes of one another). A malformed line raises ``ValueError`` naming the file and line (and the question index).
 """
 from __future__ import annotations
 
@@ -33,8 +38,12 @@ def _item(q: Any, context: str, where: str, extra: dict[str, Any]) -> SFTItem:
     text = q.get("question")
     if not isinstance(text, str) or not text:
         raise ValueError(f"{where}: 'question' must be a non-empty string")
+    if "context" in q:
+        context = q["context"]
+        if not isinstance(context, str) or not context:
+            raise ValueError(f"{where}: a question's own 'context' must be a non-empty string")
     meta = dict(extra) | {k: v for k, v in q.items() if k not in ("question", "options",
-                                                                  "teacher")}
+                                                                  "teacher", "context")}
     teacher = q.get("teacher")
     if teacher is not None:
         if not isinstance(teacher, list) or not all(
@@ -44,6 +53,17 @@ def _item(q: Any, context: str, where: str, extra: dict[str, Any]) -> SFTItem:
             raise ValueError(f"{where}: 'teacher' has a non-finite number")
         teacher = tuple(float(t) for t in teacher)
     answer = q.get("answer")
+    if "options" not in q and isinstance(answer, (int, float)) and not isinstance(answer, bool):
+        # A graded Yes/No label: the target P(Yes) itself (a value in [0, 1]).
+        if not (math.isfinite(answer) and 0.0 <= answer <= 1.0):
+            raise ValueError(f"{where}: a graded Yes/No 'answer' must be a number in [0, 1] "
+                             f"(the target P(Yes)), got {answer!r}")
+        if teacher is not None:
+            raise ValueError(f"{where}: a graded 'answer' and a 'teacher' on one question; "
+                             "give one")
+        p = float(answer)
+        return SFTItem(YesNo(context=context, question=text, meta=meta),
+                       (0,) if p >= 0.5 else (1,), None, where, target=(p, 1.0 - p))
     if "options" not in q:
         labels = answer if isinstance(answer, list) else [answer]
         if not labels or not all(isinstance(a, str) and a in ANSWERS_YES_NO for a in labels) \

@@ -48,12 +48,18 @@ MODES = ("readout", "likelihood")
 class SFTItem:
     """One training question: the question, its acceptable option indices, optional teacher
     probabilities over its options, and where it came from (``file:line`` for messages).
-    A ``YesNo`` has options (Yes, No): answer (0,) = yes, (1,) = no."""
+    A ``YesNo`` has options (Yes, No): answer (0,) = yes, (1,) = no.
+
+    ``target``: a graded label, the target distribution itself (e.g. a value model's
+    (V, 1 - V) from a Monte-Carlo return); it replaces the answer-and-teacher target, so an
+    item has a teacher or a target, never both. ``answer`` still names the most likely
+    option(s) for the accuracy metric."""
 
     question: MultipleChoice | YesNo
     answer: tuple[int, ...]
     teacher: tuple[float, ...] | None = None
     source: str = "?"
+    target: tuple[float, ...] | None = None
 
     @property
     def n_options(self) -> int:
@@ -74,6 +80,15 @@ class SFTItem:
             if t.shape != (n,) or not np.all(np.isfinite(t)) or np.any(t < 0) or t.sum() <= 0:
                 raise ValueError(f"{self.source}: teacher probabilities must be {n} finite, "
                                  f"non-negative numbers with a positive sum, got {self.teacher}")
+        if self.target is not None:
+            t = np.asarray(self.target, float)
+            if t.shape != (n,) or not np.all(np.isfinite(t)) or np.any(t < 0) or \
+                    abs(t.sum() - 1.0) > 1e-6:
+                raise ValueError(f"{self.source}: a target must be {n} finite, non-negative "
+                                 f"numbers summing to 1, got {self.target}")
+            if self.teacher is not None:
+                raise ValueError(f"{self.source}: a graded target and teacher probabilities "
+                                 "on one question; give one")
 
 
 class IndistinctOptions(ValueError):
@@ -242,9 +257,13 @@ def pack_items(encoder: Encoder, items: Sequence[SFTItem], *, q_bucket: int = 1,
         if it.teacher is not None:
             teacher[qi, :it.n_options] = it.teacher
             has_teacher[qi] = True
-    targets = np.asarray(losses.mixed_target(jnp.asarray(answer_mask), jnp.asarray(option_mask),
+    targets = np.array(losses.mixed_target(jnp.asarray(answer_mask), jnp.asarray(option_mask),
                                              jnp.asarray(teacher), jnp.asarray(has_teacher),
                                              alpha=alpha))
+    for qi, it in enumerate(items):
+        if it.target is not None:
+            targets[qi] = 0.0
+            targets[qi, :it.n_options] = it.target
     batch = SFTBatch(packed.batch, group, answer_slot, slot, weight, option_mask, answer_mask,
                      targets)
     stats = {"unique_tokens": packed.unique_tokens,

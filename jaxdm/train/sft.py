@@ -115,14 +115,14 @@ class TrainDMConfig:
 
 
 def with_teacher(states, spec: dict) -> tuple[list[list[packing.SFTItem]], dict[str, Any]]:
-    """Items with teacher probabilities from a backend (where a line gave none), and what was
-    asked: {"asked", "failed", "first_error"}. An item whose teacher answer failed keeps the
-    one-hot target (counted); when every answer failed the run stops (TrainingError): it
-    would train without the teacher it was configured with."""
+    """Items with teacher probabilities from a backend (where a line gave neither a teacher
+    nor a graded target), and what was asked: {"asked", "failed", "first_error"}. An item
+    whose teacher answer failed keeps the one-hot target (counted); when every answer failed
+    the run stops (TrainingError): it would train without the teacher it was configured with."""
     from jaxdm.decision import make_backend
     from jaxdm.decision.types import YesNo
     teacher = make_backend(spec)
-    flat = [it for s in states for it in s if it.teacher is None]
+    flat = [it for s in states for it in s if it.teacher is None and it.target is None]
     mcs = [it for it in flat if not isinstance(it.question, YesNo)]
     yns = [it for it in flat if isinstance(it.question, YesNo)]
     got: dict[int, tuple[float, ...]] = {}

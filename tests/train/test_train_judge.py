@@ -97,7 +97,7 @@ def test_other_label_names_are_checked():
         judge_lines([alfworld_like_trajectory(seed=3, n_actions=4)], other="yes")
 
 
-@pytest.mark.parametrize("answer", [[], ["yes", "yes"], ["maybe"], "Yes", 1, ["yes", 0]])
+@pytest.mark.parametrize("answer", [[], ["yes", "yes"], ["maybe"], "Yes", True, ["yes", 0]])
 def test_bad_yes_no_answers_are_named(tmp_path, answer):
     write_states(tmp_path / "bad.jsonl", [{"context": "c", "questions": [
         {"question": "Did it help?", "answer": answer}]}])

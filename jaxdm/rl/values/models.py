@@ -35,7 +35,8 @@ from jaxdm.decision.types import Cost, YesNo
 from jaxdm.rl.values import prompts
 from jaxdm.trajectory import Trajectory
 
-__all__ = ["ValueQuery", "ValueResult", "state_context", "state_question", "list_messages",
+__all__ = ["ValueQuery", "ValueResult", "state_context", "state_question", "value_requests",
+           "list_messages",
            "parse_value_list", "ReadoutValueModel", "ListValueModel", "OracleValueModel",
            "ORACLE_VALUES", "VALUE_MODELS"]
 
@@ -109,6 +110,17 @@ def parse_value_list(text: str, n: int) -> np.ndarray:
     return np.asarray(data, np.float32)
 
 
+def value_requests(q: ValueQuery) -> list[YesNo]:
+    """The Yes/No question of every interior state of ``q.trajectory`` (states 1..T-1), each
+    over its own prefix context: what a readout value model is asked, and what a value model
+    is trained on (``jaxdm.train.value_data``)."""
+    traj = q.trajectory
+    return [YesNo(context=state_context(traj, q.group_context, t),
+                  question=state_question(traj, t),
+                  meta={"role": "lvrl_value", "state": t, "ident": q.ident})
+            for t in range(1, len(traj.steps))]
+
+
 # ---- models ------------------------------------------------------------------------------
 class ReadoutValueModel:
     """YesNo per interior state through a decision backend (see module docstring)."""
@@ -121,11 +133,7 @@ class ReadoutValueModel:
         self.name = f"readout({getattr(backend, 'name', type(backend).__name__)})"
 
     def requests(self, q: ValueQuery) -> list[YesNo]:
-        traj = q.trajectory
-        return [YesNo(context=state_context(traj, q.group_context, t),
-                      question=state_question(traj, t),
-                      meta={"role": "lvrl_value", "state": t, "ident": q.ident})
-                for t in range(1, len(traj.steps))]
+        return value_requests(q)
 
     def values(self, queries: Sequence[ValueQuery]) -> list[ValueResult]:
         out = []
