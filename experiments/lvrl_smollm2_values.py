@@ -66,13 +66,14 @@ def noisy_solver_rollout(env, params, seed: int, q: float, rng) -> list[int]:
 
 
 def record_groups(groups: int, rollouts: int, budget: int, room_size: int, qs, seed: int,
-                  max_plan: float = 0.6):
-    """``groups`` tasks whose shortest plan fits in ``max_plan`` x budget (so the Oracle's
-    values are not all 0 and a noisy rollout can succeed), ``rollouts`` rollouts each."""
+                  max_plan: float = 0.6, split: str = "train"):
+    """``groups`` tasks of ``split`` whose shortest plan fits in ``max_plan`` x budget (so the
+    Oracle's values are not all 0 and a noisy rollout can succeed), ``rollouts`` rollouts
+    each."""
     from jaxdm.envs.babyai import BabyAIParams, make_text_env, play_trajectory, solve
 
-    env = make_text_env("train", room_size=room_size, max_steps=budget)
-    params = BabyAIParams.for_split("train", max_steps=budget)
+    env = make_text_env(split, room_size=room_size, max_steps=budget)
+    params = BabyAIParams.for_split(split, max_steps=budget)
     rng = np.random.default_rng(seed)
     trajs, gids = [], []
     task = 1000 * seed
