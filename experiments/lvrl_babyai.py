@@ -27,6 +27,12 @@ metrics.jsonl, checkpoints, curves), ``metrics.jsonl`` (every record, tagged wit
 seed), ``success_curves.png`` (train / ID / OOD success, mean ± s.e. over seeds),
 ``summary.json``, ``table.md`` and ``PRODUCED_BY.txt`` (commit and command).
 
+A run's start record is its ``config.yaml`` and its end record its final evaluation line with
+the checkpoint of its last iteration (``jaxdm.rl.trainer``); ``--resume`` re-reads finished
+runs, continues an interrupted one from its last checkpoint (its metrics cut back to it) and
+rebuilds the outputs above from every run's history, so a kill anywhere resumes to an
+uninterrupted experiment's results (tests/experiments/test_lvrl_babyai_resume.py).
+
     python experiments/lvrl_babyai.py --quick          # smoke (~1-2 min)
     python experiments/lvrl_babyai.py                  # the README run
 """
@@ -68,14 +74,17 @@ def train_config(method: str, seed: int, out: Path, overrides: list[str], noise:
 
 def measure_noise(overrides: list[str]) -> float:
     """Mean |ΔV| of the Oracle between consecutive interior states, initial policy."""
+    import tempfile
+
     from jaxdm.rl.trainer import Trainer
 
-    cfg = train_config("lvrl_oracle", 0, Path("/tmp/lvrl_babyai_noise"), overrides, 0.0)
-    tr = Trainer(cfg, log=False)
-    eb, _ = tr.collector.collect(tr.params, __import__("jax").random.key(0), 0)
-    diffs = [np.abs(np.diff(np.asarray(tj.metadata["oracle_values"][:-1])))
-             for tj in eb.trajectories]
-    tr.close()
+    with tempfile.TemporaryDirectory() as scratch:   # its own folder: jobs never share one
+        cfg = train_config("lvrl_oracle", 0, Path(scratch), overrides, 0.0)
+        tr = Trainer(cfg, log=False)
+        eb, _ = tr.collector.collect(tr.params, __import__("jax").random.key(0), 0)
+        diffs = [np.abs(np.diff(np.asarray(tj.metadata["oracle_values"][:-1])))
+                 for tj in eb.trajectories]
+        tr.close()
     d = np.concatenate([x for x in diffs if x.size])
     return float(d.mean())
 

@@ -17,8 +17,14 @@ L3 and the trained model as the harness's CASCADE decision model.
    minutes per step on the shared CPU (stated in ``experiments/harness_decision_gym.py``).
    The fitted savings = 1 − cost / cost of the LLM alone on the same test tasks.
 
-Writes ``results.json`` after every stage (a late kill loses little), ``before_after.md`` and
-``before_after.png``.
+Stages (``data``, ``sft``, ``bench/<level>``, ``cascade/<model>``) record their start in
+``results.json`` before they write and their end (with their results) after, in one atomic
+write. ``--resume`` keeps every finished stage (refused if it was made with other settings)
+and redoes an interrupted one: a stage started but not finished continues its own resumable
+parts (train-dm's checkpoints, the bench's finished units, the harness's journals) when its
+settings are the same, and starts again from nothing when they are not. A folder holding
+results is never written over without ``--resume`` or ``--overwrite``. Writes
+``before_after.md`` and ``before_after.png`` at the end.
 
     nice -n 10 python experiments/train_dm_gym.py --out experiments/results/train_dm_gym
     python experiments/train_dm_gym.py --out /tmp/x --quick                  # smoke run
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -76,19 +83,20 @@ def write_train_states(path: Path, tasks: int, error_rate: float, max_states: in
 
 
 def sft(out: Path, args, progress: bool) -> tuple[dict, Path]:
-    """Train, then merge the exported adapter into an HF folder; (summary, folder)."""
+    """Train (or continue from ``out/run``'s checkpoint), then merge the exported adapter into
+    an HF folder; (summary, folder)."""
     from jaxdm.models.loading import save_pretrained
     from jaxdm.models.lora import load_adapted, load_model
     from jaxdm.train.sft import TrainDMConfig, train
 
-    summary = train(TrainDMConfig(data=str(out / "train_states.jsonl"), model="smollm2",
+    summary = train(TrainDMConfig(data=str(out / "train_states.jsonl"), model=args.model,
                                   out_dir=str(out / "run"), mode="likelihood",
                                   epochs=args.epochs, max_steps=args.max_steps,
                                   save_every=10, progress=progress, export=True))
     if "model" in summary:  # the run finished its epochs: train-dm merged and exported
         return summary, Path(summary["model"])
     pre = load_adapted(summary["adapter"])
-    base = load_model("smollm2")
+    base = load_model(args.model)
     folder = save_pretrained(out / "model", pre.params, pre.config, tokenizer=pre.tokenizer,
                              source=base.path)
     return summary, folder
@@ -107,8 +115,10 @@ def bench(judges: list, out: Path, args, progress: bool, levels: tuple[str, ...]
 
 def cascade(model_path: str, tag: str, out: Path, args, progress: bool,
             inner: dict | None = None) -> dict:
-    """shadow -> fit -> run (LLM alone vs CASCADE at the fitted thresholds on stop / params).
-    ``inner``: another decision-model spec instead of the SmolLM2 folder (tests)."""
+    """shadow -> fit -> run (LLM alone vs CASCADE at the fitted thresholds on stop / params),
+    each harness command resumed where an interrupted one stopped (its journal) and kept
+    where finished; the results are read from the folder's files. ``inner``: another
+    decision-model spec instead of the SmolLM2 folder (tests)."""
     from jaxdm.harness import run as hr
     cfg = hr.HarnessConfig(
         dm={"kind": "points_only", "points": list(args.cascade_points.split(",")),
@@ -121,15 +131,13 @@ def cascade(model_path: str, tag: str, out: Path, args, progress: bool,
         fit=hr.FitConfig(points=tuple(args.cascade_points.split(",")), min_support=3),
         out_dir=str(out), progress=progress)
     out.mkdir(parents=True, exist_ok=True)
-    # results.json lists the finished cascades; one that is not there is run again from the
-    # start (an interrupted one leaves partial harness results behind)
-    hr.cmd_shadow(cfg, overwrite=True)
-    fits = hr.cmd_fit(cfg, overwrite=True)
-    summary = hr.cmd_run(cfg, overwrite=True)
+    for command in (hr.cmd_shadow, hr.cmd_fit, hr.cmd_run):
+        command(cfg, resume=True)   # a finished command returns None: read its files
+    summary = json.loads((out / "summary.json").read_text())
+    fits = hr.load_thresholds(out) or {}
     ref, arm = summary["arms"]["llm_alone"], summary["arms"]["cascade_fitted"]
-    return {"thresholds": {p: (f or {}).get("threshold") for p, f in
-                           (hr.load_thresholds(out) or {}).items()},
-            "fit": fits if isinstance(fits, dict) else None,
+    return {"thresholds": {p: (f or {}).get("threshold") for p, f in fits.items()},
+            "fit": fits,
             "llm_alone": {k: ref[k] for k in ("success", "cost", "llm_calls", "dm_calls")},
             "cascade": {k: arm[k] for k in ("success", "cost", "llm_calls", "dm_calls",
                                             "dm_failures")},
@@ -139,6 +147,94 @@ def cascade(model_path: str, tag: str, out: Path, args, progress: bool,
 
 def _save(out: Path, result: dict) -> None:
     write_json(out / "results.json", result, indent=2, default=str)
+
+
+# The options each stage's results depend on (SFT: also its data's; bench and CASCADE: also
+# the recorded settings of the SFT stage whose model they evaluate, see Stages.settings).
+DATA_ARGS = ("train_tasks", "train_states", "train_kinds", "whole_states", "error_rate")
+STAGE_ARGS = {"data": DATA_ARGS, "sft": DATA_ARGS + ("model", "epochs", "max_steps"),
+              "bench": ("model", "test_tasks", "test_states", "l1", "l3_envs", "l3_tasks",
+                        "l3_max_steps"),
+              "cascade": ("model", "cascade_points", "shadow_tasks", "cascade_tasks")}
+# Every output of the job (``--overwrite`` removes them; ``stage_outputs``: a stage's own).
+OUTPUTS = ("results.json", "train_states.jsonl", "run", "model", "bench", "before_after.md",
+           "before_after.png")
+
+
+def stage_outputs(out: Path, stage: str) -> list[Path]:
+    """The files and folders ``stage`` writes (removed before it starts again from nothing)."""
+    kind, _, part = stage.partition("/")
+    return {"data": [out / "train_states.jsonl"], "sft": [out / "run", out / "model"],
+            "bench": [out / "bench" / part], "cascade": [out / f"harness_{part}"]}[kind]
+
+
+def _remove(paths) -> None:
+    for p in paths:
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink(missing_ok=True)
+
+
+class Stages:
+    """Start and end records of the job's stages in ``results.json`` (``result["stages"]``:
+    stage -> {"settings", "started", "finished"}), written with the results they describe."""
+
+    def __init__(self, out: Path, result: dict, args):
+        self.out, self.result, self.args = out, result, args
+        self.records = result.setdefault("stages", {})
+
+    def settings(self, stage: str) -> dict:
+        kind = stage.partition("/")[0]
+        now = {k: getattr(self.args, k) for k in STAGE_ARGS[kind]}
+        if kind in ("bench", "cascade"):   # the trained model they evaluate
+            now["sft"] = (self.records.get("sft") or {}).get("settings")
+        return now
+
+    def begin(self, stage: str) -> bool:
+        """True when ``stage`` is to run (its start record written); False when it finished
+        with these settings. Finished with other settings: SystemExit naming them."""
+        rec, now = self.records.get(stage), self.settings(stage)
+        if rec and rec.get("finished"):
+            if rec["settings"] != now:
+                was = {k: rec["settings"].get(k) for k in now if rec["settings"].get(k) != now[k]}
+                raise SystemExit(f"{self.out}: stage {stage} finished with other settings "
+                                 f"({was}); resume with those, pass --overwrite, or use "
+                                 f"another --out")
+            return False
+        if rec and rec["settings"] != now:
+            # interrupted with other settings: its partial output is not continued
+            _remove(stage_outputs(self.out, stage))
+        self.records[stage] = {"settings": now, "started": time.time()}
+        _save(self.out, self.result)
+        return True
+
+    def end(self, stage: str) -> None:
+        """The end record, saved with the results the stage put into ``result``."""
+        self.records[stage]["finished"] = time.time()
+        _save(self.out, self.result)
+
+    def finished(self, stage: str) -> bool:
+        return bool((self.records.get(stage) or {}).get("finished"))
+
+
+def open_results(out: Path, resume: bool, overwrite: bool) -> dict:
+    """The results of an earlier run of the job in ``out`` (``resume``), or a fresh start
+    (``overwrite`` removes the earlier outputs first). A folder holding outputs is refused
+    without one of the two."""
+    if resume and overwrite:
+        raise SystemExit("--resume and --overwrite exclude each other")
+    held = [name for name in OUTPUTS if (out / name).exists()] + sorted(
+        p.name for p in out.glob("harness_*"))
+    if held and not (resume or overwrite):
+        raise SystemExit(f"{out} holds results of an earlier run ({', '.join(held)}); pass "
+                         f"--resume to continue it (finished stages are kept) or --overwrite "
+                         f"to replace it")
+    if overwrite:
+        _remove([out / name for name in held])
+        return {}
+    prev = out / "results.json"
+    return json.loads(prev.read_text()) if prev.is_file() else {}
 
 
 def table(result: dict) -> str:
@@ -193,6 +289,8 @@ def figure(result: dict, path: Path) -> None:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="smollm2",
+                    help="the base model: 'smollm2' or an HF folder (tests: a tiny one)")
     ap.add_argument("--train-tasks", type=int, default=30)
     ap.add_argument("--train-states", type=int, default=40)
     ap.add_argument("--train-kinds", default="tool,param,stop",
@@ -217,6 +315,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--skip", default="", help="comma list of stages to skip: sft,bench,cascade")
     ap.add_argument("--quick", action="store_true", help="tiny smoke run (2 steps)")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the job in --out: finished stages are kept")
+    ap.add_argument("--overwrite", action="store_true", help="replace the job in --out")
     args = ap.parse_args(argv)
     if args.quick:
         args.train_tasks, args.train_states, args.max_steps = 2, 2, 2
@@ -228,36 +329,39 @@ def main(argv=None) -> dict:
     out = Path(args.out)
     lock_run_dir(out)   # the folder is this job's until the process ends
     t0 = time.perf_counter()
-    prev = out / "results.json"
-    result: dict = json.loads(prev.read_text()) if prev.is_file() else {}
+    result = open_results(out, args.resume, args.overwrite)
     result["args"] = vars(args)
     timing = result.setdefault("timing", {})
-    result["data"] = write_train_states(out / "train_states.jsonl", args.train_tasks,
-                                        args.error_rate, args.train_states, 0,
-                                        tuple(args.train_kinds.split(",")),
-                                        per_question=not args.whole_states)
-    _save(out, result)
+    stages = Stages(out, result, args)
+    if stages.begin("data"):
+        result["data"] = write_train_states(out / "train_states.jsonl", args.train_tasks,
+                                            args.error_rate, args.train_states, 0,
+                                            tuple(args.train_kinds.split(",")),
+                                            per_question=not args.whole_states)
+        stages.end("data")
     folder = out / "model"
-    if "sft" not in skip:
+    if "sft" not in skip and stages.begin("sft"):
         t = time.perf_counter()
         summary, folder = sft(out, args, progress)
         timing["sft_s"] = round(time.perf_counter() - t, 1)
         result["train"] = {k: v for k, v in summary.items() if k != "skipped_indistinct"}
-        _save(out, result)
-    if "sft" in skip and (result.get("train") or {}).get("model"):
-        folder = Path(result["train"]["model"])   # the earlier run finished and exported
-    models = {"smollm2-base": "smollm2", "smollm2-sft": str(folder)}
+        result["train"]["folder"] = str(folder)
+        stages.end("sft")
+    if stages.finished("sft"):
+        folder = Path(result["train"]["folder"])   # this run's or an earlier one's
+    elif "sft" in skip and ("bench" not in skip or "cascade" not in skip):
+        raise SystemExit(f"{out}: --skip sft needs a finished sft stage there (none recorded)")
+    models = {"smollm2-base": args.model, "smollm2-sft": str(folder)}
     if "bench" not in skip:
-        t = time.perf_counter()
         # dict specs: a 'kind:path=a/b' string is taken for a folder by screen's parser
         judges = ["oracle:noise=0.2,name=oracle-noisy"] + [
             {"kind": "local_likelihood", "path": p, "name": n} for n, p in models.items()]
-        # One bench run per level (bench/<level>/), merged per backend and saved after each,
-        # so a late kill keeps the finished levels and a rerun skips them.
+        # One bench run per level (bench/<level>/), merged per backend and saved with the
+        # level's end record, so a late kill keeps the finished levels and a resume skips them.
         from jaxdm.bench import metrics
         merged = result.setdefault("bench", {"backends": {}, "data": {}, "levels_done": []})
         for level in args.levels.split(","):
-            if level in merged.get("levels_done", []):
+            if not stages.begin(f"bench/{level}"):
                 continue
             t = time.perf_counter()
             r = bench(judges, out / "bench" / level, args, progress, (level,))
@@ -266,20 +370,21 @@ def main(argv=None) -> dict:
                     {k: v for k, v in b.items() if k != "cost"})
                 merged["backends"][name].setdefault("cost", {})[level] = b["cost"]
             merged["data"].update(r["data"])
-            merged["levels_done"].append(level)
+            if level not in merged["levels_done"]:
+                merged["levels_done"].append(level)
             merged["kendall"] = metrics.level_agreement(merged["backends"])
             timing[f"bench_{level}_s"] = round(time.perf_counter() - t, 1)
-            _save(out, result)
+            stages.end(f"bench/{level}")
     if "cascade" not in skip:
         result.setdefault("cascade", {})
         for name, path in models.items():
-            if name in result["cascade"]:
+            if not stages.begin(f"cascade/{name}"):
                 continue
             t = time.perf_counter()
             result["cascade"][name] = cascade(path, name, out / f"harness_{name}", args,
                                               progress)
             timing[f"cascade_{name}_s"] = round(time.perf_counter() - t, 1)
-            _save(out, result)
+            stages.end(f"cascade/{name}")
     result["seconds"] = round(time.perf_counter() - t0, 1)
     _save(out, result)
     text = ("SmolLM2-135M before / after packed SFT on DECISION GYM train states "
