@@ -5,4 +5,9 @@ out into a per-episode sandbox folder, edited there, and graded by running its e
 in that folder and reading the test log with the package's own log parsers and report
 (``swebench.harness.grading.get_eval_report``). Real instances' eval scripts expect their
 container (``/testbed``, conda); see the README for that path.
+
+``env``: ``SWEBenchEnv``, the tool-call environment over those sandboxes (view / edit /
+run_tests / submit, 50 turns, reward from ``grading.grade``). ``trajectories``: SWE-agent
+``.traj`` files as ``jaxdm.trajectory.Trajectory`` (for ``jaxdm screen``; standard library
+only, no ``swebench`` needed). Submodules are imported on use.
 """

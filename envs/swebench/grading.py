@@ -1,7 +1,8 @@
 """Per-episode repository sandboxes and SWE-bench grading through the official package.
 
 ``RepoSandbox(repo_dir)`` copies a git checkout into a temporary folder: the agent's tools
-(``view``, ``edit``, ``run``: a subprocess with a timeout, cwd the sandbox) act there only,
+(``view``, ``edit``, ``files``, ``run``: a subprocess with a timeout, cwd the sandbox) act
+there only (paths outside it are refused; a command's code is not confined: see the README),
 and ``patch()`` is the ``git diff`` of its edits (the prediction's ``model_patch``).
 ``grade(instance, sandbox)`` runs the instance's ``eval_script`` (``swebench``'s
 ``make_test_spec``: test-exit-code recording included) in the sandbox with ``bash``, writes
@@ -51,8 +52,14 @@ class RepoSandbox:
         return full
 
     def view(self, rel: str) -> str:
-        """The file's text with line numbers."""
-        with open(self._path(rel)) as f:
+        """The file's text with line numbers; for a folder, the files under it."""
+        path = self._path(rel)
+        if os.path.isdir(path):
+            prefix = os.path.relpath(path, os.path.realpath(self.root))
+            inside = [f for f in self.files()
+                      if prefix == "." or f.startswith(prefix.rstrip("/") + "/")]
+            return "\n".join(inside) + "\n"
+        with open(path) as f:
             return "".join(f"{i + 1:4d} {line}" for i, line in enumerate(f))
 
     def edit(self, rel: str, old: str, new: str) -> str:
@@ -66,6 +73,13 @@ class RepoSandbox:
         with open(path, "w") as f:
             f.write(text.replace(old, new))
         return f"edited {rel}"
+
+    def files(self) -> list[str]:
+        """The sandbox's files (tracked and new, ignored ones left out), sorted."""
+        code, out = self.run("git ls-files --cached --others --exclude-standard")
+        if code != 0:
+            raise RuntimeError(f"git ls-files failed in the sandbox: {out}")
+        return sorted(set(line for line in out.splitlines() if line))
 
     def run(self, command: str, timeout: float | None = None) -> tuple[int, str]:
         """(exit code, output) of a shell command in the sandbox; 124 on timeout."""
