@@ -6,9 +6,9 @@
   b_right), a wrong one's from Beta(a_wrong, b_wrong), seeded per question. Confidence then
   separates right from wrong answers only partly, which is what threshold fitting needs to
   discover (the plain ``Oracle`` puts the same confidence on every answer).
-- ``BM25Shortlist`` ("bm25"): the seed's keyword control. It scores options by BM25 (bm25s)
-  against the question's context (the last customer message and results), so ASSIST gets a
-  keyword shortlist instead of a decision model's.
+- ``BM25Shortlist`` ("bm25"): the seed's retrieval control. It scores options (tool names and
+  descriptions) by BM25 (bm25s) against the user's request and replies in the dialogue, so
+  ASSIST gets a keyword shortlist instead of a decision model's.
 - ``RandomTrigger`` ("random_trigger"): the random-trigger control (runs an optional step at
   a given rate, the fitted TRIGGER's measured call rate).
 - ``PointsOnly`` ("points_only"): another decision model restricted to some decision
@@ -82,24 +82,69 @@ class NoisyOracle:
         return out
 
 
-class BM25Shortlist:
-    """Scores options by BM25 over their text against the context's latest lines (bm25s)."""
+# Turns of a DECISION GYM context (envs/decision_gym/env.py render_context): after the
+# "Conversation:" line, each turn starts with its speaker; a customer message may run on.
+CONVERSATION_MARK = "Conversation:"
+USER_TURN, AGENT_TURN, RESULT_TURN = "Customer:", "Agent:", "Result:"
+BM25_QUERIES = ("request", "dialogue", "tail")
 
-    def __init__(self, tail_lines: int = 4, name: str = "bm25"):
-        self.tail_lines = int(tail_lines)
-        self.name = name
+
+def dialogue_turns(context: str) -> list[tuple[str, str]]:
+    """(speaker prefix, text) of each turn after the context's ``Conversation:`` line (lines
+    that start no turn continue the one before); [] when the context has none."""
+    lines = context.splitlines()
+    if CONVERSATION_MARK not in lines:
+        return []
+    turns: list[tuple[str, str]] = []
+    for line in lines[lines.index(CONVERSATION_MARK) + 1:]:
+        who = next((t for t in (USER_TURN, AGENT_TURN, RESULT_TURN) if line.startswith(t)),
+                   None)
+        if who is not None:
+            turns.append((who, line[len(who):].strip()))
+        elif turns:
+            turns[-1] = (turns[-1][0], f"{turns[-1][1]}\n{line}")
+    return turns
+
+
+class BM25Shortlist:
+    """The retrieval baseline: scores options by BM25 (bm25s) over their whole text (a tool
+    option is "name: description", the name's underscores read as spaces) against a query
+    made from the context, then a softmax over the scores.
+
+    ``query``: "request" (default) the user's turns of the dialogue (the request and every
+    later reply of the customer); "dialogue" the user's and the agent's turns (the agent's
+    calls, not the tools' results); "tail" the context's last ``tail_lines`` lines (the
+    earlier control: mostly a tool result, so it rarely names the next tool). A context
+    without a ``Conversation:`` section is the query whole. The question text is always
+    added."""
+
+    def __init__(self, query: str = "request", tail_lines: int = 4, name: str = "bm25"):
+        if query not in BM25_QUERIES:
+            raise ValueError(f"bm25 query must be one of {list(BM25_QUERIES)}, got {query!r}")
+        if not (isinstance(tail_lines, int) and tail_lines >= 1):
+            raise ValueError(f"bm25 tail_lines must be an int >= 1, got {tail_lines!r}")
+        self.query, self.tail_lines, self.name = query, tail_lines, name
+
+    def query_text(self, q: MultipleChoice) -> str:
+        """What the options are scored against (see the class docstring)."""
+        if self.query == "tail":
+            text = "\n".join(q.context.splitlines()[-self.tail_lines:])
+        else:
+            keep = (USER_TURN,) if self.query == "request" else (USER_TURN, AGENT_TURN)
+            turns = dialogue_turns(q.context)
+            text = "\n".join(t for who, t in turns if who in keep) if turns else q.context
+        return f"{text}\n{q.question}"
 
     def choose(self, questions: Sequence[MultipleChoice]) -> list[ChoiceResult]:
         import bm25s
         out = []
         for q in questions:
             t0 = time.perf_counter()
-            query = "\n".join(q.context.splitlines()[-self.tail_lines:]) + " " + q.question
             corpus = bm25s.tokenize([o.replace("_", " ") for o in q.options], stopwords="en",
                                     show_progress=False)
             retriever = bm25s.BM25()
             retriever.index(corpus, show_progress=False)
-            qt = bm25s.tokenize([query.replace("_", " ")], stopwords="en",
+            qt = bm25s.tokenize([self.query_text(q).replace("_", " ")], stopwords="en",
                                 show_progress=False, return_ids=False)[0]
             scores = np.asarray(retriever.get_scores(qt), dtype=np.float64) if qt else \
                 np.zeros(len(q.options))
@@ -204,5 +249,5 @@ class RandomTrigger:
         return out
 
 
-__all__ = ["NoisyOracle", "BM25Shortlist", "RandomTrigger", "PointsOnly", "make_dm",
+__all__ = ["NoisyOracle", "BM25Shortlist", "dialogue_turns", "RandomTrigger", "PointsOnly", "make_dm",
            "DM_KINDS"]
