@@ -11,3 +11,7 @@ run_tests / submit, 50 turns, reward from ``grading.grade``). ``trajectories``: 
 ``.traj`` files as ``jaxdm.trajectory.Trajectory`` (for ``jaxdm screen``; standard library
 only, no ``swebench`` needed). Submodules are imported on use.
 """
+
+# seed 001: 50 turns per R2E-Gym / SWE-bench Verified episode (the env's budget, and the
+# budget a converted SWE-agent trajectory is screened under unless told otherwise)
+SWE_TURN_BUDGET = 50

@@ -31,12 +31,11 @@ import sys
 from typing import Any
 
 from jaxdm.envs.repl import Evaluation, ExecResult, ReplSessionEnv
+from jaxdm.envs.swebench import SWE_TURN_BUDGET
 from jaxdm.envs.swebench.grading import RepoSandbox, grade, load_instances
 
 __all__ = ["SWE_TURN_BUDGET", "TOOLS", "SWEParams", "SWESession", "SWEBenchEnv",
            "ToolCallError", "make_swebench_env", "parse_tool_call", "tool_call"]
-
-SWE_TURN_BUDGET = 50   # seed 001: 50 turns per R2E-Gym / SWE-bench Verified episode
 
 # tool -> (required string arguments, optional arguments)
 TOOLS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
