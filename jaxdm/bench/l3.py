@@ -29,6 +29,7 @@ counted (``flagged``), and a resumed bench runs it again. A question the model r
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Callable, Mapping, Sequence
 
 L3_ENVS = ("base", "shift", "hard", "alfworld")
@@ -100,16 +101,24 @@ class WatchedModel:
     """The decision model as the harness sees it, counting answers that did not come back
     (``lost``: a raise other than a refusal, or a failed result) apart from refusals
     (``ValueError`` / ``TypeError``). A batch that raises is asked again one question at a
-    time by the harness, so only a one-question raise counts."""
+    time by the harness, so only a one-question raise counts. Also counts what the bench
+    reports per call: ``questions`` asked, ``tokens_in`` (the answers' ``Cost``) and
+    ``seconds`` (measured around the model's calls, not the harness's simulated latency)."""
 
     def __init__(self, dm: Any):
         self.dm = dm
         self.lost = 0
+        self.questions, self.tokens_in, self.seconds = 0, 0, 0.0
 
     def __getattr__(self, name):
         return getattr(self.dm, name)
 
+    def usage(self) -> tuple[int, int, float]:
+        """(questions, tokens_in, seconds) so far (``episode_row`` takes the difference)."""
+        return self.questions, self.tokens_in, self.seconds
+
     def choose(self, questions):
+        t0 = time.perf_counter()
         try:
             results = self.dm.choose(questions)
         except (ValueError, TypeError):
@@ -118,18 +127,28 @@ class WatchedModel:
             if len(questions) == 1:
                 self.lost += 1
             raise
+        finally:
+            self.seconds += time.perf_counter() - t0
+        self.questions += len(questions)
+        self.tokens_in += sum(int(getattr(getattr(r, "cost", None), "tokens_in", 0) or 0)
+                              for r in results if r is not None)
         self.lost += sum(1 for r in results if r is None or not getattr(r, "ok", False))
         return results
 
 
-def episode_row(env_name: str, ep: Any, dm_lost: int = 0) -> dict[str, Any]:
+def episode_row(env_name: str, ep: Any, dm_lost: int = 0,
+                usage: tuple[int, int, float] = (0, 0, 0.0)) -> dict[str, Any]:
+    """The bench's row of one L3 episode; ``usage``: the decision model's (questions,
+    tokens_in, seconds) in it (``WatchedModel.usage`` differences)."""
     point = "next_action" if env_name == "alfworld" else "tool"
     own = [r for r in ep.decisions if r.point == point and r.who == "dm"]
     keyed = [r for r in own if r.answer is not None and r.choice is not None]
     row = {"env": env_name, **ep.summary(),
            "irreversible_errors": irreversible_errors(ep),
            "dm_decisions": len(own), "dm_keyed": len(keyed),
-           "dm_correct": sum(bool(r.correct) for r in keyed), "dm_lost": int(dm_lost)}
+           "dm_correct": sum(bool(r.correct) for r in keyed), "dm_lost": int(dm_lost),
+           "dm_questions": int(usage[0]), "dm_tokens_in": int(usage[1]),
+           "dm_seconds": float(usage[2])}
     row["flagged"] = bool(row["llm_failures"] or dm_lost)
     return row
 
@@ -150,6 +169,10 @@ def step_records(env_name: str, ep: Any, flagged: bool = False) -> list[dict[str
                     "refused": failed and not flagged,
                     "error": "decision model failed (the LLM decided)" if failed else None,
                     "after_error": None, "must_ask": None, "n_options": r.n_options,
+                    # the option texts stay in the harness: the index only
+                    "choice": None if failed else int(r.dm_choice), "chosen": None,
+                    "answer": [int(i) for i in r.answer],
+                    # tokens and seconds are counted per episode (episode_row's dm_*)
                     "tokens_in": 0, "usd": r.cost_usd, "seed": int(ep.seed)})
     return out
 
@@ -173,9 +196,10 @@ def run_l3(dm: Any, cfg: L3Config, *, llm_factory: Callable[[], Any] | None = No
                              dm_price_per_call=cfg.dm_price_per_call,
                              dm_latency_s=cfg.dm_latency_s)
         for seed in seeds:
-            before = watched.lost
+            before, used = watched.lost, watched.usage()
             ep = h.run_task(env, seed, params)
-            row = episode_row(env_name, ep, watched.lost - before)
+            row = episode_row(env_name, ep, watched.lost - before,
+                              tuple(b - a for a, b in zip(used, watched.usage())))
             rows.append(row)
             records.extend(step_records(env_name, ep, row["flagged"]))
             if on_episode is not None:

@@ -57,6 +57,10 @@ def records(questions: Sequence[Any], results: Sequence[Any], level: str,
                     "refused": not ok and k in refused, "error": None if ok else r.error,
                     "after_error": m.get("after_error"), "must_ask": m.get("must_ask"),
                     "n_options": len(q.options),
+                    # the model's pick (index and text) beside the key: majority-class checks
+                    "choice": int(r.choice) if ok else None,
+                    "chosen": q.options[r.choice] if ok else None,
+                    "answer": [int(i) for i in m["answer"]],
                     "tokens_in": r.cost.tokens_in, "usd": r.cost.usd})
     return out
 

@@ -148,6 +148,38 @@ def answer_all(backend: Any, questions: Sequence[Any], batch: int, bar=None,
 UNRECORDED_KEYS = ("out_dir", "progress", "ece_bins", "max_failed_share")
 
 
+# Harness controls a bench may rank beside the decision models (``jaxdm.harness.dm``).
+CONTROL_KINDS = ("bm25",)
+
+
+def build_backends(specs: Sequence[Any]) -> list[tuple[str, Any]]:
+    """(name, backend) pairs of the bench's judges: the screen's judges
+    (``jaxdm.screen.run.build_judges``) and the harness's retrieval control ``bm25``
+    (``bm25`` or ``bm25:query=dialogue``, see ``jaxdm.harness.dm.BM25Shortlist``)."""
+    from jaxdm.harness.dm import make_dm
+    from jaxdm.screen.run import ScreenError, build_judges, normalize_judge_spec
+
+    out: list[tuple[str, Any] | None] = []
+    models = []
+    try:
+        for raw in specs:
+            spec = normalize_judge_spec(f"{raw}:" if raw in CONTROL_KINDS else raw)
+            if spec.get("kind") in CONTROL_KINDS:
+                name = str(spec.get("name") or spec["kind"])
+                out.append((name, make_dm({**spec, "name": name})))
+            else:
+                out.append(None)
+                models.append(raw)
+        built = iter(build_judges(models))
+    except (ScreenError, ValueError) as e:
+        raise BenchError(str(e)) from e
+    judges = [j if j is not None else next(built) for j in out]
+    names = [n for n, _ in judges]
+    if len(set(names)) < len(names):
+        raise BenchError(f"two judges share a name in {names}; give one a distinct name=")
+    return judges
+
+
 def run(cfg: BenchConfig, *, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
     """Answer every question of every level with every backend; write the folder (see
     ``jaxdm.bench.store``: unit by unit; ``resume`` continues a run there with the same
@@ -156,12 +188,8 @@ def run(cfg: BenchConfig, *, resume: bool = False, overwrite: bool = False) -> d
     that failed every answer) is kept as incomplete, reported, and makes the job fail
     (``BenchError``) after the rest has run and been written."""
     from jaxdm.bench.store import BenchStore
-    from jaxdm.screen.run import ScreenError, build_judges
 
-    try:
-        judges = build_judges(cfg.judges)
-    except ScreenError as e:
-        raise BenchError(str(e)) from e
+    judges = build_backends(cfg.judges)
     if "l3" in cfg.levels:
         from jaxdm.harness.run import HarnessError, make_llm
         try:
@@ -226,14 +254,20 @@ def _run(cfg: BenchConfig, judges, store, done) -> dict[str, Any]:
             summary["l3_tasks"] = l3_lib.breakdown(rows)
         errors = sorted({r["error"] for r in recs if r["error"]})
         n_questions = sum(r["level"] != "l3" for r in recs)
+        # L3: the decision model's own questions, tokens and measured seconds per episode
+        # (an L3 unit's seconds include the agent LLM and the env); rows saved before these
+        # were counted give calls only
+        l3_calls = sum(r.get("dm_questions", r["dm_calls"]) for r in rows)
+        model_seconds = (sum(v for k, v in seconds.items() if k != "l3")
+                         + sum(r.get("dm_seconds", 0.0) for r in rows))
         summary["cost"] = {
-            "calls": n_questions + sum(r["dm_calls"] for r in rows),
-            "tokens_in": sum(r["tokens_in"] for r in recs),
+            "calls": n_questions + l3_calls,
+            "tokens_in": (sum(r["tokens_in"] for r in recs)
+                          + sum(r.get("dm_tokens_in", 0) for r in rows)),
             "usd": (sum(r["usd"] for r in recs if r["usd"] is not None)
                     if any(r["usd"] is not None for r in recs) else None),
             "seconds": {k: round(v, 3) for k, v in seconds.items()},
-            "seconds_per_call": round(sum(v for k, v in seconds.items() if k != "l3")
-                                      / max(n_questions, 1), 5)}
+            "seconds_per_call": round(model_seconds / max(n_questions + l3_calls, 1), 5)}
         summary["failure_reasons"] = errors[:5]
         result["backends"][name] = summary
         all_recs.extend(dict(r, backend=name) for r in recs)

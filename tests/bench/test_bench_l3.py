@@ -164,7 +164,7 @@ def test_l3_flaky_agent_llm_episodes_are_flagged_and_resume_reruns_only_them(tmp
     res = run(cfg(out, max_failed_share=1.0), resume=True)
     assert asked[-1] == [1, 3]      # only the flagged episodes ran again
     assert res["n_failed_answers"] == 0
-    strip = lambda r: {k: v for k, v in r.items() if k not in ("seconds", "overhead_s")}  # noqa
+    strip = lambda r: {k: v for k, v in r.items() if k not in ("seconds", "overhead_s", "dm_seconds")}  # noqa
     got = [strip(json.loads(x)) for x in (out / "l3_episodes.jsonl").read_text().splitlines()]
     want = [strip(json.loads(x)) for x in
             (tmp_path / "healthy" / "l3_episodes.jsonl").read_text().splitlines()]
