@@ -14,6 +14,16 @@ Per position with student logits z in R^V:
 Gradient w.r.t. z_m: 1[m in S] p_m (l_m - tau_m + 1) - p_m sum_{j in S} p_j (l_j - tau_j + 1).
 The teacher is a constant (no gradient flows into ``teacher_logprobs``).
 
+``tail=True`` adds the **tail bucket**: the mass outside S as one more outcome, so the sum is a
+divergence between two proper distributions over S + {tail} (without it, a student that moves
+mass out of S lowers the loss; verl's RFC #7856 reports the unbucketed clamp hit in most steps):
+
+    p_T = 1 - sum_{j in S} p_j,   q_T = max(1 - sum_{j in S} exp(tau_j), exp(floor_min))
+    KL_tail = KL + p_T (log p_T - log q_T)
+
+(log p_T from log P_S by a stable log(1 - e^x); a row whose whole mass is in S adds 0). The
+tail term is differentiated by JAX in every implementation.
+
 Implementations (``impl``):
 
 - ``"reference"``: plain jnp on the full [N, V] softmax, with the hand-written SPEC gradient
@@ -60,6 +70,7 @@ __all__ = [
     "teacher_floor_logprob",
     "teacher_logprobs_at",
     "kl_from_stats",
+    "tail_bucket_kl",
     "reference_topk_reverse_kl",
     "plain_topk_reverse_kl",
 ]
@@ -107,14 +118,38 @@ def teacher_logprobs_at(
     return jnp.where(jnp.any(match, axis=-1), listed, floor[..., None])
 
 
+_LN2 = float(np.log(2.0))
+
+
+def tail_bucket_kl(log_p_s: jax.Array, tau: jax.Array,
+                   floor_min: float = DEFAULT_FLOOR_MIN) -> jax.Array:
+    """p_T (log p_T - log q_T) [N] from the student's log-probs ``log_p_s`` [N, k] on S and
+    the teacher's ``tau`` [N, k] there (module docstring). Differentiable in ``log_p_s``;
+    -inf entries of ``log_p_s`` (rows with fewer than k finite logits) hold no mass."""
+    finite = jnp.isfinite(log_p_s)
+    log_mass = jax.nn.logsumexp(jnp.where(finite, log_p_s, -jnp.inf), axis=-1)   # log P_S
+    has_tail = log_mass < 0.0
+    x = jnp.where(has_tail, log_mass, -1.0)
+    # log(1 - e^x), each branch fed only values where it is exact and finite (the double
+    # where keeps the gradient finite where a branch is not taken).
+    near = x > -_LN2
+    log_p_tail = jnp.where(near, jnp.log(-jnp.expm1(jnp.where(near, x, -1.0))),
+                           jnp.log1p(-jnp.exp(jnp.where(near, -1.0, x))))
+    q_s = jnp.sum(jnp.where(finite, jnp.exp(jax.lax.stop_gradient(tau)), 0.0), axis=-1)
+    log_q_tail = jnp.maximum(jnp.log(jnp.maximum(1.0 - q_s, 0.0)), jnp.float32(floor_min))
+    return jnp.where(has_tail, jnp.exp(log_p_tail) * (log_p_tail - log_q_tail), 0.0)
+
+
 def kl_from_stats(
     stats: LseTopK,
     teacher_ids: jax.Array,
     teacher_logprobs: jax.Array,
     vocab_size: int,
     floor_min: float = DEFAULT_FLOOR_MIN,
+    tail: bool = False,
 ) -> jax.Array:
-    """sum_{j in S} p_j (l_j - tau_j) from the streaming statistics; [N]. Differentiable."""
+    """sum_{j in S} p_j (l_j - tau_j) from the streaming statistics (plus the tail bucket when
+    ``tail``); [N]. Differentiable."""
     log_p = stats.values - stats.lse[:, None]  # [N, k]
     tau = teacher_logprobs_at(
         stats.indices, teacher_ids, jax.lax.stop_gradient(teacher_logprobs), vocab_size, floor_min
@@ -124,7 +159,8 @@ def kl_from_stats(
     finite = jnp.isfinite(log_p)
     safe_log_p = jnp.where(finite, log_p, 0.0)
     terms = jnp.where(finite, jnp.exp(safe_log_p) * (safe_log_p - tau), 0.0)
-    return jnp.sum(terms, axis=-1)
+    kl = jnp.sum(terms, axis=-1)
+    return kl + tail_bucket_kl(log_p, tau, floor_min) if tail else kl
 
 
 # ---------------------------------------------------------------------------- validation
@@ -240,6 +276,7 @@ def topk_reverse_kl(
     block_t: int | None = None,
     pallas_layout: str | None = None,
     interpret: bool | None = None,
+    tail: bool = False,
 ) -> jax.Array:
     """Per-position top-k reverse KL(student || teacher) on the student's top-k support.
 
@@ -251,6 +288,7 @@ def topk_reverse_kl(
       mask: optional bool [...]; masked-out positions give KL 0 and no gradient.
       impl: "auto" | "reference" | "xla" | "pallas" (module docstring).
       floor_min: lower clamp of the teacher floor log-prob.
+      tail: add the tail bucket (module docstring).
       block_v, block_t: vocabulary / position tile sizes (streaming impls; block_t Pallas only).
       pallas_layout: "loop" (GPU) or "grid" (TPU); default by backend (``lse_topk_pallas``).
       interpret: Pallas interpret mode; default True on CPU.
@@ -274,6 +312,7 @@ def topk_reverse_kl(
         student_logits, teacher_ids, teacher_logprobs, mask,
         k=int(k), impl=impl, floor_min=float(floor_min), block_v=block_v, block_t=block_t,
         pallas_layout=pallas_layout, interpret=interpret, num_listed=num_listed,
+        tail=bool(tail),
     )
 
 
@@ -281,12 +320,12 @@ def topk_reverse_kl(
     jax.jit,
     static_argnames=(
         "k", "impl", "floor_min", "block_v", "block_t", "pallas_layout", "interpret",
-        "num_listed",
+        "num_listed", "tail",
     ),
 )
 def _topk_reverse_kl_jit(
     logits, teacher_ids, teacher_logprobs, mask, *, k, impl, floor_min, block_v, block_t,
-    pallas_layout, interpret, num_listed,
+    pallas_layout, interpret, num_listed, tail,
 ):
     del num_listed  # part of the cache key only
     lead, vocab_size = logits.shape[:-1], logits.shape[-1]
@@ -295,6 +334,8 @@ def _topk_reverse_kl_jit(
     logprobs = teacher_logprobs.reshape(rows.shape[0], -1)
     if impl == "reference":
         kl = _reference_kl(rows, ids, logprobs, k, floor_min)
+        if tail:
+            kl = kl + _reference_tail(rows, ids, logprobs, k, floor_min)
     else:
         if impl == "xla":
             stats = lse_topk_xla.lse_topk_logits(rows, k, block_v or lse_topk_xla.DEFAULT_BLOCK_V)
@@ -303,7 +344,7 @@ def _topk_reverse_kl_jit(
                 rows, k=k, block_sizes=lse_topk_pallas.BlockSizes.make(block_t, block_v),
                 layout=pallas_layout, interpret=interpret,
             )
-        kl = kl_from_stats(stats, ids, logprobs, vocab_size, floor_min)
+        kl = kl_from_stats(stats, ids, logprobs, vocab_size, floor_min, tail)
     kl = kl.reshape(lead)
     return kl if mask is None else jnp.where(mask, kl, 0.0)
 
@@ -322,6 +363,7 @@ def fused_linear_topk_reverse_kl(
     block_t: int | None = None,
     pallas_layout: str | None = None,
     interpret: bool | None = None,
+    tail: bool = False,
 ) -> jax.Array:
     """``topk_reverse_kl(hidden @ lm_head, ...)`` without materialising the [..., V] logits.
 
@@ -356,6 +398,7 @@ def fused_linear_topk_reverse_kl(
         hidden, lm_head, teacher_ids, teacher_logprobs, mask,
         k=int(k), impl=impl, floor_min=float(floor_min), block_v=block_v, block_t=block_t,
         pallas_layout=pallas_layout, interpret=interpret, num_listed=num_listed,
+        tail=bool(tail),
     )
 
 
@@ -363,12 +406,12 @@ def fused_linear_topk_reverse_kl(
     jax.jit,
     static_argnames=(
         "k", "impl", "floor_min", "block_v", "block_t", "pallas_layout", "interpret",
-        "num_listed",
+        "num_listed", "tail",
     ),
 )
 def _fused_linear_jit(
     hidden, lm_head, teacher_ids, teacher_logprobs, mask, *, k, impl, floor_min, block_v,
-    block_t, pallas_layout, interpret, num_listed,
+    block_t, pallas_layout, interpret, num_listed, tail,
 ):
     del num_listed
     lead, vocab_size = hidden.shape[:-1], lm_head.shape[1]
@@ -378,6 +421,8 @@ def _fused_linear_jit(
     if impl == "reference":
         logits = jnp.dot(rows, lm_head, preferred_element_type=jnp.float32)
         kl = _reference_kl(logits, ids, logprobs, k, floor_min)
+        if tail:
+            kl = kl + _reference_tail(logits, ids, logprobs, k, floor_min)
     else:
         if impl == "xla":
             stats = lse_topk_xla.lse_topk_linear(
@@ -389,7 +434,7 @@ def _fused_linear_jit(
                 block_sizes=lse_topk_pallas.BlockSizes.make(block_t, block_v),
                 layout=pallas_layout, interpret=interpret,
             )
-        kl = kl_from_stats(stats, ids, logprobs, vocab_size, floor_min)
+        kl = kl_from_stats(stats, ids, logprobs, vocab_size, floor_min, tail)
     kl = kl.reshape(lead)
     return kl if mask is None else jnp.where(mask, kl, 0.0)
 
@@ -456,6 +501,7 @@ def plain_topk_reverse_kl(
     teacher_logprobs: jax.Array,
     k: int = 16,
     floor_min: float = DEFAULT_FLOOR_MIN,
+    tail: bool = False,
 ) -> jax.Array:
     """The SPEC formula in plain jnp on [N, V] logits, differentiated by JAX (test oracle).
 
@@ -470,7 +516,19 @@ def plain_topk_reverse_kl(
     )
     finite = jnp.isfinite(log_p_s)
     safe = jnp.where(finite, log_p_s, 0.0)
-    return jnp.sum(jnp.where(finite, jnp.exp(safe) * (safe - tau), 0.0), axis=-1)
+    kl = jnp.sum(jnp.where(finite, jnp.exp(safe) * (safe - tau), 0.0), axis=-1)
+    return kl + tail_bucket_kl(log_p_s, tau, floor_min) if tail else kl
+
+
+def _reference_tail(logits, teacher_ids, teacher_logprobs, k, floor_min):
+    """The tail bucket on the full softmax (autodiff: the reference's custom VJP covers S)."""
+    z = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+    log_p = jax.nn.log_softmax(z, axis=-1)
+    support = jax.lax.stop_gradient(jax.lax.top_k(z, k)[1])
+    log_p_s = jnp.take_along_axis(log_p, support, axis=-1)
+    tau = teacher_logprobs_at(support, teacher_ids, jax.lax.stop_gradient(teacher_logprobs),
+                              z.shape[-1], floor_min)
+    return tail_bucket_kl(log_p_s, tau, floor_min)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))

@@ -147,6 +147,7 @@ def lvopd_distill_loss(
     floor_min: float = DEFAULT_FLOOR_MIN,
     block_v: int | None = None,
     block_t: int | None = None,
+    tail: bool = False,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Gated top-k reverse-KL distillation loss of LVOPD; returns ``(loss, metrics)``.
 
@@ -160,7 +161,8 @@ def lvopd_distill_loss(
       token_mask: [B, L] bool, generated (action) tokens; others get no loss.
       lm_head: optional [d, V] LM-head weight.
       k: student support size. reduction: a ``jaxdm.kernels.weighted_kl_loss`` reduction.
-      impl, floor_min, block_v, block_t: passed to the top-k reverse KL.
+      impl, floor_min, block_v, block_t, tail: passed to the top-k reverse KL (``tail``:
+        the tail bucket, ``jaxdm.kernels.topk_reverse_kl``).
 
     Returns:
       loss: scalar ``weighted_kl_loss(KL, w, token_mask, reduction)``.
@@ -183,7 +185,8 @@ def lvopd_distill_loss(
         )
     token_gate = broadcast_to_tokens(step_weights, token_action_index, token_mask)  # [B, L]
     kl_kwargs = dict(
-        k=k, mask=token_mask, impl=impl, floor_min=floor_min, block_v=block_v, block_t=block_t
+        k=k, mask=token_mask, impl=impl, floor_min=floor_min, block_v=block_v, block_t=block_t,
+        tail=tail,
     )
     if lm_head is None:
         kl = topk_reverse_kl(student, teacher_ids, teacher_logprobs, **kl_kwargs)

@@ -104,7 +104,7 @@ def _response_hidden(params, config: ModelConfig, tokens, valid, positions):
     return hidden, jnp.take_along_axis(hidden, jnp.asarray(positions)[..., None], axis=1)
 
 
-def _distill(h_resp, head, batch, *, impl: str):
+def _distill(h_resp, head, batch, *, impl: str, tail: bool = False):
     """The gated top-k reverse KL of the units' response positions (one implementation for
     every policy form; the student support is min(16, V): all 6 actions for the symbolic
     policy, where with K_T = V = 6 the top-k KL is the exact reverse KL)."""
@@ -113,12 +113,13 @@ def _distill(h_resp, head, batch, *, impl: str):
     return lvopd_distill_loss(h_resp, batch["lvopd/teacher_ids"],
                               batch["lvopd/teacher_logprobs"], w,
                               jnp.zeros(mask.shape, jnp.int32), mask, lm_head=head,
-                              k=min(STUDENT_TOP_K, int(head.shape[1])), impl=impl)
+                              k=min(STUDENT_TOP_K, int(head.shape[1])), impl=impl,
+                              tail=tail)
 
 
 def lvopd_loss_from_hidden(logp, old_logp, adv, response_mask, h_resp, head, batch: dict, *,
                            coef: float = DEFAULT_DISTILL_COEF, clip_eps: float = 0.2,
-                           dual_clip: float = 3.0, impl: str = "auto"):
+                           dual_clip: float = 3.0, impl: str = "auto", tail: bool = False):
     """Clipped surrogate on ``logp`` [M, S] (token-mean over ``response_mask``) + coef ·
     gated top-k distillation of the gathered response hidden states ``h_resp`` [M, R, d]
     through ``head`` [d, V]. Returns ``(loss, metrics)``."""
@@ -129,7 +130,7 @@ def lvopd_loss_from_hidden(logp, old_logp, adv, response_mask, h_resp, head, bat
     pg, pg_met = losses.ppo_loss(jnp.where(mask, logp, 0.0), old_logp, None, adv_tok, mask,
                                  clip_eps=clip_eps, dual_clip=dual_clip, kl_coef=0.0,
                                  entropy=None, entropy_coef=0.0)
-    dl, met = _distill(h_resp, head, batch, impl=impl)
+    dl, met = _distill(h_resp, head, batch, impl=impl, tail=tail)
     met = dict(met)
     met["loss/pg"] = pg_met["loss/pg"]
     met["loss/lvopd_total"] = pg + coef * dl
@@ -139,7 +140,7 @@ def lvopd_loss_from_hidden(logp, old_logp, adv, response_mask, h_resp, head, bat
 def lvopd_loss_fused(h_resp, head, targets, old_logp, adv, weights, mask, teacher_ids,
                      teacher_logprobs, *, distill_mask=None, coef: float = DEFAULT_DISTILL_COEF,
                      clip_eps: float = 0.2, dual_clip: float = 3.0, impl: str = "auto",
-                     block_v: int | None = None):
+                     block_v: int | None = None, tail: bool = False):
     """The LVOPD loss head with ONE streaming pass over the vocabulary for both parts.
 
     The streaming statistics of ``h_resp @ head`` (log-sum-exp and the student's top-16,
@@ -185,7 +186,7 @@ def lvopd_loss_fused(h_resp, head, targets, old_logp, adv, weights, mask, teache
                                  entropy=None, entropy_coef=0.0)
     kl = kl_from_stats(stats, jnp.asarray(teacher_ids).reshape(m * r, -1),
                        jnp.asarray(teacher_logprobs).reshape(m * r, -1), vocab,
-                       DEFAULT_FLOOR_MIN).reshape(m, r)
+                       DEFAULT_FLOOR_MIN, tail).reshape(m, r)
     w_tok = jnp.broadcast_to(jnp.asarray(weights, jnp.float32)[:, None], (m, r))
     dmask = jnp.asarray(distill_mask, bool)
     dl, dmet = weighted_kl_loss(jnp.where(dmask, kl, 0.0), w_tok, dmask)
@@ -198,7 +199,7 @@ def lvopd_loss_fused(h_resp, head, targets, old_logp, adv, weights, mask, teache
 
 def lvopd_objective(params, config: ModelConfig, tokens, valid, old_logp, adv, batch: dict,
                     *, coef: float = DEFAULT_DISTILL_COEF, clip_eps: float = 0.2,
-                    dual_clip: float = 3.0, impl: str = "auto"):
+                    dual_clip: float = 3.0, impl: str = "auto", tail: bool = False):
     """The whole LVOPD loss from ONE decoder forward and ONE streaming vocabulary pass:
     clipped surrogate on every response token + coef · gated distillation
     (``lvopd_loss_fused`` on the gathered response hidden states).
@@ -215,7 +216,7 @@ def lvopd_objective(params, config: ModelConfig, tokens, valid, old_logp, adv, b
                             batch["lvopd/weights"], batch["lvopd/response"],
                             batch["lvopd/teacher_ids"], batch["lvopd/teacher_logprobs"],
                             distill_mask=batch["lvopd/mask"], coef=coef, clip_eps=clip_eps,
-                            dual_clip=dual_clip, impl=impl)
+                            dual_clip=dual_clip, impl=impl, tail=tail)
 
 
 # ---- policy forms the term reads (a registry: policy.form -> DistillForm) ----------------
@@ -280,7 +281,7 @@ def _lvopd_term(params, batch, aux):
         raise ValueError(f"algo.terms.lvopd: the mini-batch lacks {missing}; the trainer must "
                          "add lvopd_unit_arrays(...) for the 'teacher_topk' signal")
     h_resp, head = form.student(aux.policy, params["policy"], batch)
-    return _distill(h_resp, head, batch, impl="auto")
+    return _distill(h_resp, head, batch, impl="auto", tail=aux.loss.distill_tail)
 
 
 register_loss_term("lvopd", _lvopd_term, needs=("teacher_topk",), reads_policy_hidden=True)

@@ -51,6 +51,7 @@ class LossConfig:
     entropy_coef: float = 0.001
     aggregation: str = "token-mean"
     value_clip: float = 0.2
+    distill_tail: bool = False  # the lvopd term's top-k reverse KL with the tail bucket
 
     def __post_init__(self):
         for name, w in self.terms:

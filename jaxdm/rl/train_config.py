@@ -149,6 +149,9 @@ class AlgoSection:
     # LVOPD's distillation gate (a jaxdm.rl.distill.GATES name: lvopd | pure | trajectory),
     # computed over the whole iteration batch; read when "lvopd" is in terms.
     lvopd_gate: str = "lvopd"
+    # The top-k reverse KL with the tail bucket (jaxdm.kernels: the mass outside the student's
+    # top-k as one more outcome, a divergence over proper distributions); off: SPEC §6's loss.
+    lvopd_tail_bucket: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,7 +268,8 @@ class TrainConfig:
         a = self.algo
         return LossConfig(terms=tuple(terms), clip_eps=a.clip_eps, dual_clip=a.dual_clip,
                           kl_coef=a.kl_coef, entropy_coef=a.entropy_coef,
-                          aggregation=a.aggregation, value_clip=self.critic.value_clip)
+                          aggregation=a.aggregation, value_clip=self.critic.value_clip,
+                          distill_tail=bool(a.lvopd_tail_bucket))
 
 
 def nested_items(d: Any, prefix: str = "") -> dict[str, Any]:

@@ -202,7 +202,8 @@ def test_registered_term_and_objective_on_a_decoder(tiny):
         resp[i, len(u["prompt"]):len(seq)] = True
     batch = {"policy": types.SimpleNamespace(tokens=tokens, valid=valid, response_mask=resp),
              **arrays}
-    aux = types.SimpleNamespace(policy=types.SimpleNamespace(form="generative", config=config))
+    aux = types.SimpleNamespace(policy=types.SimpleNamespace(form="generative", config=config),
+                                loss=LossConfig(terms=(("ppo", 1.0), ("lvopd", 1.0))))
     term_loss, met = LOSS_TERMS["lvopd"].fn({"policy": params}, batch, aux)
     # The teacher is the student itself: the KL on the top-16 support is 0 (rounding).
     assert abs(float(met["lvopd/kl_mean"])) < 1e-5
@@ -301,8 +302,10 @@ def test_remote_teacher_equals_local_and_counts_failures(tiny, server):
             assert lists[j].ids.shape == (len(u["response"]), 32)
 
 
-def test_fused_loss_head_equals_the_two_pass_form():
-    """One streaming pass for log π(target) and the KL == chunked log-probs + fused KL."""
+@pytest.mark.parametrize("tail", [False, True])
+def test_fused_loss_head_equals_the_two_pass_form(tail):
+    """One streaming pass for log π(target) and the KL == chunked log-probs + fused KL (with
+    and without the tail bucket; the bucket changes the loss)."""
     rng = np.random.default_rng(4)
     m, r, d, vocab, kt = 3, 5, 8, 300, lvopd.TEACHER_TOP_K
     h = jnp.asarray(rng.normal(size=(m, r, d)), jnp.float32)
@@ -320,15 +323,20 @@ def test_fused_loss_head_equals_the_two_pass_form():
 
     def fused(h, head):
         return lvopd.lvopd_loss_fused(h, head, targets, old, adv, w, mask, ids.astype(jnp.int32),
-                                      lps, coef=0.7, block_v=64)[0]
+                                      lps, coef=0.7, block_v=64, tail=tail)[0]
 
     def two_pass(h, head):
         lp = jnp.take_along_axis(jax.nn.log_softmax(h @ head, -1), targets[..., None], -1)[..., 0]
-        return lvopd.lvopd_loss_from_hidden(lp, old, adv, mask, h, head, batch, coef=0.7)[0]
+        return lvopd.lvopd_loss_from_hidden(lp, old, adv, mask, h, head, batch, coef=0.7,
+                                            tail=tail)[0]
 
     v1, g1 = jax.value_and_grad(fused, argnums=(0, 1))(h, head)
     v2, g2 = jax.value_and_grad(two_pass, argnums=(0, 1))(h, head)
     np.testing.assert_allclose(float(v1), float(v2), rtol=1e-5)
+    if tail:
+        plain = lvopd.lvopd_loss_fused(h, head, targets, old, adv, w, mask,
+                                       ids.astype(jnp.int32), lps, coef=0.7, block_v=64)[0]
+        assert abs(float(v1) - float(plain)) > 1e-4
     for a, b in zip(g1, g2):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
 

@@ -183,3 +183,29 @@ def test_teacher_checkpoint_errors_name_teacher_path(tmp_path):
                                          "layer0/b": np.zeros((6,), np.float32)})
     with pytest.raises(ValueError, match="teacher.path: .*layer0 has w"):
         bt.load_teacher(bad)
+
+
+def test_tail_bucket_config_reaches_the_term(teacher_file, tmp_path):
+    """algo.lvopd_tail_bucket -> LossConfig.distill_tail -> the lvopd term. The symbolic
+    policy's support is every action (k = K_T = V = 6), so its tail is empty and the bucketed
+    term equals the plain one; a bad value names the key."""
+    base = ["policy.kind=symbolic_mlp", "env.name=babyai_jax",
+            "env.kwargs={room_size: 7, compass: true}", "algo.advantage=lvrl",
+            "value={kind: oracle}", "algo.terms={lvopd: 1.0}", "teacher.kind=babyai_privileged",
+            f"teacher.path={teacher_file}", f"out_dir={tmp_path}"]
+    cfg = cfgmod.load_config(TrainConfig, None, [*base, "algo.lvopd_tail_bucket=true"])
+    assert cfg.loss_config().distill_tail is True
+    assert cfgmod.load_config(TrainConfig, None, base).loss_config().distill_tail is False
+    with pytest.raises(cfgmod.ConfigError, match="lvopd_tail_bucket"):
+        cfgmod.load_config(TrainConfig, None, [*base, "algo.lvopd_tail_bucket=maybe"])
+    policy = _small_policy()
+    params = policy.init_params(jax.random.key(1))
+    rng = np.random.default_rng(1)
+    rows = rng.integers(0, 4, (5, 3)).astype(np.int32)
+    batch = _term_batch(policy, rows, rng.integers(0, 6, 5).astype(np.int32),
+                        np.ones(5, np.float32),
+                        np.asarray(jax.nn.log_softmax(jnp.asarray(rng.normal(0, 2, (5, 6))))))
+    vals = [float(loss_term("lvopd").fn({"policy": params}, batch, TermContext(
+        policy, None, LossConfig(terms=(("ppo", 1.0), ("lvopd", 1.0)), distill_tail=t)))[0])
+        for t in (False, True)]
+    np.testing.assert_allclose(vals[1], vals[0], rtol=1e-6)
