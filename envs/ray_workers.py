@@ -1,8 +1,9 @@
 """Ray backend of ``VectorEnv``: env workers as Ray actors (``VectorEnv(..., backend="ray")``).
 
 Each worker of the pool is one Ray actor, so workers can live on other machines of a Ray
-cluster (``ray.init(address=...)`` before building the ``VectorEnv``; without it Ray starts a
-local instance, or joins the cluster named by ``RAY_ADDRESS``). The actor runs exactly the job
+cluster (backend option ``address``, or ``ray.init(address=...)`` before building the
+``VectorEnv``; without either Ray starts a local instance, or joins the cluster named by
+``RAY_ADDRESS``; ``resources`` places each actor on nodes that offer them). The actor runs exactly the job
 protocol of the process pool (``jaxdm.envs.vector.build_worker_env`` / ``run_job``: it builds
 the env once, keeps the latest state of each of its slots, replies per job), and the parent
 side is a handle with the process worker's interface, so ``VectorEnv``'s bookkeeping, fault
@@ -122,24 +123,39 @@ class RayWorker(WorkerHandle):
       ctx: the multiprocessing context (only its ``Pipe`` is used, for the local pipe).
       env_factory, params: as for ``VectorEnv``; sent to the actor (Ray pickles them).
       slots: the slots this worker owns.
+      address: the Ray cluster to join (``connect``); None: the driver's connection, else
+        ``RAY_ADDRESS`` or a new local instance.
       num_cpus: CPUs the actor reserves in Ray's scheduler (default 1: an env worker keeps
         one core busy).
-      actor_options: further ``ray.remote`` options for the actor (``resources``,
-        ``scheduling_strategy``, ``runtime_env``, ...), e.g. to place workers on env nodes.
+      resources: custom resources the actor reserves (e.g. ``{"env_node": 1}`` to run the
+        workers on the nodes started with that resource).
+      actor_options: further ``ray.remote`` options for the actor (``scheduling_strategy``,
+        ``runtime_env``, ...).
+
+    These are ``VectorEnv``'s ``backend_options`` for ``"ray"`` (``vector.RAY_BACKEND_OPTIONS``),
+    a config's ``env.ray`` section.
     """
 
-    def __init__(self, ctx, env_factory, params, slots: range, *, num_cpus: float = 1,
+    def __init__(self, ctx, env_factory, params, slots: range, *, address: str | None = None,
+                 num_cpus: float = 1, resources: Mapping[str, float] | None = None,
                  actor_options: Mapping[str, Any] | None = None):
         if not isinstance(num_cpus, (int, float)) or isinstance(num_cpus, bool) or num_cpus < 0:
             raise ValueError(f"backend_options num_cpus must be a number >= 0, got {num_cpus!r}")
+        if resources is not None and not (
+                isinstance(resources, Mapping) and all(
+                    isinstance(k, str) and isinstance(v, (int, float))
+                    and not isinstance(v, bool) and v >= 0 for k, v in resources.items())):
+            raise ValueError(f"backend_options resources must map resource names to numbers "
+                             f">= 0, got {resources!r}")
         options = dict(actor_options or {})
-        for key in ("num_cpus", "max_restarts", "max_task_retries"):
+        for key in ("num_cpus", "resources", "max_restarts", "max_task_retries"):
             if key in options:
                 raise ValueError(
-                    f"backend_options actor_options must not set {key!r} (num_cpus is its own "
-                    "option; VectorEnv replaces dead workers itself)")
-        if not ray.is_initialized():
-            ray.init()
+                    f"backend_options actor_options must not set {key!r} (num_cpus and "
+                    "resources are their own options; VectorEnv replaces dead workers itself)")
+        if resources:
+            options["resources"] = dict(resources)
+        connect(address)
         self.slots = slots
         self.pid: int | None = None
         self.node: str | None = None
@@ -227,6 +243,30 @@ class RayWorker(WorkerHandle):
             self._peer.close()
         self.proc.join(timeout=5)
         self.proc.close()
+
+
+def connect(address: str | None) -> None:
+    """Join the Ray cluster at ``address`` ("host:port" of its head, "auto" or "ray://...")
+    unless this driver is connected; None: keep the connection, else ``ray.init()``'s default.
+    A driver already connected to another "host:port" is a named error, not a silent switch."""
+    if address is not None and (not isinstance(address, str) or not address):
+        raise ValueError(f"backend_options address must be a Ray address string, got "
+                         f"{address!r}")
+    if not ray.is_initialized():
+        ray.init(address=address)
+        return
+    if address is None or address == "auto" or address.startswith("ray://"):
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        wanted = f"{socket.gethostbyname(host)}:{port}"
+    except OSError as e:
+        raise ValueError(f"backend_options address {address!r}: cannot resolve {host!r} "
+                         f"({e})") from None
+    current = ray.get_runtime_context().gcs_address
+    if current != wanted:
+        raise ValueError(f"backend_options address {address!r}: this process is already "
+                         f"connected to the Ray cluster at {current}")
 
 
 def _kill_actor(actor) -> None:

@@ -279,6 +279,11 @@ WORKER_BACKENDS: dict[str, str] = {
 }
 
 
+# The backend_options of backend "ray" (``jaxdm.envs.ray_workers.RayWorker``), the keys of a
+# config's ``env.ray`` section: known without importing Ray, so a config is checked on load.
+RAY_BACKEND_OPTIONS = ("address", "num_cpus", "resources", "actor_options")
+
+
 def worker_backend(name: str) -> type:
     """The worker handle class of backend ``name`` (see ``WORKER_BACKENDS``)."""
     if name not in WORKER_BACKENDS:
