@@ -24,12 +24,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import select
-import subprocess
 import sys
 import tempfile
-import time
 
+from jaxdm.envs.jsonl_child import ChildLost, JsonLineChild
 from jaxdm.envs.repl import Evaluation, ExecResult
 
 _CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
@@ -51,8 +49,8 @@ class SandboxLimits:
                              "cpu_seconds >= 1, memory_mb >= 64, grace > 0")
 
 
-class SandboxLost(RuntimeError):
-    """The child died or stopped answering; the session is gone."""
+# The child died or stopped answering; the session is gone (the shared transport's error).
+SandboxLost = ChildLost
 
 
 # ---- parent -------------------------------------------------------------------------------
@@ -65,15 +63,13 @@ class Sandbox:
         self._cells: list[str] = []  # cells that took effect, replayed into a new child
         self.restarts = 0
         self._tmp = tempfile.TemporaryDirectory(prefix="jaxdm-codeact-")
-        self._proc = None
+        self._child: JsonLineChild | None = None
         self.facts = self._start()
 
     def _start(self) -> dict:
-        self._proc = subprocess.Popen(
+        self._child = JsonLineChild(
             [sys.executable, "-I", _CHILD, json.dumps(dataclasses.asdict(self.limits))],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             cwd=self._tmp.name, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
-        self._buf = b""
         facts = self._call({"op": "open", "seed": self.seed, "split": self.split,
                             "task_types": list(self.task_types)}, timeout=60.0)
         for code in self._cells:
@@ -84,33 +80,7 @@ class Sandbox:
         return self.limits.cell_timeout + self.limits.grace
 
     def _call(self, msg: dict, timeout: float) -> dict:
-        proc = self._proc
-        try:
-            proc.stdin.write((json.dumps(msg) + "\n").encode())
-            proc.stdin.flush()
-        except (BrokenPipeError, OSError, ValueError):
-            self._kill()
-            raise SandboxLost("the sandbox process is gone") from None
-        deadline = time.monotonic() + timeout
-        fd = proc.stdout.fileno()
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                self._kill()
-                raise SandboxLost(f"the sandbox did not answer within {timeout:g} s")
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                code = proc.wait()
-                self._kill()
-                raise SandboxLost(f"the sandbox process died (exit code {code})")
-            self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
-        return json.loads(line)
-
-    def _kill(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait()
+        return self._child.call(msg, timeout)
 
     # ---- ReplSession --------------------------------------------------------------------------
     def execute(self, code: str) -> ExecResult:
@@ -132,13 +102,8 @@ class Sandbox:
         return Evaluation(tuple((str(r), bool(p)) for r, p in reqs))
 
     def close(self) -> None:
-        if self._proc is not None:
-            try:
-                self._proc.stdin.close()
-                self._proc.wait(timeout=2)
-            except Exception:
-                pass
-            self._kill()
-            self._proc = None
+        if self._child is not None:
+            self._child.close()
+            self._child = None
         self._tmp.cleanup()
 
