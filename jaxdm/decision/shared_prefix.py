@@ -632,16 +632,22 @@ def _packed_key(requests, gr: Group, min_trunk: int = 64) -> tuple[int, int, int
 
 
 def pack_suffixes(requests: Sequence[Request], groups: Sequence[Group], *, pad_id: int = 0,
-                  min_trunk: int = 64) -> tuple[PackedBatch, int]:
+                  min_trunk: int = 64, shape: tuple[int, int] | None = None
+                  ) -> tuple[PackedBatch, int]:
     """Lays groups out as a ``PackedScoringBatch``; returns it and the window (longest
     suffix, bucketed) that ``score_packed`` needs. The row length P is the longest group's
     trunk + suffixes, bucketed like the trunk (one tail of padding, not the trunk's and the
-    suffixes'). Unique tokens = trunks + suffixes."""
+    suffixes'); ``shape`` (T, P) pads the trunk width and the row further (at least what the
+    groups need). Unique tokens = trunks + suffixes."""
     if not groups:
         raise ValueError("pack_suffixes: no groups")
     g = len(groups)
     keys = [_packed_key(requests, gr, min_trunk) for gr in groups]
     t, p, window = (max(k[i] for k in keys) for i in range(3))
+    if shape is not None:
+        if shape[0] < t or shape[1] < p or shape[0] > shape[1]:
+            raise ValueError(f"pack_suffixes: shape {shape} must hold T={t}, P={p} with T <= P")
+        t, p = shape
     trunk_tokens, trunk_len = _trunk_rows(groups, t, pad_id)
     tokens = np.full((g, p), pad_id, np.int32)
     positions = np.zeros((g, p), np.int32)
@@ -725,17 +731,28 @@ class _CachedGroup(NamedTuple):
 
 def _plan_cached_calls(requests: Sequence[Request], groups: Sequence[Group], cache: Any,
                        max_groups_per_call: int) -> list[list[_CachedGroup]]:
-    """Looks every group's trunk up in ``cache`` and puts groups of one (row shape, past
-    bucket) into the same calls."""
-    by_shape: dict[tuple, list[_CachedGroup]] = {}
+    """Looks every group's trunk up in ``cache``; calls of up to ``max_groups_per_call``
+    groups whatever their shapes (``_run_cached_call`` pads them to one)."""
+    cached = []
     for gr in groups:
         # pinned until its call has gathered and stored (``_run_cached_call``): an earlier
         # call's stores must not evict the blocks a later call reads
         match = cache.match(gr.trunk, pin=True)
         rest = Group(trunk=gr.trunk[match.tokens:], members=gr.members, visible=gr.visible)
-        key = (_packed_key(requests, rest), past_bucket(match.tokens))
-        by_shape.setdefault(key, []).append(_CachedGroup(rest, gr.trunk, match))
-    return _split_calls(by_shape, max_groups_per_call)
+        cached.append(_CachedGroup(rest, gr.trunk, match))
+    step = max(1, max_groups_per_call)
+    return [cached[i:i + step] for i in range(0, len(cached), step)]
+
+
+def _pad_groups(batch: PackedScoringBatch, g: int, pad_id: int) -> PackedScoringBatch:
+    """The batch with all-padding groups appended up to ``g`` (no token, no answer slot)."""
+    extra = g - batch.trunk_tokens.shape[0]
+    if extra <= 0:
+        return batch
+    fills = {"trunk_tokens": pad_id, "suffix_tokens": pad_id, "suffix_segments": -1}
+    return PackedScoringBatch(*(
+        np.concatenate([a, np.full((extra,) + a.shape[1:], fills.get(name, 0), a.dtype)])
+        for name, a in zip(PackedScoringBatch._fields, batch)))
 
 
 def _run_call(params, config: ModelConfig, requests: Sequence[Request], call: Sequence[Group],
@@ -763,18 +780,26 @@ def _run_cached_call(params, config: ModelConfig, requests: Sequence[Request],
     the packed rest (``score_packed_cached``), stores the trunks' new whole blocks and
     releases the groups' matches."""
     try:
-        packed, _ = pack_suffixes(requests, [cg.rest for cg in call], pad_id=pad_id)
+        rests = [cg.rest for cg in call]
+        # One padded shape for the call: rows, trunk width and cached slots to powers of two,
+        # groups to a power of two. Padding costs no products on CPU (the matmul kernel skips
+        # rows past a row's last token, the attention kernel key blocks no query sees), while
+        # every distinct shape is a compile (seconds) in the middle of an agent's session.
+        p = max(128, 1 << (max(_packed_key(requests, r)[1] for r in rests) - 1).bit_length())
+        packed, _ = pack_suffixes(requests, rests, pad_id=pad_id, shape=(p, p))
+        g = 1 << (len(call) - 1).bit_length()
+        batch = _pad_groups(packed.batch, g, pad_id)
         c = past_bucket(max(cg.match.tokens for cg in call))
-        shape = (config.num_layers, len(call), c, config.num_kv_heads, config.head_dim)
+        shape = (config.num_layers, g, c, config.num_kv_heads, config.head_dim)
         past_k, past_v = np.zeros(shape, kv_dtype), np.zeros(shape, kv_dtype)
         for gi, cg in enumerate(call):
             cache.gather(cg.match, past_k[:, gi], past_v[:, gi])
-        lengths = np.array([cg.match.tokens for cg in call], np.int32)
+        lengths = np.zeros(g, np.int32)
+        lengths[:len(call)] = [cg.match.tokens for cg in call]
         fn = functools.partial(
             compile_cache.stored(score_packed_cached, ("config", "full_vocab")),
             full_vocab=full_vocab)
-        result, ks, vs = fn(params, config, packed.batch,
-                            decoder.KVCache(past_k, past_v, lengths))
+        result, ks, vs = fn(params, config, batch, decoder.KVCache(past_k, past_v, lengths))
         ks, vs = np.asarray(ks), np.asarray(vs)                                # [L, G, T, K, H]
         for gi, cg in enumerate(call):
             n = len(cg.rest.trunk)
