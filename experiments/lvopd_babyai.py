@@ -98,6 +98,7 @@ def run_one(method: str, seed: int, out: Path, overrides: list[str], coef: float
 
 
 def plot(results: dict, out: Path, teacher: dict) -> None:
+    from intervals import t_interval  # experiments/ (this script's folder)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -108,9 +109,9 @@ def plot(results: dict, out: Path, teacher: dict) -> None:
         for ax, key, xk in panels:
             arr = np.asarray([r[key] for r in runs])
             xs, mean = runs[0][xk], arr.mean(0)
-            se = arr.std(0, ddof=1) / np.sqrt(len(arr)) if len(arr) > 1 else 0 * mean
+            ci = t_interval(arr)[1] if len(arr) > 1 else 0 * mean  # 95 % t-interval
             ax.plot(xs, mean, label=m, color=f"C{i}")
-            ax.fill_between(xs, mean - se, mean + se, color=f"C{i}", alpha=0.2)
+            ax.fill_between(xs, mean - ci, mean + ci, color=f"C{i}", alpha=0.2)
     for ax, split in zip(axes[:3], ("train", "id_test", "ood_test")):
         ax.axhline(teacher[split], color="grey", ls="--", lw=0.8)
         ax.set_ylim(-0.02, 1.02)
@@ -119,7 +120,7 @@ def plot(results: dict, out: Path, teacher: dict) -> None:
     for ax, title in zip(axes, titles):
         ax.set_title(f"BabyAI LVOPD: {title}", fontsize=9)
         ax.set_xlabel("iteration (8 groups x 8 rollouts)")
-    axes[0].set_ylabel("mean ± s.e. over seeds (dashed: teacher)")
+    axes[0].set_ylabel("mean ± 95 % t-interval over seeds (dashed: teacher)")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "success_curves.png", dpi=110)
@@ -134,7 +135,9 @@ def first_reaching(iters, per_seed, level):
 
 
 def table(results: dict) -> tuple[list[str], dict]:
-    se = lambda a: a.std(ddof=1) / np.sqrt(len(a)) if len(a) > 1 else 0.0  # noqa: E731
+    from intervals import t_interval  # experiments/ (this script's folder)
+
+    ci = lambda a: t_interval(a)[1] if len(a) > 1 else 0.0  # noqa: E731  (95 % t half-width)
     lines = ["| method | train success, first 10 it. -> last 10 | ID success % (final) | "
              "ID success % (mid-run) | OOD success % | iterations to 50 % ID | KL to teacher, "
              "first 5 it. -> last 5 | gate mean (share > 0) | s / it. |",
@@ -161,10 +164,10 @@ def table(results: dict) -> tuple[list[str], dict]:
         gate_txt = "– (weight 0)" if m == "lvrl" else f"{gate:.2f} ({gated:.2f})"
         lines.append(
             f"| {m} | {train[:, :10].mean():.3f} -> {train[:, -10:].mean():.3f} "
-            f"| {100 * ids[:, -1].mean():.1f} ± {100 * se(ids[:, -1]):.1f} "
-            f"| {100 * ids[:, mid].mean():.1f} ± {100 * se(ids[:, mid]):.1f} "
+            f"| {100 * ids[:, -1].mean():.1f} ± {100 * ci(ids[:, -1]):.1f} "
+            f"| {100 * ids[:, mid].mean():.1f} ± {100 * ci(ids[:, mid]):.1f} "
             f"(it. {runs[0]['id_iter'][mid]}) "
-            f"| {100 * oods[:, -1].mean():.1f} ± {100 * se(oods[:, -1]):.1f} "
+            f"| {100 * oods[:, -1].mean():.1f} ± {100 * ci(oods[:, -1]):.1f} "
             f"| {to50 if to50 is not None else '> ' + str(runs[0]['id_iter'][-1])} "
             f"| {kl[:, :5].mean():.2f} -> {kl[:, -5:].mean():.2f} | {gate_txt} | {it_s:.2f} |")
     return lines, summary

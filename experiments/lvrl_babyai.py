@@ -188,6 +188,7 @@ def iterations_to(iters, per_seed, level=0.5):
 
 
 def plot(results: dict, out: Path, budget: int) -> None:
+    from intervals import t_interval  # experiments/ (this script's folder)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -198,16 +199,16 @@ def plot(results: dict, out: Path, budget: int) -> None:
             arr = np.asarray([r[key] for r in runs])
             xs = runs[0][xk]
             mean = arr.mean(0)
-            se = arr.std(0, ddof=1) / np.sqrt(len(arr)) if len(arr) > 1 else 0 * mean
+            ci = t_interval(arr)[1] if len(arr) > 1 else 0 * mean  # 95 % t-interval
             ax.plot(xs, mean, label=m, color=f"C{i}")
-            ax.fill_between(xs, mean - se, mean + se, color=f"C{i}", alpha=0.2)
+            ax.fill_between(xs, mean - ci, mean + ci, color=f"C{i}", alpha=0.2)
     titles = ("success, train (d 1-3)", "success, ID eval (d 1-3)", "success, OOD eval (d 4-5)",
               "train: share of groups where all 8 rollouts fail")
     for ax, title in zip(axes, titles):
         ax.set_title(f"BabyAI {title}", fontsize=9)
         ax.set_xlabel("iteration (8 groups x 8 rollouts)")
         ax.set_ylim(-0.02, 1.02)
-    axes[0].set_ylabel(f"success (mean ± s.e., budget {budget})")
+    axes[0].set_ylabel(f"success (mean ± 95 % t-interval, budget {budget})")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "success_curves.png", dpi=110)
@@ -246,7 +247,9 @@ def main(argv=None) -> int:
              "| ID success % | OOD success % | iterations to 50 % ID | value queries / it. "
              "| s / it. (update) |",
              "|---|---|---|---|---|---|---|---|"]
-    se = lambda a: a.std(ddof=1) / np.sqrt(len(a)) if len(a) > 1 else 0.0  # noqa: E731
+    from intervals import t_interval  # experiments/ (this script's folder)
+
+    ci = lambda a: t_interval(a)[1] if len(a) > 1 else 0.0  # noqa: E731  (95 % t half-width)
     for m, runs in results.items():
         train = np.asarray([r["train"] for r in runs])
         fail0 = float(np.asarray([r["all_fail"][:5] for r in runs]).mean())
@@ -270,8 +273,8 @@ def main(argv=None) -> int:
                 if m.startswith("lvrl") else "-")
         lines.append(
             f"| {m} | {train[:, :5].mean():.3f} -> {train[:, -10:].mean():.3f} | {fail0:.2f} "
-            f"| {100 * idf.mean():.1f} ± {100 * se(idf):.1f} "
-            f"| {100 * oodf.mean():.1f} ± {100 * se(oodf):.1f} "
+            f"| {100 * idf.mean():.1f} ± {100 * ci(idf):.1f} "
+            f"| {100 * oodf.mean():.1f} ± {100 * ci(oodf):.1f} "
             f"| {to50 if to50 is not None else '> ' + str(runs[0]['id_iter'][-1])} | {cost} "
             f"| {it_s:.2f} ({up_s:.2f}) |")
     write_json(out / "summary.json", summary, indent=1)

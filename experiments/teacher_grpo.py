@@ -40,6 +40,9 @@ from jaxdm.rl.trainer import RunDirError, TrainConfig, TrainingStopped, train_ru
 from jaxdm.jsonl import write_json
 
 PRESETS = Path(__file__).resolve().parent / "configs"
+if str(PRESETS.parent) not in sys.path:  # experiments/ also when this file is loaded by path
+    sys.path.insert(0, str(PRESETS.parent))
+from intervals import t_interval  # noqa: E402  (experiments/intervals.py: the README's error bars)
 
 
 def resolve_preset(argv: list[str]) -> list[str]:
@@ -105,7 +108,7 @@ def compare(cfg: TrainConfig, estimators: list[str], seeds: list[int], resume: b
         n_it = min(len(t) for t in train)
         succ = np.array([[t[i]["train/success"] for i in range(n_it)] for t in train])
         curves[est] = [{"iteration": i + 1, "success": float(succ[:, i].mean()),
-                        "success_se": float(succ[:, i].std(ddof=1) / np.sqrt(len(seeds)))
+                        "success_ci95": t_interval(succ[:, i])[1]
                         if len(seeds) > 1 else 0.0} for i in range(n_it)]
         evals = [[r for r in recs if "eval/All" in r][-1] for recs in runs
                  if any("eval/All" in r for r in recs)]
@@ -121,12 +124,12 @@ def compare(cfg: TrainConfig, estimators: list[str], seeds: list[int], resume: b
                 if k.startswith("eval/") and not k.endswith("_std"):
                     vals = [e[k] for e in evals]
                     row[k] = float(np.mean(vals))
-                    row[k + "_seed_std"] = float(np.std(vals))
+                    row[k + "_ci95"] = t_interval(vals)[1] if len(vals) > 1 else 0.0
         summary[est] = row
     png = runlog.plot_curves({k: v for k, v in curves.items()}, ["success"],
                              base / "success_curves.png", x="iteration",
-                             title=f"train success (mean of seeds {seeds})",
-                             band={"success": "success_se"})
+                             title=f"train success (mean ± 95 % t-interval, seeds {seeds})",
+                             band={"success": "success_ci95"})
     write_json(base / "summary.json", {"seeds": seeds, "summary": summary,
                                                    "curves": curves}, indent=1)
     print(f"\nwrote {png} and {base / 'summary.json'}")
