@@ -7,7 +7,7 @@ STAMP := $(VENV)/.jaxdm-installed
 # make it the venv's, not a pyenv shim.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: demo test install clean-venv bench-vllm
+.PHONY: demo test install clean-venv bench-vllm appworld
 
 # Builds the CPU kernels (fused attention, AMX matmul) into the jaxdm cache (no-op where built or off;
 # fails only if the build fails on a CPU that can run it). Not `python -m`: jaxdm.models
@@ -64,3 +64,19 @@ $(VLLM_STAMP):
 bench-vllm: install $(VLLM_STAMP)
 	$(BIN)/python -m jaxdm.models.smollm2 --ensure
 	$(BIN)/python benchmarks/scoring_throughput.py --vllm --vllm-python $(VLLM_VENV)/bin/python $(BENCH_ARGS)
+
+# AppWorld (issue 42; not part of `make test`): the official package in its own venv, because it
+# pins pydantic<2, httpx<0.28 and pytest<9. `appworld install` only unpacks the bundled app
+# sources (no network); its task data needs `appworld download data` (S3), so the tests build
+# fixture tasks in the package's formats. Installs in ~40 s; the tests take ~2.5 min on 2 loaded
+# cores (an AppWorld world loads in ~4 s, its evaluation ~6 s), too long for `make test`.
+APPWORLD_VENV := .venv-appworld
+APPWORLD_STAMP := $(APPWORLD_VENV)/.jaxdm-appworld-installed
+$(APPWORLD_STAMP):
+	python3.11 -m venv $(APPWORLD_VENV)
+	$(APPWORLD_VENV)/bin/pip install -q appworld==0.1.3.post1 openapi-spec-validator==0.7.2
+	$(APPWORLD_VENV)/bin/appworld install
+	touch $(APPWORLD_STAMP)
+
+appworld: install $(APPWORLD_STAMP)
+	$(BIN)/python -m pytest -q tests/envs/test_appworld.py
