@@ -117,6 +117,22 @@ def eval_per_seed(folder: Path, estimator: str, step: int | None = None) -> list
     return out
 
 
+def train_per_seed(folder: Path, estimator: str, first: int, last: int) -> list[float]:
+    """Mean training success (%) over iterations ``first``..``last`` (1-based, inclusive) of
+    every seed of a ``teacher_grpo.py --compare`` run."""
+    from jaxdm.runlog import read_metrics
+
+    out = []
+    for seed, run in seed_runs(folder, estimator):
+        succ = [r["train/success"] for r in read_metrics(run / "metrics.jsonl")
+                if "train/success" in r][first - 1:last]
+        if len(succ) != last - first + 1:
+            raise FileNotFoundError(f"{run / 'metrics.jsonl'}: {len(succ)} of iterations "
+                                    f"{first}-{last} recorded")
+        out.append(100.0 * float(np.mean(succ)))
+    return out
+
+
 def babyai_per_seed(folder: Path, method: str, key: str) -> list[float]:
     """Per-seed success (%) of a BabyAI experiment (``lvrl_babyai.py`` / ``lvopd_babyai.py``
     ``summary.json``: ``methods[method][key]`` holds one fraction per seed)."""
@@ -221,6 +237,11 @@ def paired_differences(results: Path = RESULTS) -> list[Row]:
 
     toy("toy standard: oracle teacher − GRPO (it. 30)", "toy_ordering", "teacher", "grpo")
     toy("toy hard: oracle teacher − GRPO (it. 30)", "toy_ordering_hard", "teacher", "grpo")
+    hard = results / "toy_ordering_hard"
+    rows.append(Row("paired differences (percentage points)",
+                    "toy hard: oracle teacher − GRPO, train success it. 21-30", tuple(
+                        x - y for x, y in zip(train_per_seed(hard, "teacher", 21, 30),
+                                              train_per_seed(hard, "grpo", 21, 30))), None))
     base8 = "toy_ordering_hard_judge_v3/baselines_8iterations"
     cross("toy hard: retrained judge (v3) − GRPO (it. 8)",
           ("toy_ordering_hard_judge_v3", "teacher@smollm2-judge", 8), (base8, "grpo", None))

@@ -110,6 +110,16 @@ def test_eval_per_seed_reads_each_seeds_last_or_chosen_evaluation(tmp_path):
         iv.eval_per_seed(tmp_path, "gigpo")
 
 
+def test_train_per_seed_averages_the_chosen_iterations(tmp_path):
+    recs = [{"step": i, "train/success": 0.1 * i} for i in range(1, 6)]
+    _run(tmp_path, "grpo_seed0", recs + [{"step": 5, "eval/All": 1.0}])
+    _run(tmp_path, "grpo_seed1", [{"step": i, "train/success": 0.5} for i in range(1, 6)])
+    # iterations 2-4 of seed 0: (0.2 + 0.3 + 0.4) / 3 = 0.3 -> 30 %
+    assert iv.train_per_seed(tmp_path, "grpo", 2, 4) == pytest.approx([30.0, 50.0])
+    with pytest.raises(FileNotFoundError, match="5 of iterations 1-6 recorded"):
+        iv.train_per_seed(tmp_path, "grpo", 1, 6)
+
+
 def test_babyai_per_seed_reads_summary_fractions_as_percent(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps(
         {"methods": {"lvrl": {"id": [0.25, 0.5, 0.125], "ood": [0.0, 0.0, 0.0]}}}))
