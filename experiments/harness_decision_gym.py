@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jaxdm.harness import run as hr  # noqa: E402
+from jaxdm.harness.errors import HarnessError  # noqa: E402
 from jaxdm.jsonl import write_atomic  # noqa: E402
 
 VARIANTS = ("base", "shift", "hard")
@@ -150,6 +151,6 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except hr.HarnessError as e:
+    except HarnessError as e:
         print(f"harness_decision_gym: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -3,7 +3,7 @@
 The decision model makes every tool choice of a running DECISION GYM agent (base / Shift /
 Hard, test split) and every action of a native-engine ALFWorld agent (held-out floor plans,
 ``valid_unseen``); the agent LLM (the harness's ``SimulatedLLM`` by default, any
-``jaxdm.harness.run.make_llm`` spec) writes the parameters; no threshold: the harness's
+``jaxdm.harness.llm.make_llm`` spec) writes the parameters; no threshold: the harness's
 REPLACE mode on the ``tool`` / ``next_action`` decision point. Choices are executed.
 
 Per environment it reports task success, cost (USD: the agent LLM's calls plus the decision
@@ -183,7 +183,7 @@ def run_l3(dm: Any, cfg: L3Config, *, llm_factory: Callable[[], Any] | None = No
     """Run every L3 env with ``dm`` taking over; (step records, episode rows). ``only``: the
     task seeds to run (a resumed bench re-running its flagged episodes), default all."""
     if llm_factory is None:
-        from jaxdm.harness.run import make_llm
+        from jaxdm.harness.llm import make_llm
         spec = dict(cfg.llm)
         llm_factory = lambda: make_llm(spec)  # noqa: E731
     records, rows = [], []

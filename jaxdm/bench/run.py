@@ -60,7 +60,7 @@ class BenchError(ValueError):
 class BenchConfig:
     """levels: which of "l1", "l2"; l1_tool / l1_param: seeded subset sizes (None = all);
     l2_*: see ``jaxdm.bench.l2.L2Config``; l3_*: see ``jaxdm.bench.l3.L3Config`` (l3_llm: the
-    agent LLM spec of ``jaxdm.harness.run.make_llm``); batch: questions per backend call;
+    agent LLM spec of ``jaxdm.harness.llm.make_llm``); batch: questions per backend call;
     max_failed_share: a unit (backend x level, or L3 env) in which a larger share of answers
     failed (in L3: of agent-LLM calls, or of decision-model answers) fails the job after the
     rest is written; one in which every answer failed always does (1.0: only then). A unit
@@ -191,7 +191,8 @@ def run(cfg: BenchConfig, *, resume: bool = False, overwrite: bool = False) -> d
 
     judges = build_backends(cfg.judges)
     if "l3" in cfg.levels:
-        from jaxdm.harness.run import HarnessError, make_llm
+        from jaxdm.harness.errors import HarnessError
+        from jaxdm.harness.llm import make_llm
         try:
             make_llm(dict(cfg.l3_llm))
         except (HarnessError, ValueError, TypeError) as e:

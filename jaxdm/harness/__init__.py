@@ -11,8 +11,8 @@
 """
 from jaxdm.harness.agent import AgentSettings, DecisionRecord, Episode, Harness
 from jaxdm.harness.dm import BM25Shortlist, NoisyOracle, make_dm
-from jaxdm.harness.llm import (PROFILES, STRONG, WEAK, AgentLLM, LLMProfile, LLMReply,
-                               LLMRequest, RemoteLLM, SimulatedLLM)
+from jaxdm.harness.llm import PROFILES, STRONG, WEAK, LLMProfile, RemoteLLM, SimulatedLLM
+from jaxdm.harness.llm_call import AgentLLM, LLMReply, LLMRequest
 from jaxdm.harness.local import LocalLLM
 from jaxdm.harness.modes import MODES, Delegation, all_delegations
 from jaxdm.harness.fit import DriftMonitor, fit_threshold

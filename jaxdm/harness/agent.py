@@ -43,7 +43,8 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from jaxdm.decision.types import ChoiceResult, MultipleChoice
-from jaxdm.harness.llm import AgentLLM, HeldQuestion, LLMReply, LLMRequest, fill_args
+from jaxdm.harness.llm import fill_args
+from jaxdm.harness.llm_call import AgentLLM, HeldQuestion, LLMReply, LLMRequest
 from jaxdm.harness.modes import Delegation, Plan, plan_after, plan_before
 from jaxdm.roles import harness as hq
 

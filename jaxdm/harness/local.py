@@ -15,8 +15,8 @@ import json
 import time
 from typing import Any, Callable, Mapping
 
-from jaxdm.harness.llm import (ANSWER_TOOL, LLMReply, LLMRequest, parse_tool_calls,
-                               questions_text)
+from jaxdm.harness.llm_call import (ANSWER_TOOL, LLMReply, LLMRequest, parse_tool_calls,
+                                    questions_text)
 from jaxdm.models.tokenizer import chat_ids
 
 INSTRUCTIONS = (

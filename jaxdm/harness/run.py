@@ -51,11 +51,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from jaxdm.config import kind_and_options
 from jaxdm.harness.agent import AgentSettings, Episode, Harness
 from jaxdm.harness.dm import make_dm
 from jaxdm.harness.fit import CALIBRATIONS, binned, ece, estimate_point, fit_threshold
-from jaxdm.harness.llm import LLMProfile, PROFILES, RemoteLLM, SimulatedLLM
+from jaxdm.harness.errors import HarnessError
+from jaxdm.harness.llm import LLMProfile, make_llm
 from jaxdm.harness.modes import Delegation
 from jaxdm import jsonl
 from jaxdm.jsonl import OutputError, read_records
@@ -64,10 +64,6 @@ from jaxdm.rundir import RunFolderError, lock_run_dir
 from jaxdm.runlog import MAX_FAILED_SHARE, check_failed_share
 from jaxdm.secrets import redact
 from jaxdm.stats import check_settings
-
-
-class HarnessError(ValueError):
-    """A harness job cannot run as configured (message names the key or file)."""
 
 
 # ---- configs ---------------------------------------------------------------------------------
@@ -516,47 +512,6 @@ def _finish(cfg: HarnessConfig, action: str, passes: Sequence[Mapping[str, Any]]
 
 
 # ---- building --------------------------------------------------------------------------------
-
-_LLM_KEYS = {
-    "simulated": {"profile", "seed", "accuracy", "default_accuracy", "price_per_1k_in",
-                  "price_per_1k_out", "latency_s", "latency_per_1k_out_s", "fail_rate",
-                  "reflect_gain", "name"},
-    "remote": {"base_url", "model", "api_key_env", "price_per_1k_in", "price_per_1k_out",
-               "timeout", "max_retries", "backoff", "max_backoff", "max_tokens", "name"},
-    "local": {"path", "dtype", "max_new_tokens", "name"},
-}
-LLM_KINDS = tuple(_LLM_KEYS)
-
-
-def make_llm(spec: Mapping[str, Any]):
-    """An agent LLM from a dict: {"kind": "simulated", "profile": "strong" | "weak", overrides
-    of LLMProfile fields...}, {"kind": "remote", "base_url", "model", "api_key_env", ...} or
-    {"kind": "local", "path": "smollm2"}. Unknown kinds / keys raise naming them."""
-    try:
-        kind, opts = kind_and_options(spec, _LLM_KEYS, "llm")
-    except (TypeError, ValueError) as e:
-        raise HarnessError(str(e)) from None
-    if kind == "simulated":
-        name = opts.pop("profile", "strong")
-        if name not in PROFILES:
-            raise HarnessError(f"llm.profile {name!r} not in {sorted(PROFILES)}")
-        seed = opts.pop("seed", 0)
-        try:
-            profile = dataclasses.replace(PROFILES[name], **opts)
-        except (TypeError, ValueError) as e:
-            raise HarnessError(f"llm (simulated): {e}") from None
-        return SimulatedLLM(profile, seed)
-    if kind == "remote":
-        for key in ("base_url", "model"):
-            if key not in opts:
-                raise HarnessError(f"llm kind 'remote' needs {key!r}")
-        try:
-            return RemoteLLM(**opts)
-        except (TypeError, ValueError) as e:
-            raise HarnessError(f"llm (remote): {e}") from None
-    from jaxdm.harness.local import LocalLLM
-    return LocalLLM.from_spec(opts)
-
 
 def _delegations(arm: ArmConfig, thresholds: Mapping[str, Any] | None) -> list[Delegation]:
     out = []
@@ -1306,5 +1261,5 @@ def main(args) -> int:
 
 
 __all__ = ["HarnessConfig", "ArmConfig", "DelegationConfig", "AgentConfig", "FitConfig",
-           "StatsConfig", "EnvConfig", "HarnessError", "make_llm", "LLM_KINDS", "cmd_shadow",
+           "StatsConfig", "EnvConfig", "cmd_shadow",
            "cmd_fit", "cmd_run", "cmd_compare", "COMMANDS", "add_parser", "main", "load"]

@@ -22,7 +22,7 @@ import time
 from typing import Any, Mapping, Protocol, Sequence
 
 from jaxdm.harness.agent import AgentSettings, Episode, Harness
-from jaxdm.harness.llm import AgentLLM, HeldQuestion, LLMRequest
+from jaxdm.harness.llm_call import AgentLLM, HeldQuestion, LLMRequest
 from jaxdm.harness.modes import Delegation, Plan, plan_after, plan_before
 from jaxdm.roles.actor import actor_request
 

@@ -197,7 +197,7 @@ def rollout(policy: Any, params: Any, cfg: HarnessGRPOConfig, split: str,
     """Run each task index ``group_size`` times; (EpisodeRecords, per-episode rows)."""
     from jaxdm.bench.l3 import irreversible_errors, takeover_harness
     from jaxdm.envs.decision_gym import DecisionGym, GymParams
-    from jaxdm.harness.run import make_llm
+    from jaxdm.harness.llm import make_llm
 
     env = DecisionGym()
     params_env = GymParams(variant=cfg.variant, strict=True, max_steps=cfg.max_steps,

@@ -141,7 +141,7 @@ def test_l3_flaky_agent_llm_episodes_are_flagged_and_resume_reruns_only_them(tmp
 
     def flaky(dm, l3cfg, *, only=None, **kw):   # the LLM fails every call of tasks 1 and 3
         asked.append(only)
-        from jaxdm.harness.run import make_llm
+        from jaxdm.harness.llm import make_llm
         llm = make_llm(dict(l3cfg.llm))
         act = llm.act
 

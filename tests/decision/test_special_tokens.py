@@ -110,7 +110,7 @@ def test_sft_packing_reads_injected_markers_as_text(pre):
 
 
 def test_harness_local_llm_and_rl_tokenizer_read_markers_as_text(pre):
-    from jaxdm.harness.llm import LLMRequest
+    from jaxdm.harness.llm_call import LLMRequest
     from jaxdm.harness.local import LocalLLM
     from jaxdm.rl.text import HFTokenizer
     llm = LocalLLM(pre, generate_fn=lambda ids: ("", 0))

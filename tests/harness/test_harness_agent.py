@@ -129,7 +129,8 @@ def test_simulated_llm_cannot_copy_what_its_window_dropped():
 
     from jaxdm.envs.decision_gym import ExpertAgent, render_context, tool_schemas
     from jaxdm.harness.agent import openai_tool
-    from jaxdm.harness.llm import LLMRequest, LLMProfile
+    from jaxdm.harness.llm import LLMProfile
+    from jaxdm.harness.llm_call import LLMRequest
     llm = SimulatedLLM(LLMProfile("exact", default_accuracy=1.0, accuracy={"params": 1.0,
                                                                             "tool": 1.0}))
     tools = tuple(openai_tool(s) for s in tool_schemas())

@@ -9,7 +9,7 @@ import pytest
 
 from jaxdm.envs.decision_gym import tool_schemas
 from jaxdm.harness.agent import openai_tool
-from jaxdm.harness.llm import HeldQuestion, LLMRequest
+from jaxdm.harness.llm_call import HeldQuestion, LLMRequest
 from jaxdm.harness.local import LocalLLM, first_json_object
 from jaxdm.roles.harness import stop_question
 

@@ -14,7 +14,7 @@ import pytest
 from jaxdm.envs.decision_gym import DecisionGym, GymParams, tool_schemas
 from jaxdm.harness import Delegation, Harness, NoisyOracle, RemoteLLM
 from jaxdm.harness.agent import openai_tool
-from jaxdm.harness.llm import ANSWER_TOOL, HeldQuestion, LLMRequest
+from jaxdm.harness.llm_call import ANSWER_TOOL, HeldQuestion, LLMRequest
 from jaxdm.roles.harness import memory_question
 
 KEY_ENV = "JAXDM_TEST_HARNESS_KEY"
