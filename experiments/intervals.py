@@ -14,7 +14,8 @@ statistic the older README figure was (``pop. sd`` for the toy-ordering tables,
 ``--results DIR`` reads another results folder of the same layout.
 
 ``wilson_interval`` is for a single run's success rate over n tasks (no seeds to average), as
-the opening table of the README uses it for the harness and bench rows.
+the opening table of the README uses it for the harness, bench and validation rows; the script
+prints those rates too, read from their result files.
 """
 from __future__ import annotations
 
@@ -265,6 +266,55 @@ def paired_differences(results: Path = RESULTS) -> list[Row]:
     return rows
 
 
+def _count(rate: float, n: int, what: str) -> int:
+    """The success count behind a stored rate (rates are stored as k / n floats)."""
+    k = round(rate * n)
+    if abs(k - rate * n) > 1e-6:
+        raise IntervalError(f"{what}: rate {rate} is not a count out of {n}")
+    return k
+
+
+def single_run_rates(results: Path = RESULTS) -> list[tuple[str, int, int]]:
+    """``(label, successes, n)`` of every one-run rate the README's opening table gives a
+    Wilson interval for, read from the result files."""
+    out = []
+    for setting, arms in (("base_strong", ("llm_alone", "tool_cascade_fitted",
+                                           "tool_replace_no_threshold")),
+                          ("base_weak", ("llm_alone", "tool_cascade_fitted"))):
+        summary = json.loads((results / "harness" / setting / "summary.json").read_text())
+        for arm in arms:
+            a = summary["arms"][arm]
+            out.append((f"harness {setting}: {arm} success", _count(a["success"], a["n"], arm),
+                        a["n"]))
+    for folder, model, key, n_key in (("mc_validation", "oracle", "agree_all", "events"),
+                                      ("mc_validation_smollm2", "smollm2 [first 8 ep.]",
+                                       "agree_pitfalls", "pitfalls")):
+        for env in json.loads((results / folder / "summary.json").read_text()):
+            m = env["models"][model]
+            out.append((f"{folder} {env['env']}: {model} {key}",
+                        _count(m[key], m[n_key], key), m[n_key]))
+    bench = json.loads((results / "train_dm_gym" / "results.json").read_text())["bench"]
+    for backend in ("smollm2-base", "smollm2-sft"):
+        l2 = bench["backends"][backend]["l2"]
+        out.append((f"train_dm_gym L2 accuracy: {backend}", _count(l2["accuracy"], l2["n"],
+                                                                   backend), l2["n"]))
+    grpo = json.loads((results / "harness_grpo" / "summary.json").read_text())
+    for when in ("before", "after"):
+        t = grpo[when]
+        out.append((f"harness_grpo test success {when}", _count(t["success"], t["tasks"], when),
+                    t["tasks"]))
+    # SmolLM2 values: sign of each interior step difference where the Oracle's value moves
+    moved = agreed = 0
+    for line in (results / "lvrl_smollm2_values" / "trajectories.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        d_llm, d_oracle = np.diff(r["smollm2"][1:-1]), np.diff(r["oracle"][1:-1])
+        m = d_oracle != 0
+        moved += int(m.sum())
+        agreed += int((np.sign(d_llm[m]) == np.sign(d_oracle[m])).sum())
+    out.append(("lvrl_smollm2_values: step-sign agreement where the Oracle moves", agreed, moved))
+    return out
+
+
 def format_row(row: Row, digits: int = 1) -> str:
     """A markdown table line: row, n, per-seed values, mean ± 95 % t-interval (and the
     interval's ends), the old figure."""
@@ -283,6 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         rows = readme_rows(args.results) + paired_differences(args.results)
+        rates = single_run_rates(args.results)
     except (FileNotFoundError, KeyError, ValueError) as e:
         print(f"intervals: error: {e}", file=sys.stderr)
         return 2
@@ -293,6 +344,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"\n{table}\n\n| row | n | per seed | mean ± 95 % t-interval [low, high] "
                   f"| old figure |\n|---|---|---|---|---|")
         print(format_row(row))
+    print("\none run's success rates: 95 % Wilson interval over its tasks\n\n"
+          "| rate | successes / n | rate [low, high] |\n|---|---|---|")
+    for label, k, n in rates:
+        low, high = wilson_interval(k, n)
+        print(f"| {label} | {k} / {n} | {k / n:.3f} [{low:.3f}, {high:.3f}] |")
     return 0
 
 

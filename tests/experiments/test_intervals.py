@@ -150,11 +150,22 @@ def test_paired_differences_are_per_seed_differences():
     assert "–" in iv.format_row(d)
 
 
+def test_single_run_rates_are_counts_from_the_result_files():
+    rates = {label: (k, n) for label, k, n in iv.single_run_rates()}
+    assert rates["harness base_strong: llm_alone success"] == (186, 200)   # 0.930
+    assert rates["mc_validation alfworld: oracle agree_all"] == (13, 13)
+    assert rates["train_dm_gym L2 accuracy: smollm2-sft"] == (7, 19)
+    assert rates["lvrl_smollm2_values: step-sign agreement where the Oracle moves"] == (17, 42)
+    with pytest.raises(iv.IntervalError, match="not a count out of 3"):
+        iv._count(0.5, 3, "x")
+
+
 def test_main_prints_every_table_and_names_a_missing_folder(tmp_path, capsys):
     assert iv.main([]) == 0
     out = capsys.readouterr().out
     assert "| outcome-only GRPO | 3 | 75.0 / 74.5 / 87.5 | 79.0 ± 18.3 [60.7, 97.3] | " \
            "79.0 ± 6.0 (pop. sd) |" in out
     assert "paired differences" in out
+    assert "| harness base_strong: llm_alone success | 186 / 200 | 0.930 [0.886, 0.958] |" in out
     assert iv.main(["--results", str(tmp_path / "none")]) == 2
     assert "intervals: error:" in capsys.readouterr().err
