@@ -18,6 +18,7 @@ Usage: python benchmarks/harness_overhead.py [--quick]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -26,12 +27,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jaxdm.envs.decision_gym import DecisionGym, GymParams  # noqa: E402
-from jaxdm.harness import (AgentSettings, Delegation, Harness, NoisyOracle,  # noqa: E402
+from jaxdm.harness import (BACKEND_COST_ONLY, Delegation, Harness, NoisyOracle,  # noqa: E402
                            SimulatedLLM)
 from jaxdm.harness.llm import STRONG, WEAK  # noqa: E402
 
 BUDGET_MS = 2.0
-ALL_ON = AgentSettings(memory=True, reflection=True, cheap_tier=True, read_back=True, window=4)
+ALL_ON = dataclasses.replace(BACKEND_COST_ONLY, memory=True, reflection=True, cheap_tier=True,
+                             read_back=True, window=4)
 
 
 class CpuTimed:

@@ -67,11 +67,11 @@ def takeover_harness(env_name: str, llm: Any, dm: Any, *, dm_price_per_call: flo
                      dm_latency_s: float = 0.0):
     """The L3 harness for one env: REPLACE on ``tool`` (DECISION GYM) or ``next_action``
     (ALFWorld), everything else with the LLM."""
-    from jaxdm.harness.agent import AgentSettings, Harness
+    from jaxdm.harness.agent import AgentConfig, Harness
     from jaxdm.harness.modes import Delegation
     from jaxdm.harness.textenv import TextEnvHarness
 
-    settings = AgentSettings(dm_price_per_call=dm_price_per_call, dm_latency_s=dm_latency_s)
+    settings = AgentConfig(dm_price_per_call=dm_price_per_call, dm_latency_s=dm_latency_s)
     if env_name == "alfworld":
         return TextEnvHarness(llm, dm, [Delegation("next_action", "replace")], settings,
                               adapter="alfworld")

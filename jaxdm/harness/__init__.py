@@ -9,7 +9,8 @@
 - ``jaxdm.harness.fit``: calibration per point, ``fit_threshold``, the drift monitor;
 - ``jaxdm.harness.run``: configs, ``jaxdm harness shadow|fit|run|compare``, reports, figures.
 """
-from jaxdm.harness.agent import AgentSettings, DecisionRecord, Episode, Harness
+from jaxdm.harness.agent import (BACKEND_COST_ONLY, AgentConfig, DecisionRecord, Episode,
+                                 Harness)
 from jaxdm.harness.dm import BM25Shortlist, NoisyOracle, make_dm
 from jaxdm.harness.llm import PROFILES, STRONG, WEAK, LLMProfile, RemoteLLM, SimulatedLLM
 from jaxdm.harness.llm_call import AgentLLM, LLMReply, LLMRequest
@@ -18,7 +19,8 @@ from jaxdm.harness.modes import MODES, Delegation, all_delegations
 from jaxdm.harness.fit import DriftMonitor, fit_threshold
 from jaxdm.harness.textenv import TextEnvHarness
 
-__all__ = ["AgentSettings", "DecisionRecord", "Episode", "Harness", "BM25Shortlist",
-           "NoisyOracle", "make_dm", "PROFILES", "STRONG", "WEAK", "AgentLLM", "LLMProfile",
-           "LLMReply", "LLMRequest", "RemoteLLM", "SimulatedLLM", "LocalLLM", "MODES",
-           "Delegation", "all_delegations", "fit_threshold", "DriftMonitor", "TextEnvHarness"]
+__all__ = ["AgentConfig", "BACKEND_COST_ONLY", "DecisionRecord", "Episode", "Harness",
+           "BM25Shortlist", "NoisyOracle", "make_dm", "PROFILES", "STRONG", "WEAK", "AgentLLM",
+           "LLMProfile", "LLMReply", "LLMRequest", "RemoteLLM", "SimulatedLLM", "LocalLLM",
+           "MODES", "Delegation", "all_delegations", "fit_threshold", "DriftMonitor",
+           "TextEnvHarness"]

@@ -9,7 +9,7 @@ answer keys in ``meta``):
    harness's copy of that result), ``reflect`` (reflect on the last step first?), ``notes``
    (which note to read back into the prompt), ``route`` (send this step's LLM call to the
    cheaper tier?), ``stop`` (finish now?); each only when its optional step is enabled
-   (``AgentSettings``), ``stop`` always;
+   (``AgentConfig``), ``stop`` always;
 2. ``tool``: which of the 69 tools; then ``params``: one question per bounded or copyable,
    key-constrained parameter of the chosen tool (free text is only ever written by the LLM).
 
@@ -39,6 +39,7 @@ the decision model. Shadow mode: the model answers every listed question but nev
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -54,12 +55,16 @@ EASY_TOOLS = frozenset({"find_customer", "get_order", "get_product", "finish"})
 
 
 @dataclasses.dataclass(frozen=True)
-class AgentSettings:
-    """Optional steps of the agent (each enables its decision point) and accounting.
+class AgentConfig:
+    """The agent's optional steps (each enables its decision point) and its accounting: the
+    ``agent:`` section of a harness config, and the settings of a ``Harness``.
 
     ``window``: conversation turns kept in the LLM's prompt (None: all); read-back notes bring
-    older results back. ``dm_price_per_call`` / ``dm_latency_s`` are added per decision-model
-    call (a served model's price and time; a backend's own reported cost is added too).
+    older results back. ``max_llm_retries``: further tries of a failed LLM call.
+    ``dm_price_per_call`` (USD) / ``dm_latency_s`` are added per decision-model call (a served
+    model's price and time; a backend's own reported cost is added too): the defaults price a
+    served model, ``BACKEND_COST_ONLY`` adds nothing. ``note_chars``: characters of a result
+    kept in a memory note.
     """
 
     memory: bool = False
@@ -68,16 +73,28 @@ class AgentSettings:
     read_back: bool = False
     window: int | None = None
     max_llm_retries: int = 2
-    dm_price_per_call: float = 0.0
-    dm_latency_s: float = 0.0
+    dm_price_per_call: float = 0.00004
+    dm_latency_s: float = 0.2
     note_chars: int = 300
 
     def __post_init__(self):
         if self.window is not None and (not isinstance(self.window, int) or self.window < 1):
-            raise ValueError(f"AgentSettings.window must be a positive int or None, got "
+            raise ValueError(f"AgentConfig.window must be a positive int or None, got "
                              f"{self.window!r}")
         if self.max_llm_retries < 0:
-            raise ValueError("AgentSettings.max_llm_retries must be >= 0")
+            raise ValueError("AgentConfig.max_llm_retries must be >= 0")
+        for key in ("dm_price_per_call", "dm_latency_s"):
+            v = getattr(self, key)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"AgentConfig.{key} must be a finite number >= 0, got {v!r}")
+        if not (isinstance(self.note_chars, int) and self.note_chars >= 1):
+            raise ValueError(f"AgentConfig.note_chars must be a positive int, got "
+                             f"{self.note_chars!r}")
+
+
+# A harness built in code without settings: a decision-model call costs what its backend
+# reports, nothing added (a config's ``agent:`` defaults price a served model instead).
+BACKEND_COST_ONLY = AgentConfig(dm_price_per_call=0.0, dm_latency_s=0.0)
 
 
 @dataclasses.dataclass
@@ -229,7 +246,7 @@ class Harness:
     """
 
     def __init__(self, llm: AgentLLM, dm: Any = None, delegations: Sequence[Delegation] = (),
-                 settings: AgentSettings = AgentSettings(), cheap_llm: AgentLLM | None = None,
+                 settings: AgentConfig = BACKEND_COST_ONLY, cheap_llm: AgentLLM | None = None,
                  shadow: bool = False,
                  on_decision: Callable[[DecisionRecord], None] | None = None):
         self.llm, self.dm, self.cheap_llm = llm, dm, cheap_llm
@@ -246,7 +263,7 @@ class Harness:
         if (self.deleg or shadow) and dm is None:
             raise ValueError("delegations and shadow mode need a decision model (dm)")
         if settings.cheap_tier and cheap_llm is None:
-            raise ValueError("AgentSettings.cheap_tier needs a cheap_llm")
+            raise ValueError("AgentConfig.cheap_tier needs a cheap_llm")
         if "next_action" in self.deleg:
             raise ValueError("decision point 'next_action' belongs to envs without tools "
                              "(ALFWorld / WebShop: jaxdm.harness.textenv); DECISION GYM has tools")
@@ -254,7 +271,7 @@ class Harness:
                             ("route", "cheap_tier"), ("notes", "read_back")):
             if point in self.deleg and not getattr(settings, flag):
                 raise ValueError(f"a delegation for {point!r} needs its optional step: set "
-                                 f"AgentSettings.{flag}=True")
+                                 f"AgentConfig.{flag}=True")
 
     # ---- decision model --------------------------------------------------------------------
     def _ask_dm(self, questions: Sequence[MultipleChoice], step: int, ep: Episode,
@@ -788,5 +805,5 @@ def _option_of(q: MultipleChoice, value: Any) -> int | None:
     return None
 
 
-__all__ = ["AgentSettings", "DecisionRecord", "CallRecord", "Episode", "Harness",
+__all__ = ["AgentConfig", "BACKEND_COST_ONLY", "DecisionRecord", "CallRecord", "Episode", "Harness",
            "openai_tool", "READ_TOOLS", "EASY_TOOLS"]

@@ -51,7 +51,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from jaxdm.harness.agent import AgentSettings, Episode, Harness
+from jaxdm.harness.agent import AgentConfig, Episode, Harness
 from jaxdm.harness.dm import make_dm
 from jaxdm.harness.fit import CALIBRATIONS, binned, ece, estimate_point, fit_threshold
 from jaxdm.harness.errors import HarnessError
@@ -104,18 +104,6 @@ class ArmConfig:
     dm: dict | None = None
     candidate: bool = False
     random_trigger_like: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class AgentConfig:
-    memory: bool = False
-    reflection: bool = False
-    cheap_tier: bool = False
-    read_back: bool = False
-    window: int | None = None
-    max_llm_retries: int = 2
-    dm_price_per_call: float = 0.00004
-    dm_latency_s: float = 0.2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,10 +186,6 @@ class HarnessConfig:
                     raise ValueError(f"arm {arm.name!r} delegations[{i}]: fitted threshold for "
                                      f"{d.point!r}, which fit.points {list(self.fit.points)} "
                                      f"leaves out")
-        try:
-            AgentSettings(**dataclasses.asdict(self.agent))
-        except ValueError as e:
-            raise ValueError(f"agent: {e}") from None
 
 
 # ---- what a folder holds ---------------------------------------------------------------------
@@ -534,13 +518,6 @@ def _delegations(arm: ArmConfig, thresholds: Mapping[str, Any] | None) -> list[D
     return out
 
 
-def _settings(cfg: HarnessConfig) -> AgentSettings:
-    try:
-        return AgentSettings(**dataclasses.asdict(cfg.agent))
-    except ValueError as e:
-        raise HarnessError(f"agent: {e}") from None
-
-
 def _gym_params(cfg: HarnessConfig, split: str):
     from jaxdm.envs.decision_gym import GymParams
     try:
@@ -697,7 +674,7 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 def _harness(cfg: HarnessConfig, delegations: Sequence[Delegation], dm_spec: Mapping | None,
              shadow: bool = False, dm: Any = None) -> Harness:
-    settings = _settings(cfg)
+    settings = cfg.agent
     llm = make_llm(cfg.llm)
     cheap = make_llm(cfg.cheap_llm) if cfg.cheap_llm is not None else None
     if dm is None and (delegations or shadow):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping, Protocol, Sequence
 
-from jaxdm.harness.agent import AgentSettings, Episode, Harness
+from jaxdm.harness.agent import BACKEND_COST_ONLY, AgentConfig, Episode, Harness
 from jaxdm.harness.llm_call import AgentLLM, HeldQuestion, LLMRequest
 from jaxdm.harness.modes import Delegation, Plan, plan_after, plan_before
 from jaxdm.roles.actor import actor_request
@@ -118,7 +118,7 @@ class TextEnvHarness(Harness):
     ``next_action`` can be delegated."""
 
     def __init__(self, llm: AgentLLM, dm: Any = None, delegations: Sequence[Delegation] = (),
-                 settings: AgentSettings = AgentSettings(), shadow: bool = False,
+                 settings: AgentConfig = BACKEND_COST_ONLY, shadow: bool = False,
                  on_decision=None, adapter: str = "alfworld"):
         if adapter not in ADAPTERS:
             raise ValueError(f"unknown text-env adapter {adapter!r}; known: {sorted(ADAPTERS)}")

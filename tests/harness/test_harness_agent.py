@@ -2,11 +2,12 @@
 records, JSONL rows, the BM25 shortlist and the random trigger."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from jaxdm.decision.types import choice_failed
 from jaxdm.envs.decision_gym import DecisionGym, GymParams
-from jaxdm.harness import AgentSettings, Delegation, Harness, NoisyOracle, SimulatedLLM
+from jaxdm.harness import BACKEND_COST_ONLY, Delegation, Harness, NoisyOracle, SimulatedLLM
 from jaxdm.harness.dm import BM25Shortlist, RandomTrigger
 from jaxdm.harness.llm import STRONG, LLMProfile
 from jaxdm.roles.harness import memory_question
@@ -47,7 +48,7 @@ def test_decision_model_failures_fall_back_to_the_llm():
 
 def test_llm_failures_are_retried_paid_and_counted():
     flaky = SimulatedLLM(LLMProfile("flaky", fail_rate=0.4), seed=2)
-    h = Harness(flaky, settings=AgentSettings(max_llm_retries=5))
+    h = Harness(flaky, settings=dataclasses.replace(BACKEND_COST_ONLY, max_llm_retries=5))
     eps = [h.run_task(GYM, i, PARAMS) for i in range(4)]
     fails = sum(e.llm_failures for e in eps)
     assert fails > 0
@@ -56,7 +57,7 @@ def test_llm_failures_are_retried_paid_and_counted():
 
 
 def test_shadow_records_hold_probs_llm_choice_key_and_outcome():
-    settings = AgentSettings(memory=True, reflection=True, read_back=True)
+    settings = dataclasses.replace(BACKEND_COST_ONLY, memory=True, reflection=True, read_back=True)
     rows = []
     h = Harness(SimulatedLLM(STRONG, 0), NoisyOracle(seed=4), shadow=True, settings=settings,
                 on_decision=lambda r: rows.append(r.to_dict()))
@@ -125,8 +126,6 @@ def test_one_question_the_model_cannot_take_does_not_fail_its_batch():
 def test_simulated_llm_cannot_copy_what_its_window_dropped():
     """A keyed value that only a dropped turn showed is guessed (wrong); with the full
     context, or a note carrying it, it is copied."""
-    import dataclasses
-
     from jaxdm.envs.decision_gym import ExpertAgent, render_context, tool_schemas
     from jaxdm.harness.agent import openai_tool
     from jaxdm.harness.llm import LLMProfile

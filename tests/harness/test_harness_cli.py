@@ -75,7 +75,7 @@ def test_fit_before_shadow_names_the_missing_file(tmp_path, capsys):
     ("fit.points=[params]", "fitted threshold for 'tool', which fit.points ['params'] leaves out"),
     ("frontier_thresholds=[2]", "frontier_thresholds[0] must be in [0, 1]"),
     ("frontier_point=zz", "frontier_point 'zz' is not a decision point"),
-    ("agent.window=0", "agent: AgentSettings.window must be a positive int"),
+    ("agent.window=0", "agent: AgentConfig.window must be a positive int"),
     ("arms=[{name: a, delegations: [{point: tool, mode: cascade, threshold: 0.5, fitted: true}]}]",
      "give either a threshold or fitted: true"),
     ("arms=[{name: a, delegations: [{point: tool, mode: nope}]}]", "delegation mode 'nope'"),

@@ -2,17 +2,20 @@
 rules; CASCADE adopts exactly at and above its threshold."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from jaxdm.envs.alfworld import AlfWorldEnv, AlfWorldParams
 from jaxdm.envs.decision_gym import DecisionGym, GymParams
-from jaxdm.harness import AgentSettings, Delegation, Harness, NoisyOracle, SimulatedLLM
+from jaxdm.harness import BACKEND_COST_ONLY, Delegation, Harness, NoisyOracle, SimulatedLLM
 from jaxdm.harness.llm import STRONG, WEAK
 from jaxdm.harness.modes import MODES, Plan, all_delegations, plan_after, plan_before
 from jaxdm.harness.textenv import TextEnvHarness
 from jaxdm.roles.harness import NO_NOTE, POINTS
 
-ALL_ON = AgentSettings(memory=True, reflection=True, cheap_tier=True, read_back=True, window=2)
+ALL_ON = dataclasses.replace(BACKEND_COST_ONLY, memory=True, reflection=True, cheap_tier=True,
+                             read_back=True, window=2)
 GYM, GYM_PARAMS = DecisionGym(), GymParams(split="test")
 
 
