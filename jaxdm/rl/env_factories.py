@@ -38,7 +38,8 @@ def webshop_env(**params: Any):
 
 def make_venv(cfg, factory, num_envs: int, group_size: int):
     """The host vector env of a ``TrainConfig``: in-process (``env.num_workers`` 0) or over
-    worker processes (``jaxdm.envs.vector.VectorEnv``)."""
+    ``env.num_workers`` workers (``jaxdm.envs.vector.VectorEnv``) of ``env.backend`` (worker
+    processes, or Ray actors with the ``env.ray`` options)."""
     from jaxdm.envs.local import LocalVectorEnv
 
     e = cfg.env
@@ -47,4 +48,5 @@ def make_venv(cfg, factory, num_envs: int, group_size: int):
     from jaxdm.envs.vector import VectorEnv
 
     return VectorEnv(factory, num_envs, num_workers=e.num_workers, group_size=group_size,
-                     step_timeout=e.step_timeout, max_steps=cfg.max_actions, env_name=e.name)
+                     step_timeout=e.step_timeout, max_steps=cfg.max_actions, env_name=e.name,
+                     backend=e.backend, backend_options=dict(e.ray) or None)

@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from jaxdm.runlog import MAX_FAILED_SHARE, check_failed_share
 
-__all__ = ["ModelSection", "EnvSection", "PolicySection", "TeacherSection", "CriticSection",
+__all__ = ["ModelSection", "EnvSection", "check_env_pool", "PolicySection", "TeacherSection",
+           "CriticSection",
            "AlgoSection", "OptimSection", "TrainConfig", "RUN_CHANGING_EXEMPT"]
 
 
@@ -43,8 +44,38 @@ class EnvSection:
     factory: str | None = None
     kwargs: dict = dataclasses.field(default_factory=dict)
     eval_kwargs: dict = dataclasses.field(default_factory=dict)  # held-out split overrides
-    num_workers: int = 0  # 0: step in-process; >0: VectorEnv worker processes
+    num_workers: int = 0  # 0: step in-process; >0: VectorEnv workers
     step_timeout: float = 60.0
+    # The workers' backend: "process" (this host) or "ray" (Ray actors, on any node of a Ray
+    # cluster; pip install 'jaxdm[ray]'); ``ray``: VectorEnv's Ray backend options
+    # (jaxdm.envs.vector.RAY_BACKEND_OPTIONS: address, num_cpus, resources, actor_options).
+    backend: str = "process"
+    ray: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        check_env_pool(self.backend, self.num_workers, self.ray, "env")
+
+
+def check_env_pool(backend: str, num_workers: int, ray: Any, where: str) -> None:
+    """The env worker pool keys of a config section ``where`` (``backend``, ``num_workers``,
+    ``ray``): named errors, checked on load without importing Ray."""
+    from jaxdm.envs.vector import RAY_BACKEND_OPTIONS, WORKER_BACKENDS
+
+    if backend not in WORKER_BACKENDS:
+        raise ValueError(f"{where}.backend must be one of {sorted(WORKER_BACKENDS)}, got "
+                         f"{backend!r}")
+    if not isinstance(ray, dict):
+        raise ValueError(f"{where}.ray must be a mapping, got {type(ray).__name__}")
+    unknown = sorted(set(ray) - set(RAY_BACKEND_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown config key(s) {[f'{where}.ray.{k}' for k in unknown]}; "
+                         f"known: {list(RAY_BACKEND_OPTIONS)}")
+    if ray and backend != "ray":
+        raise ValueError(f"{where}.ray is set but {where}.backend is {backend!r}; "
+                         f"set {where}.backend=ray")
+    if backend == "ray" and num_workers < 1:
+        raise ValueError(f"{where}.backend=ray needs {where}.num_workers >= 1 (0 steps "
+                         "in-process)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +197,8 @@ class OptimSection:
 # Keys a resumed run may change (they do not change what the run computes).
 RUN_CHANGING_EXEMPT = ("iterations", "progress", "out_dir", "checkpoint_every",
                        "keep_checkpoints", "eval_every", "on_nonfinite_checkpoint",
-                       "env.num_workers", "env.step_timeout", "teacher.timeout",
+                       "env.num_workers", "env.step_timeout", "env.backend", "env.ray",
+                       "teacher.timeout",
                        "teacher.max_failed_share", "teacher.retries", "teacher.api_key_env")
 
 
