@@ -3,9 +3,10 @@
 Each worker of the pool is one Ray actor, so workers can live on other machines of a Ray
 cluster (backend option ``address``, or ``ray.init(address=...)`` before building the
 ``VectorEnv``; without either Ray starts a local instance, or joins the cluster named by
-``RAY_ADDRESS``; ``resources`` places each actor on nodes that offer them). The actor runs exactly the job
-protocol of the process pool (``jaxdm.envs.vector.build_worker_env`` / ``run_job``: it builds
-the env once, keeps the latest state of each of its slots, replies per job), and the parent
+``RAY_ADDRESS``; ``resources`` places each actor on nodes that offer them). The actor runs
+exactly the job protocol of the process pool (``jaxdm.envs.vector.build_worker_env`` /
+``run_job``: it builds the env once, keeps the latest state of each of its slots, replies per
+job), and the parent
 side is a handle with the process worker's interface, so ``VectorEnv``'s bookkeeping, fault
 handling and step overlap are the same code for both backends:
 
