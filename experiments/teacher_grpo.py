@@ -36,6 +36,7 @@ import numpy as np
 from jaxdm import config as cfgmod
 from jaxdm import runlog
 from jaxdm.rl.estimators import ESTIMATORS
+import jaxdm.train.harness_rollout  # noqa: F401  registers policy.kind: harness (--config harness)
 from jaxdm.rl.trainer import RunDirError, TrainConfig, TrainingStopped, train_run
 from jaxdm.jsonl import write_json
 

@@ -8,6 +8,9 @@ its builder and the rollout kind that plays it (``jaxdm.rl.collect.ROLLOUT_KINDS
   ``generative``), rollout ``host``;
 - ``symbolic_mlp``: an MLP on a pure-JAX env's observation rows
   (``jaxdm.rl.symbolic.SymbolicMLPPolicy``, ``policy.mlp_hidden``), rollout ``jax``.
+
+``register_rollout_kind`` adds a rollout kind and the policy kind of the same name that plays
+it in one call (``jaxdm.train.harness_rollout`` registers ``harness`` so).
 """
 from __future__ import annotations
 
@@ -18,11 +21,13 @@ import jax
 import numpy as np
 
 from jaxdm.rl import text as rltext
+from jaxdm.rl.collect import ROLLOUT_KINDS, RolloutKind, check_rollout
 from jaxdm.rl.env_factories import ENV_FACTORIES
 from jaxdm.rl.policy import GenerativePolicy, OptionScoringPolicy
 
 __all__ = ["env_factory", "env_factories", "collect_texts", "build_policy",
-           "build_critic", "PolicyKind", "POLICY_KINDS", "check_policy_kind", "make_collector"]
+           "build_critic", "PolicyKind", "POLICY_KINDS", "check_policy_kind", "make_collector",
+           "decoder_model", "register_rollout_kind"]
 
 
 def env_factory(section: Any, split_kwargs: Mapping[str, Any]):
@@ -58,27 +63,34 @@ def collect_texts(env, seeds: Sequence[int], budget: int) -> list[str]:
     return texts
 
 
-def _text_policy(cfg, train_factory, eval_factory):
-    """(policy, params, model config, tokenizer) of the decoder text policy."""
+def decoder_model(cfg, texts: Callable[[], Sequence[str]]):
+    """(params, model config, tokenizer) of a decoder policy: ``model.path`` (an HF or adapter
+    folder, or ``smollm2``: ``jaxdm.models.lora.load_model``) or a tiny random decoder of the
+    ``model`` section's sizes with a word tokenizer over ``texts()``."""
     from jaxdm.models import decoder
     from jaxdm.models.config import ModelConfig
 
     m = cfg.model
     if m.path:
-        from jaxdm.models.loading import load_pretrained
+        from jaxdm.models.lora import load_model
 
-        pre = load_pretrained(m.path, dtype=m.dtype)
-        params, mcfg = pre.params, pre.config
-        tokenizer = rltext.HFTokenizer(pre.tokenizer)
-    else:
-        texts = collect_texts(train_factory(), range(64), cfg.max_actions)
-        texts += collect_texts(eval_factory(), range(10**6, 10**6 + 64), cfg.max_actions)
-        tokenizer = rltext.WordTokenizer.from_texts(texts)
-        mcfg = ModelConfig(vocab_size=tokenizer.vocab_size, hidden_size=m.hidden_size,
-                           intermediate_size=m.intermediate_size, num_layers=m.num_layers,
-                           num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
-                           head_dim=m.head_dim, tie_embeddings=True, dtype=m.dtype)
-        params = decoder.init_params(mcfg, jax.random.key(m.init_seed))
+        pre = load_model(m.path, dtype=m.dtype)
+        return pre.params, pre.config, rltext.HFTokenizer(pre.tokenizer)
+    tokenizer = rltext.WordTokenizer.from_texts(texts())
+    mcfg = ModelConfig(vocab_size=tokenizer.vocab_size, hidden_size=m.hidden_size,
+                       intermediate_size=m.intermediate_size, num_layers=m.num_layers,
+                       num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
+                       head_dim=m.head_dim, tie_embeddings=True, dtype=m.dtype)
+    return decoder.init_params(mcfg, jax.random.key(m.init_seed)), mcfg, tokenizer
+
+
+def _text_policy(cfg, train_factory, eval_factory):
+    """(policy, params, model config, tokenizer) of the decoder text policy."""
+    def texts():
+        return (collect_texts(train_factory(), range(64), cfg.max_actions) +
+                collect_texts(eval_factory(), range(10**6, 10**6 + 64), cfg.max_actions))
+
+    params, mcfg, tokenizer = decoder_model(cfg, texts)
     p = cfg.policy
     if p.form == "option":
         policy = OptionScoringPolicy(
@@ -119,17 +131,29 @@ POLICY_KINDS: dict[str, PolicyKind] = {
 }
 
 
+def register_rollout_kind(name: str, rollout: RolloutKind, *, policy: Callable,
+                          critics: tuple[str, ...] = ()) -> None:
+    """Register rollout kind ``name`` (``jaxdm.rl.collect.ROLLOUT_KINDS``) and policy kind
+    ``name`` playing it: ``policy(cfg, train_factory, eval_factory)`` returns what
+    ``build_policy`` does, ``critics`` the critic kinds that read its states; host env
+    factories only if the rollout takes ``env.factory``. ``policy.kind: name`` selects it."""
+    if name in ROLLOUT_KINDS or name in POLICY_KINDS:
+        raise ValueError(f"rollout / policy kind {name!r} is already registered")
+    ROLLOUT_KINDS[name] = rollout
+    POLICY_KINDS[name] = PolicyKind(policy, name, tuple(critics),
+                                    env_factories=rollout.env_factory)
+
+
 def check_policy_kind(cfg) -> None:
     """``policy.kind`` is registered and its rollout can serve ``cfg`` (errors name the key)."""
-    from jaxdm.rl.collect import check_rollout
-
     kind = POLICY_KINDS.get(cfg.policy.kind)
     if kind is None:
         raise ValueError(f"policy.kind: unknown policy kind {cfg.policy.kind!r}; registered: "
                          f"{sorted(POLICY_KINDS)}")
     if cfg.critic.kind != "none" and cfg.critic.kind not in kind.critics:
         raise ValueError(f"critic.kind: {cfg.critic.kind!r} cannot read policy.kind="
-                         f"{cfg.policy.kind!r} states; use one of {list(kind.critics)}")
+                         f"{cfg.policy.kind!r} states; use one of "
+                         f"{list(kind.critics) or ['none']}")
     check_rollout(cfg, kind.rollout)
 
 
@@ -146,16 +170,14 @@ def build_policy(cfg, train_factory, eval_factory):
     return POLICY_KINDS[cfg.policy.kind].build(cfg, train_factory, eval_factory)
 
 
-def make_collector(cfg, policy, train_factory, eval_factory, *, dist=None,
-                   local_tasks: int | None = None, with_values: bool = False):
-    """The rollout collector of ``cfg.policy.kind`` (``jaxdm.rl.collect``); ``with_values``:
-    record the env's oracle values (the ``values`` signal's ``oracle`` model reads them)."""
-    from jaxdm.rl.collect import ROLLOUT_KINDS
-
+def make_collector(cfg, policy, train_factory, eval_factory, *, dist,
+                   with_values: bool = False):
+    """The rollout collector of ``cfg.policy.kind`` (``jaxdm.rl.collect``); ``dist``: the
+    trainer's distribution seam (``jaxdm.rl.distributed.make``); ``with_values``: record the
+    env's oracle values (the ``values`` signal's ``oracle`` model reads them)."""
     kind = ROLLOUT_KINDS[POLICY_KINDS[cfg.policy.kind].rollout]
     return kind.make(cfg, policy, {"train_factory": train_factory, "eval_factory": eval_factory,
-                                   "dist": dist, "local_tasks": local_tasks,
-                                   "with_values": with_values})
+                                   "dist": dist, "with_values": with_values})
 
 
 def build_critic(cfg, policy):

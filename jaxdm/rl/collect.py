@@ -1,17 +1,23 @@
 """Rollout kinds (a registry): how the trainer gets one iteration's ``EpisodeBatch``.
 
-A rollout kind is ``RolloutKind(make, envs, estimators, value_kinds)``: ``make(cfg, policy,
-trainer_parts) -> collector`` with ``collect(params, key, first_seed) -> (EpisodeBatch,
-metrics)`` (``train/...``, ``env/errors``, ``time/...``), ``evaluate(params, num_tasks,
-**options) -> eval metrics`` and ``close()``; ``envs()`` the env
-names it plays, and the estimators / LVRL value-model kinds it can feed (None: all). The policy
-kind picks the rollout kind (``jaxdm.rl.build.POLICY_KINDS``); ``check_rollout(cfg)`` (called by
-``TrainConfig`` validation) refuses bad combinations naming the config key.
+A rollout kind is ``RolloutKind(make, envs, estimators, value_kinds, env_factory, check)``:
+``make(cfg, policy, trainer_parts) -> collector`` with ``collect(params, key, first_seed) ->
+(EpisodeBatch, metrics)`` (``train/...``, ``env/errors``, ``time/...``; ``first_seed`` is
+``train_task_offset`` + the data cursor), ``evaluate(params, num_tasks, **options) -> eval
+metrics`` (``eval/All`` and ``eval/table`` among them) and ``close()``; ``envs()`` the env
+names it plays, and the estimators / LVRL value-model kinds it can feed (None: all);
+``trainer_parts["dist"]`` is the trainer's distribution seam (``jaxdm.rl.distributed``).
+The policy kind picks the rollout kind (``jaxdm.rl.build.POLICY_KINDS``);
+``check_rollout(cfg)`` (called by ``TrainConfig`` validation) refuses bad combinations
+naming the config key, ``check(cfg)`` the kind's own settings. A new kind is one
+``jaxdm.rl.build.register_rollout_kind`` call (with the policy kind that plays it).
 
 - ``host``: the text policies on host-side text envs (``jaxdm.rl.rollout.rollout`` over a
   ``LocalVectorEnv``/``VectorEnv``, ``episode_batch`` of its records, held-out evaluation by
   ``jaxdm.rl.evaluation``);
-- ``jax``: the symbolic policy on pure-JAX envs, one jitted scan (``jaxdm.rl.jax_rollout``).
+- ``jax``: the symbolic policy on pure-JAX envs, one jitted scan (``jaxdm.rl.jax_rollout``);
+- ``harness`` (registered by ``jaxdm.train.harness_rollout``, a higher layer: it needs the
+  harness): GRPO of a decision model inside the agent harness on DECISION GYM.
 """
 from __future__ import annotations
 
@@ -26,32 +32,29 @@ __all__ = ["RolloutKind", "ROLLOUT_KINDS", "HostCollector", "check_rollout"]
 class HostCollector:
     """Rollout kind ``host`` (see module docstring)."""
 
-    def __init__(self, cfg, policy, train_factory, eval_factory, *, dist=None,
-                 local_tasks: int | None = None):
+    def __init__(self, cfg, policy, train_factory, eval_factory, *, dist):
         from jaxdm.rl.env_factories import make_venv
 
         self.cfg, self.policy, self.eval_factory, self.dist = cfg, policy, eval_factory, dist
-        tasks = cfg.tasks_per_iter if local_tasks is None else local_tasks
-        self.venv = make_venv(cfg, train_factory, tasks * cfg.group_size, cfg.group_size)
+        self.venv = make_venv(cfg, train_factory, dist.local_tasks * cfg.group_size,
+                              cfg.group_size)
         self._eval_venv = None
 
     def collect(self, params, key, first_seed: int):
+        """(EpisodeBatch, ``train/*`` / ``env/errors`` / ``time/*`` metrics) of this
+        process's groups; the metrics cover every process's episodes (``dist``)."""
         from jaxdm.rl.estimators import episode_batch
         from jaxdm.rl.rollout import rollout
 
-        cfg, policy, seed = self.cfg, self.policy, first_seed
-        if self.dist is not None:  # [MULTIHOST] this process's groups, one-process samples
-            policy, params, seed, key = self.dist.rollout_args(policy, params, seed, key)
+        cfg = self.cfg
+        policy, params, seed, key = self.dist.rollout_args(self.policy, params, first_seed, key)
         res = rollout(policy, params, self.venv, seed=seed, key=key,
                       max_actions=cfg.max_actions, env_name=cfg.env.name,
                       pipeline=cfg.rollout_pipeline)
-        if self.dist is not None:  # [MULTIHOST]
-            self.dist.finish_rollout()
+        self.dist.finish_rollout()
         eb = episode_batch(res.episodes, cfg.max_actions, cfg.algo.invalid_penalty)
-        episodes, errors = res.episodes, eb.errored.sum()
-        if self.dist is not None:  # [MULTIHOST] episode metrics over every process's episodes
-            episodes = self.dist.episodes_view(episodes)
-            errors = sum(bool(e.error) for e in episodes)
+        episodes = self.dist.episodes_view(res.episodes)
+        errors = sum(bool(e.error) for e in episodes)
         kept = [e for e in episodes if not e.error]
         n_act = np.array([len(e.actions) for e in kept]) if kept else np.zeros(1)
         invalid = np.array([not a.valid for e in kept for a in e.actions], bool)
@@ -85,13 +88,13 @@ class HostCollector:
 
 def _host_make(cfg, policy, parts):
     return HostCollector(cfg, policy, parts["train_factory"], parts["eval_factory"],
-                         dist=parts["dist"], local_tasks=parts["local_tasks"])
+                         dist=parts["dist"])
 
 
 def _jax_make(cfg, policy, parts):
     from jaxdm.rl.jax_rollout import JaxCollector
 
-    if parts["dist"] is not None:
+    if parts["dist"].processes > 1:
         raise ValueError(f"policy.kind={cfg.policy.kind!r}: the jax rollout runs in one "
                          f"process (multi-process training plays host envs only)")
     return JaxCollector(cfg, policy, with_values=parts["with_values"])
@@ -111,11 +114,15 @@ def _jax_envs():
 
 @dataclasses.dataclass(frozen=True)
 class RolloutKind:
+    """One rollout kind (module docstring); ``check(cfg)``: its own settings, ValueError
+    naming the key."""
+
     make: Callable[[Any, Any, dict], Any]
     envs: Callable[[], set]
     estimators: tuple[str, ...] | None = None   # None: every registered estimator
     value_kinds: tuple[str, ...] | None = None  # None: every value model
     env_factory: bool = True                    # env.factory ('module:callable') allowed
+    check: Callable[[Any], None] | None = None
 
 
 ROLLOUT_KINDS: dict[str, RolloutKind] = {
@@ -144,3 +151,5 @@ def check_rollout(cfg, kind_name: str) -> None:
     if kind.value_kinds is not None and cfg.value and vk not in kind.value_kinds:
         raise ValueError(f"value.kind: {vk!r} is not available with policy.kind="
                          f"{cfg.policy.kind!r}; available: {list(kind.value_kinds)}")
+    if kind.check is not None:
+        kind.check(cfg)

@@ -3,8 +3,10 @@
 Start every process with the same config; ``jaxdm.models.sharding.initialize_distributed``
 (coordinator address, process count and id from flags or ``JAX_COORDINATOR_ADDRESS`` /
 ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``; SLURM and TPU pods detected by JAX) connects
-them. The trainer then creates a ``Distributed`` (``Distributed.create``: None for one
-process, so a one-process run takes exactly the code path it took before) and the run with
+them. The trainer talks to processes through one seam, ``Trainer.dist`` (``make``): a
+``SingleProcess`` for one process (every method the one-process computation, so a
+one-process run takes exactly the code path it took before), ``LocalCopyProcess`` with
+``act_on_local_copy``, ``Distributed`` for P processes; the run with
 P processes is the one-process run with the same global batch: the same episodes (bit for
 bit), the same mini-batches; only the data-parallel gradient sum is split over devices. The
 exact one-process reference is one process on the same N devices with ``act_on_local_copy``
@@ -33,7 +35,7 @@ FSDP-sharded parameters (π_old is the sampling log-prob; 4.4e-6). The design:
   only; the generative form samples with ``fold_in(key, process)`` (valid training, not
   the one-process samples).
 - **Parameters for acting.** Rollouts and evaluation run process-locally on a replicated
-  copy of the policy parameters on this process's first device (``local_params``: one
+  copy of the policy parameters on this process's first device (``act_params``: one
   all-gather per iteration); the update is one SPMD program over the global mesh.
 - **Update.** Every process draws the same permutation of the *global* units (the host RNG
   is identical everywhere; units are numbered process after process, i.e. in the
@@ -50,9 +52,9 @@ FSDP-sharded parameters (π_old is the sampling log-prob; 4.4e-6). The design:
   GAE's mean/std (``gae_normalize``), the rows all-gathered in the one-process order, so
   the statistics are the one-process ones.
 - **Critic.** Each process computes its units' values on a local copy of the critic
-  (``local_critic``; one process with ``act_on_local_copy`` does the same); the global
+  (``critic_params``; one process with ``act_on_local_copy`` does the same); the global
   mini-batches carry the critic batch, ``returns``, ``old_values`` and ``row_mask``
-  (``UnitRows.mini_batches``). Checked by hand (``multihost_rl_worker.py`` with
+  (``Distributed.mini_batches``). Checked by hand (``multihost_rl_worker.py`` with
   ``critic.kind=decoder algo.advantage=gae teacher.kind=none``, 2 processes vs one process
   on 2 devices): parameters and losses equal to the last bit; not in CI (time budget).
 - **Not supported with P > 1 (refused at start, naming the key):** extra loss terms
@@ -77,12 +79,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxdm import runlog
 from jaxdm.models import sharding as sh
 from jaxdm.rl import advantages as advmod
 from jaxdm.rl.policy import SampleWindow, bucket
+from jaxdm.rundir import lock_run_dir
 
-__all__ = ["Distributed", "LocalCopy", "UnitRows", "RecordOnly", "allgather", "barrier",
-           "gather_rows", "gather_objects", "is_main", "lvrl_rms", "gae_normalize"]
+__all__ = ["SingleProcess", "LocalCopyProcess", "Distributed", "make", "LocalCopy",
+           "host_mini_batches", "RecordOnly", "allgather", "barrier", "gather_rows",
+           "gather_objects", "is_main", "lvrl_rms", "gae_normalize"]
 
 
 def is_main() -> bool:
@@ -105,8 +110,6 @@ class RecordOnly:
         del path, resume_step
 
     def write(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
-        from jaxdm import runlog
-
         return {"step": int(step), "time": time.time(), **runlog.jsonable(dict(metrics))}
 
     def close(self) -> None:
@@ -139,38 +142,147 @@ def check_config(cfg, mesh) -> None:
                          f"span every process (mesh_data=-1)")
 
 
-class Distributed:
+class SingleProcess:
+    """The trainer's one seam for distribution (``Trainer.dist``, from ``make``): a run of one
+    process on its mesh, every method what such a run does. ``LocalCopyProcess`` (one process
+    acting as every process of a multi-process run does, ``act_on_local_copy``) and
+    ``Distributed`` (P processes) override what differs; the trainer and the host rollout
+    call only these methods, never ``jax.process_count``."""
+
+    processes = 1
+    is_main = True  # this process writes metrics, progress, config and plots
+
+    def __init__(self, cfg, mesh):
+        self.mesh = mesh
+        self.first_task, self.local_tasks = 0, cfg.tasks_per_iter  # this process's groups
+
+    # ---- the run folder ----------------------------------------------------------------
+    def lock(self, out: Any):
+        """The run folder's lock (``jaxdm.rundir.lock_run_dir``; None where not held)."""
+        return lock_run_dir(out, "out_dir")
+
+    def barrier(self, name: str) -> None:
+        """Every process waits here for the others."""
+
+    def metrics_writer(self, path: Any, *, resume_step: int | None):
+        """The metrics JSONL writer (``runlog.MetricsWriter``; ``RecordOnly`` off process 0)."""
+        return runlog.MetricsWriter(path, resume_step=resume_step)
+
+    # ---- acting ------------------------------------------------------------------------
+    def act_params(self, tree: Any) -> Any:
+        """The parameters rollouts and evaluation act with (here: the placed ``tree``)."""
+        return tree
+
+    def act_key(self, key: Any) -> Any:
+        """The rollout's PRNG key as the acting parameters' device sees it."""
+        return key
+
+    def critic_params(self, tree: Any) -> Any:
+        """A local copy of the critic's parameters for its per-unit values, or None: the
+        placed ``tree`` with mesh-placed batches."""
+        del tree
+        return None
+
+    def rollout_args(self, policy, params, seed: int, key) -> tuple[Any, Any, int, Any]:
+        """(policy, params, first task seed, key) of this process's share of the rollout."""
+        return policy, params, seed, key
+
+    def finish_rollout(self) -> None:
+        """After this process's rollout (a multi-process run answers the others' turns)."""
+
+    def episodes_view(self, episodes: Sequence[Any]) -> list[Any]:
+        """The episodes the episode metrics cover (every process's)."""
+        return list(episodes)
+
+    # ---- signals and advantages --------------------------------------------------------
+    def signal_stats(self, stats: dict[str, Any]) -> dict[str, Any]:
+        """The signals' statistics the stop decision reads (over every process)."""
+        return stats
+
+    def advantages(self, fn, eb, signals, algo, num_groups: int):
+        """The estimator ``fn`` on this process's groups (batch statistics over every
+        process's rows)."""
+        return fn(eb, signals, algo, num_groups)
+
+    def gather_rows(self, rows: np.ndarray) -> np.ndarray:
+        """``rows`` [n_p, ...] of every process, in process order."""
+        return rows
+
+    # ---- update ------------------------------------------------------------------------
+    def put(self, tree: Any) -> Any:
+        """Host arrays placed with their leading axis on the mesh's ``data`` axis."""
+        def place(x):
+            x = np.asarray(x)
+            return jax.device_put(x, sh.batch_sharding(self.mesh, x.ndim))
+        return jax.tree.map(place, tree)
+
+    def unit_count(self, n_local: int) -> int:
+        """The iteration's training units over every process (this process holds ``n_local``)."""
+        return n_local
+
+    def mini_batches(self, policy, units: Sequence[Any], unit_adv: np.ndarray,
+                     unit_logp: np.ndarray, order: np.ndarray, m: int, *, critic: Any = None,
+                     columns: dict[str, np.ndarray] | None = None, extra=None
+                     ) -> tuple[list[dict[str, Any]], list[Any]]:
+        """(batches, recorded log-probs) of the mini-batches ``order[b*m:(b+1)*m]`` of the
+        units (``host_mini_batches``), placed on the mesh."""
+        out = [(self.put(b), self.put(lp)) for b, lp in host_mini_batches(
+            policy, units, unit_adv, unit_logp, order, m, critic=critic, columns=columns,
+            extra=extra)]
+        return [b for b, _ in out], [lp for _, lp in out]
+
+
+class LocalCopyProcess(SingleProcess):
+    """One process acting on a replicated copy of the policy on its first device
+    (``LocalCopy``), as every process of a multi-process run does, and updating with the
+    N-device program: the exact one-process reference of an N-process run."""
+
+    def __init__(self, cfg, mesh):
+        super().__init__(cfg, mesh)
+        self._copy, self._critic_copy = LocalCopy(mesh), LocalCopy(mesh)
+
+    def act_params(self, tree: Any) -> Any:
+        """A replicated copy of the global ``tree`` on this process's first device (a
+        collective; the last copy is reused for the same tree)."""
+        return self._copy(tree)
+
+    def act_key(self, key: Any) -> Any:
+        return LocalCopy.key(key)
+
+    def critic_params(self, tree: Any) -> Any:
+        """``act_params`` of the critic's parameters (their own cached copy)."""
+        return self._critic_copy(tree)
+
+
+class Distributed(LocalCopyProcess):
     """Per-run multi-process state of the trainer (see module docstring)."""
 
     def __init__(self, cfg, mesh):
         check_config(cfg, mesh)
-        self.mesh = mesh
+        super().__init__(cfg, mesh)
+        self.processes = jax.process_count()
+        self.is_main = is_main()
         groups = sh.process_rows(cfg.tasks_per_iter, "tasks_per_iter")
         self.first_task, self.local_tasks = groups.start, len(groups)
         # the one-process rollout pads every turn to bucket(all slots) decisions
         self.window_rows = bucket(cfg.tasks_per_iter * cfg.group_size)
-        self._copy, self._critic_copy = LocalCopy(mesh), LocalCopy(mesh)
 
-    @classmethod
-    def create(cls, cfg, mesh) -> "Distributed | None":
-        """None for a one-process run (the trainer then runs exactly as before)."""
-        return cls(cfg, mesh) if jax.process_count() > 1 else None
+    # ---- the run folder: process 0 holds the lock and writes the files ------------------
+    def lock(self, out: Any):
+        return super().lock(out) if self.is_main else None
 
-    # ---- acting -----------------------------------------------------------------------
-    def local_params(self, tree: Any) -> Any:
-        """A replicated copy of the global ``tree`` on this process's first device, for
-        process-local acting (a collective; the last copy is reused for the same tree)."""
-        return self._copy(tree)
+    def barrier(self, name: str) -> None:
+        barrier(name)
 
-    def local_critic(self, tree: Any) -> Any:
-        """``local_params`` of the critic's parameters (their own cached copy)."""
-        return self._critic_copy(tree)
+    def metrics_writer(self, path: Any, *, resume_step: int | None):
+        if self.is_main:
+            return super().metrics_writer(path, resume_step=resume_step)
+        return RecordOnly(path, resume_step=resume_step)
 
+    # ---- acting ------------------------------------------------------------------------
     def rollout_args(self, policy, params, seed: int, key) -> tuple[Any, Any, int, Any]:
-        """(policy, params, task seed, key) of this process's share of the rollout."""
-        params = self.local_params(params)
+        """This process's groups; the option form samples its rows of the one-process noise."""
         seed = seed + self.first_task
-        key = LocalCopy.key(key)  # the same key, on this process
         if getattr(policy, "form", None) == "option":
             return _WindowedPolicy(policy, self), params, seed, key
         return policy, params, seed, jax.random.fold_in(key, jax.process_index())
@@ -187,23 +299,6 @@ class Distributed:
             if not live.any():
                 return
 
-    # ---- advantages --------------------------------------------------------------------
-    @staticmethod
-    def advantages(fn, eb, signals, algo, num_groups: int):
-        """The estimator ``fn`` on this process's groups (a group's advantages need no other
-        process) with the batch statistics over every process's rows: LVRL's ``rms`` scale
-        (``lvrl_rms``). A collective when there is such a statistic."""
-        if algo.advantage == "gae" and algo.gae_normalize:
-            out = fn(eb, signals, dataclasses.replace(algo, gae_normalize=False), num_groups)
-            return dataclasses.replace(out, adv=gae_normalize(out.adv, eb.mask, algo.eps))
-        if not (algo.advantage == "lvrl" and algo.lvrl_normalize == "rms"):
-            return fn(eb, signals, algo, num_groups)
-        out = fn(eb, signals, dataclasses.replace(algo, lvrl_normalize="none"), num_groups)
-        # the lvrl estimator's value rows: a real value and no env error
-        rows = np.asarray(signals["values"].mask, bool) & ~np.asarray(eb.errored, bool)
-        return dataclasses.replace(out, adv=lvrl_rms(out.adv, rows, eb.mask, algo.eps))
-
-    # ---- episode metrics ---------------------------------------------------------------
     def episodes_view(self, episodes: Sequence[Any]) -> list[Any]:
         """Every process's episodes as light stand-ins (error, success, reward, truncated,
         actions with ``valid``), in process order: the trainer's episode metrics then cover
@@ -220,12 +315,12 @@ class Distributed:
                                              truncated=bool(r[3]), actions=acts))
         return out
 
-    @staticmethod
-    def signal_stats(stats: dict[str, Any]) -> dict[str, Any]:
+    # ---- signals and advantages --------------------------------------------------------
+    def signal_stats(self, stats: dict[str, Any]) -> dict[str, Any]:
         """The signals' statistics over every process: counts (``*/requests``, ``*/missing``,
-        ``*/errors``, ``*/retried``) summed, ``teacher/failure_frac`` and ``teacher/score_mean`` / ``_std``
-        recomputed from them (so every process takes the same failure decision); other keys
-        are this process's. A collective."""
+        ``*/errors``, ``*/retried``) summed, ``teacher/failure_frac`` and
+        ``teacher/score_mean`` / ``_std`` recomputed from them (so every process takes the
+        same failure decision); other keys are this process's. A collective."""
         every = gather_objects([stats])
         out = dict(stats)
         for k in stats:
@@ -244,14 +339,88 @@ class Distributed:
                 out["teacher/score_mean"], out["teacher/score_std"] = mean, max(var, 0.0) ** 0.5
         return out
 
-    @staticmethod
-    def gather_rows(rows: np.ndarray) -> np.ndarray:
-        """Concatenation over processes of ``rows`` [n_p, ...] (``gather_rows``)."""
+    def advantages(self, fn, eb, signals, algo, num_groups: int):
+        """The estimator ``fn`` on this process's groups (a group's advantages need no other
+        process) with the batch statistics over every process's rows: LVRL's ``rms`` scale
+        (``lvrl_rms``), GAE's normalisation (``gae_normalize``). A collective when there is
+        such a statistic."""
+        if algo.advantage == "gae" and algo.gae_normalize:
+            out = fn(eb, signals, dataclasses.replace(algo, gae_normalize=False), num_groups)
+            return dataclasses.replace(out, adv=gae_normalize(out.adv, eb.mask, algo.eps))
+        if not (algo.advantage == "lvrl" and algo.lvrl_normalize == "rms"):
+            return fn(eb, signals, algo, num_groups)
+        out = fn(eb, signals, dataclasses.replace(algo, lvrl_normalize="none"), num_groups)
+        # the lvrl estimator's value rows: a real value and no env error
+        rows = np.asarray(signals["values"].mask, bool) & ~np.asarray(eb.errored, bool)
+        return dataclasses.replace(out, adv=lvrl_rms(out.adv, rows, eb.mask, algo.eps))
+
+    def gather_rows(self, rows: np.ndarray) -> np.ndarray:
         return gather_rows(rows)
 
-    # ---- update -----------------------------------------------------------------------
-    def unit_rows(self, n_local: int) -> "UnitRows":
-        return UnitRows(n_local, self.mesh)
+    # ---- update: every process builds each global mini-batch, uploads its block ---------
+    def unit_count(self, n_local: int) -> int:
+        return int(allgather(np.int64(n_local)).sum())
+
+    def mini_batches(self, policy, units: Sequence[Any], unit_adv: np.ndarray,
+                     unit_logp: np.ndarray, order: np.ndarray, m: int, *, critic: Any = None,
+                     columns: dict[str, np.ndarray] | None = None, extra=None
+                     ) -> tuple[list[dict[str, Any]], list[Any]]:
+        """The units, advantages, log-probs and ``columns`` of every process (numbered
+        process after process: the one-process order), the one-process mini-batches of them,
+        each a global array assembled from every process's block of rows. ``extra`` is
+        refused across processes (``check_config``)."""
+        if extra is not None:
+            raise ValueError("extra mini-batch arrays (algo.terms) are per process")
+        every = gather_objects(list(units))
+        adv, logp = gather_rows(unit_adv), gather_rows(unit_logp)
+        cols = {k: gather_rows(np.asarray(v, np.float32)) for k, v in (columns or {}).items()}
+        p, count = jax.process_index(), jax.process_count()
+        block = slice(p * m // count, (p + 1) * m // count)
+        mbs, recorded = [], []
+        for b, lp in host_mini_batches(policy, every, adv, logp, order, m, critic=critic,
+                                       columns=cols):
+            mbs.append(sh.global_batch(jax.tree.map(lambda x: np.asarray(x)[block], b),
+                                       self.mesh))
+            recorded.append(sh.global_batch(lp[block], self.mesh))
+        return mbs, recorded
+
+
+def make(cfg, mesh) -> SingleProcess:
+    """The distribution seam of a run: ``Distributed`` with several processes,
+    ``LocalCopyProcess`` with ``act_on_local_copy``, else ``SingleProcess``."""
+    if jax.process_count() > 1:
+        return Distributed(cfg, mesh)
+    return (LocalCopyProcess if cfg.act_on_local_copy else SingleProcess)(cfg, mesh)
+
+
+def host_mini_batches(policy, units: Sequence[Any], unit_adv: np.ndarray,
+                      unit_logp: np.ndarray, order: np.ndarray, m: int, *, critic: Any = None,
+                      columns: dict[str, np.ndarray] | None = None, extra=None
+                      ) -> list[tuple[dict[str, Any], np.ndarray]]:
+    """(host batch, recorded log-probs [m, 1]) of each mini-batch ``idx = order[s:s+m]`` of
+    ``units`` (rows past ``len(idx)`` padding): ``policy`` (its ``training_batch``) and
+    ``adv`` [m]; with a ``critic`` its batch, ``row_mask`` [m] and the per-unit ``columns``
+    [m] (``returns``, ``old_values``); ``extra(idx)``: more arrays (the LVOPD gate's)."""
+    out = []
+    for s in range(0, len(order), m):
+        idx = order[s:s + m]
+        mb_units = [units[j] for j in idx]
+        a = np.zeros((m,), np.float32)
+        a[:len(idx)] = unit_adv[idx]
+        batch = {"policy": policy.training_batch(mb_units, m), "adv": a}
+        if extra is not None:
+            batch.update(extra(idx))
+        lp = np.zeros((m, 1), np.float32)
+        lp[:len(idx), 0] = unit_logp[idx]
+        if critic is not None:
+            for k, col in (columns or {}).items():
+                x = np.zeros((m,), np.float32)
+                x[:len(idx)] = col[idx]
+                batch[k] = x
+            batch["row_mask"] = np.arange(m) < len(idx)
+            batch["critic"] = critic.batch(mb_units, m)
+        out.append((batch, lp))
+    return out
 
 
 @functools.lru_cache(maxsize=None)
@@ -302,51 +471,6 @@ class _WindowedPolicy:
         window = SampleWindow(int(live[:p].sum()), self._dist.window_rows, int(opts.max()))
         return self._policy.act(params, states, key, greedy=greedy, pad_to=pad_to,
                                 window=window)
-
-
-class UnitRows:
-    """One iteration's training units across processes, numbered process after process
-    (the one-process order): every process holds all of them (``gather_objects``), builds
-    each global mini-batch exactly as one process would, and uploads its block of rows."""
-
-    def __init__(self, n_local: int, mesh):
-        self.mesh = mesh
-        self.counts = allgather(np.int64(n_local))
-        self.n = int(self.counts.sum())
-
-    def mini_batches(self, policy, units: Sequence[Any], unit_adv: np.ndarray,
-                     unit_logp: np.ndarray, order: np.ndarray, m: int, *,
-                     critic: Any = None, columns: dict[str, np.ndarray] | None = None
-                     ) -> tuple[list[dict[str, Any]], list[Any]]:
-        """(batches, recorded log-probs) of the global mini-batches ``order[b*m:(b+1)*m]``,
-        each a global array assembled from every process's block of rows. With a
-        ``critic``: its batch, ``row_mask`` and the per-unit ``columns`` (``returns``,
-        ``old_values``) too, as the one-process trainer builds them."""
-        every = gather_objects(list(units))
-        adv, logp = gather_rows(unit_adv), gather_rows(unit_logp)
-        cols = {k: gather_rows(np.asarray(v, np.float32)) for k, v in (columns or {}).items()}
-        p, count = jax.process_index(), jax.process_count()
-        block = slice(p * m // count, (p + 1) * m // count)
-        mbs, recorded = [], []
-        for s in range(0, self.n, m):
-            idx = order[s:s + m]
-            a = np.zeros((m,), np.float32)
-            a[:len(idx)] = adv[idx]
-            lp = np.zeros((m, 1), np.float32)
-            lp[:len(idx), 0] = logp[idx]
-            mb_units = [every[j] for j in idx]
-            batch = {"policy": policy.training_batch(mb_units, m), "adv": a}
-            if critic is not None:
-                for k, col in cols.items():
-                    x = np.zeros((m,), np.float32)
-                    x[:len(idx)] = col[idx]
-                    batch[k] = x
-                batch["row_mask"] = np.arange(m) < len(idx)
-                batch["critic"] = critic.batch(mb_units, m)
-            mbs.append(sh.global_batch(jax.tree.map(lambda x: np.asarray(x)[block], batch),
-                                       self.mesh))
-            recorded.append(sh.global_batch(lp[block], self.mesh))
-        return mbs, recorded
 
 
 def gae_normalize(adv: np.ndarray, mask: np.ndarray, eps: float) -> np.ndarray:

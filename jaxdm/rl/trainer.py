@@ -3,8 +3,9 @@
 One iteration, from the previous ``TrainState`` (``jaxdm.rl.state``) to the next:
   1. **Rollout**: take the next ``tasks_per_iter`` training tasks (the data cursor) and play
      ``group_size`` episodes each with the policy kind's rollout kind (``jaxdm.rl.collect``:
-     ``host`` text envs through ``jaxdm.rl.rollout``, or ``jax``: one jitted scan over a
-     vmapped JAX env, ``jaxdm.rl.jax_rollout``); ``EpisodeBatch`` is their array view
+     ``host`` text envs through ``jaxdm.rl.rollout``, ``jax``: one jitted scan over a
+     vmapped JAX env, ``jaxdm.rl.jax_rollout``, or ``harness``: a decision model inside the
+     agent harness, ``jaxdm.train.harness_rollout``); ``EpisodeBatch`` is their array view
      (``jaxdm.rl.estimators``; episodes lost to env errors are masked out, counted as
      ``env/errors``).
   2. **Signals** (``jaxdm.rl.signals``): the estimator's and the loss terms' signals only —
@@ -28,7 +29,9 @@ Run directories: a fresh run refuses an ``out_dir`` that holds a run unless ``ov
 ``resume`` refuses changed run-changing settings (naming the keys), drops a torn last
 metrics line, never writes the final evaluation twice, and loads a checkpoint with NaN/inf
 tensors only with ``on_nonfinite_checkpoint=warn``. Ctrl-C, kill or an error checkpoint the
-last *finished and recorded* iteration, so resuming is exact.
+last *finished and recorded* iteration, so resuming is exact. Processes: every step that
+differs with several (or ``act_on_local_copy``) goes through one seam, ``self.dist``
+(``jaxdm.rl.distributed.make``).
 """
 from __future__ import annotations
 
@@ -43,7 +46,6 @@ import numpy as np
 
 from jaxdm import config as cfgmod
 from jaxdm import runlog
-from jaxdm.rundir import lock_run_dir
 from jaxdm.rl import build, distributed, rundir, sharding
 from jaxdm.rl.checkpoint import Checkpointer
 from jaxdm.rl.estimators import ESTIMATORS, EpisodeBatch
@@ -75,11 +77,8 @@ class Trainer:
         if cfg.algo.mini_batch % self.mesh.devices.shape[0]:
             raise ValueError(f"algo.mini_batch={cfg.algo.mini_batch} must divide by the mesh "
                              f"data axis ({self.mesh.devices.shape[0]} devices)")
-        # [MULTIHOST] None for one process; else this process's tasks/rows (rl/distributed)
-        self.dist = distributed.Distributed.create(cfg, self.mesh)
-        # [MULTIHOST] one process acting as each process of a multi-process run does
-        self.local_copy = distributed.LocalCopy(self.mesh) \
-            if cfg.act_on_local_copy and self.dist is None else None
+        # [MULTIHOST] the one seam for processes: tasks/rows, acting copies, collectives
+        self.dist = distributed.make(cfg, self.mesh)
         self.train_factory, self.eval_factory = build.env_factories(cfg)
         self.policy, params, self.model_config, self.tokenizer = build.build_policy(
             cfg, self.train_factory, self.eval_factory)
@@ -87,7 +86,7 @@ class Trainer:
         spec = StepSpec(self.policy.static_key, self.critic_config, cfg.optim, cfg.critic.lr,
                         cfg.loss_config())
         self.train_step, self.logp_fn, self.txs = cached_train_step(self.policy, spec)
-        if log and distributed.is_main():  # [MULTIHOST] per-device memory before placing
+        if log and self.dist.is_main:  # per-device memory before placing
             print(sharding.memory_line(params, self.txs["policy"], self.mesh), flush=True)
         rep = sharding.replicated(self.mesh)
         params = {"policy": sharding.shard_params(params, self.mesh)}
@@ -103,10 +102,9 @@ class Trainer:
         self.state = TrainState(params, opts, place_key(jax.random.key(cfg.seed), rep),
                                 0, 0, np.random.default_rng(cfg.seed))
         self.signal_backends = {n: signal_spec(n).build(cfg, self) for n in signals_needed(cfg)}
-        self.local_tasks = cfg.tasks_per_iter if self.dist is None else self.dist.local_tasks
         self.collector = build.make_collector(
             cfg, self.policy, self.train_factory, self.eval_factory, dist=self.dist,
-            local_tasks=self.local_tasks, with_values=cfg.value.get("kind") == "oracle")
+            with_values=cfg.value.get("kind") == "oracle")
         self.checkpointer = Checkpointer(self.out / "checkpoints",
                                          max_to_keep=cfg.keep_checkpoints)
 
@@ -132,25 +130,16 @@ class Trainer:
         return True
 
     # ---- one iteration ------------------------------------------------------------------
-    def _put_batch(self, tree):
-        def place(x):
-            x = np.asarray(x)
-            return jax.device_put(x, sharding.batch_sharding(self.mesh, x.ndim))
-        return jax.tree.map(place, tree)
-
     def critic_state_values(self, units) -> np.ndarray:
         """V(s) [N] of the states of ``units`` under the current critic (mini-batch chunks)."""
         m, out = self.cfg.algo.mini_batch, []
-        params, local = self.state.params["critic"], None
-        if self.dist is not None:  # [MULTIHOST] this process's units on its copy
-            local = self.dist.local_critic(params)
-        elif self.local_copy is not None:  # [MULTIHOST] act_on_local_copy: the same
-            local = distributed.LocalCopy(self.mesh)(params)
+        params = self.state.params["critic"]
+        local = self.dist.critic_params(params)  # [MULTIHOST] None: the placed params
         for s in range(0, len(units), m):
             chunk = units[s:s + m]
             batch = self.critic_config.batch(chunk, m)
             if local is None:
-                v = self.critic_config.values(params, self._put_batch(batch))
+                v = self.critic_config.values(params, self.dist.put(batch))
             else:
                 v = self.critic_config.values(local, batch)
             out.append(np.asarray(v)[:len(chunk)])
@@ -166,11 +155,10 @@ class Trainer:
         cfg = self.cfg
         t_start = time.perf_counter()
         st.key, k_roll = jax.random.split(st.key)
-        # The rollout kind of the policy (jaxdm.rl.collect): host text envs or a JAX scan.
-        acting, k_act = st.params["policy"], k_roll
-        if self.local_copy is not None:  # [MULTIHOST] act_on_local_copy
-            acting, k_act = self.local_copy(acting), distributed.LocalCopy.key(k_roll)
-        eb, roll = self.collector.collect(acting, k_act, cfg.train_task_offset + st.cursor)
+        # The rollout kind of the policy (jaxdm.rl.collect), acting on dist's copy.
+        eb, roll = self.collector.collect(self.dist.act_params(st.params["policy"]),
+                                          self.dist.act_key(k_roll),
+                                          cfg.train_task_offset + st.cursor)
         st.cursor += cfg.tasks_per_iter
         signals, metrics = {}, {}
         for name, backend in self.signal_backends.items():
@@ -178,21 +166,16 @@ class Trainer:
             signals[name] = signal_spec(name).produce(eb, backend, cfg)
             metrics.update(signals[name].stats)
             metrics[f"time/{name}"] = time.perf_counter() - t0
-        if self.dist is not None:  # [MULTIHOST] counts over all processes: one stop decision
-            metrics = self.dist.signal_stats(metrics)
+        metrics = self.dist.signal_stats(metrics)  # [MULTIHOST] counts over all processes
         self._check_failures(metrics, st.iteration + 1)
-        estimator = ESTIMATORS[cfg.algo.advantage].fn
-        if self.dist is None:
-            adv = estimator(eb, signals, cfg.algo, self.local_tasks)
-        else:  # [MULTIHOST] batch statistics (LVRL's rms scale) over every process's rows
-            adv = self.dist.advantages(estimator, eb, signals, cfg.algo, self.local_tasks)
+        # [MULTIHOST] on this process's groups, batch statistics over every process's rows
+        adv = self.dist.advantages(ESTIMATORS[cfg.algo.advantage].fn, eb, signals, cfg.algo,
+                                   self.dist.local_tasks)
         t0 = time.perf_counter()
         upd = self._update(st, eb, adv, signals)
         update_s = time.perf_counter() - t0
         st.iteration += 1
-        a = adv.adv[eb.mask]
-        if self.dist is not None:  # [MULTIHOST] advantages of every process's rows
-            a = self.dist.gather_rows(a)
+        a = self.dist.gather_rows(adv.adv[eb.mask])  # [MULTIHOST] every process's rows
         stat = (lambda f: float(f(a)) if a.size else 0.0)  # noqa: E731
         metrics = {
             "iteration": st.iteration, **roll,
@@ -218,8 +201,7 @@ class Trainer:
 
     def _update(self, st: TrainState, eb: EpisodeBatch, adv, signals) -> dict[str, float]:
         cfg, units = self.cfg, eb.units
-        rows = None if self.dist is None else self.dist.unit_rows(len(units))  # [MULTIHOST]
-        n = len(units) if rows is None else rows.n
+        n = self.dist.unit_count(len(units))  # [MULTIHOST] over every process
         if n == 0:
             return {"ppo/updates": 0.0}
         lvopd = None
@@ -228,38 +210,16 @@ class Trainer:
 
             lvopd = LVOPDBatcher(eb, adv.adv, signals["teacher_topk"],  # [LVOPD] form
                                  gate=cfg.algo.lvopd_gate, form=self.policy.form)
-        unit_adv = adv.adv[eb.unit_rows, eb.unit_cols]
         m = cfg.algo.mini_batch
         n_mb = -(-n // m)
         order = st.host_rng.permutation(n)
-        mbs, recorded = [], []
-        if rows is not None:  # [MULTIHOST] this process's rows of every global mini-batch
-            cols = None if "critic" not in st.params else {
-                k: adv.extras[k][eb.unit_rows, eb.unit_cols] for k in ("returns", "old_values")}
-            mbs, recorded = rows.mini_batches(
-                self.policy, units, unit_adv, eb.unit_logp, order, m, columns=cols,
-                critic=self.critic_config if cols is not None else None)
-        for b in range(n_mb if rows is None else 0):
-            idx = order[b * m:(b + 1) * m]
-            mb_units = [units[j] for j in idx]
-            batch = {"policy": self._put_batch(self.policy.training_batch(mb_units, m))}
-            a = np.zeros((m,), np.float32)
-            a[:len(idx)] = unit_adv[idx]
-            batch["adv"] = self._put_batch(a)
-            if lvopd is not None:
-                batch.update(self._put_batch(lvopd.arrays(idx, m)))
-            lp = np.zeros((m, 1), np.float32)
-            lp[:len(idx), 0] = eb.unit_logp[idx]
-            if "critic" in st.params:
-                cols = {"returns": adv.extras["returns"], "old_values": adv.extras["old_values"]}
-                for k, arr in cols.items():
-                    x = np.zeros((m,), np.float32)
-                    x[:len(idx)] = arr[eb.unit_rows[idx], eb.unit_cols[idx]]
-                    batch[k] = self._put_batch(x)
-                batch["row_mask"] = self._put_batch(np.arange(m) < len(idx))
-                batch["critic"] = self._put_batch(self.critic_config.batch(mb_units, m))
-            mbs.append(batch)
-            recorded.append(self._put_batch(lp))
+        cols = None if "critic" not in st.params else {
+            k: adv.extras[k][eb.unit_rows, eb.unit_cols] for k in ("returns", "old_values")}
+        # [MULTIHOST] the global mini-batches (each process uploads its rows)
+        mbs, recorded = self.dist.mini_batches(
+            self.policy, units, adv.adv[eb.unit_rows, eb.unit_cols], eb.unit_logp, order, m,
+            critic=self.critic_config if cols is not None else None, columns=cols,
+            extra=None if lvopd is None else lambda idx: lvopd.arrays(idx, m))
         # π_old and π_ref log-probs before any update of this iteration. The option form's
         # sampling log-prob comes from the same jitted function and params, so it *is* the
         # recomputed π_old; other samplers' numerics differ, so π_old is recomputed.
@@ -306,10 +266,8 @@ class Trainer:
         num_tasks = num_tasks or self.cfg.eval_tasks
         if num_tasks < 1:
             raise ValueError("evaluate needs num_tasks >= 1 (cfg.eval_tasks)")
-        params = self.params if self.dist is None else self.dist.local_params(self.params)
-        if self.local_copy is not None:  # [MULTIHOST] act_on_local_copy
-            params = self.local_copy(params)
-        return self.collector.evaluate(params, num_tasks, iteration=self.iteration,
+        return self.collector.evaluate(self.dist.act_params(self.params), num_tasks,
+                                       iteration=self.iteration,
                                        values=self.signal_backends.get("values"))
 
     # ---- the loop -----------------------------------------------------------------------
@@ -322,8 +280,7 @@ class Trainer:
         run; the exit checkpoint is still written). The run folder is locked for the call
         (``jaxdm.rundir.lock_run_dir``: a second job on it fails at once).
         """
-        # [MULTIHOST] the processes of one run share out_dir: process 0 holds the lock
-        lock = lock_run_dir(self.out, "out_dir") if distributed.is_main() else None
+        lock = self.dist.lock(self.out)  # [MULTIHOST] shared out_dir: process 0 holds it
         try:
             return self._run(resume=resume, overwrite=overwrite, iterations=iterations,
                              stop_after=stop_after)
@@ -335,7 +292,7 @@ class Trainer:
              stop_after: int | None) -> list[dict[str, Any]]:
         cfg = self.cfg
         total = iterations or cfg.iterations
-        main = distributed.is_main()  # [MULTIHOST] files and progress from process 0 only
+        main = self.dist.is_main  # [MULTIHOST] files and progress from process 0 only
         if resume:
             rundir.check_resume_config(self.out, cfg)
         elif rundir.holds_run(self.out, self.checkpointer):
@@ -344,13 +301,13 @@ class Trainer:
             self.checkpointer.close()
             if main:  # [MULTIHOST] one process clears the shared out_dir, then all go on
                 rundir.clear_run(self.out)
-            distributed.barrier("clear_run")
+            self.dist.barrier("clear_run")
             self.checkpointer = Checkpointer(self.out / "checkpoints",
                                              max_to_keep=cfg.keep_checkpoints)
         resumed = self.restore() if resume else False
-        writer = (runlog.MetricsWriter if main else distributed.RecordOnly)(  # [MULTIHOST]
-            self.out / "metrics.jsonl", resume_step=self.iteration if resumed else None)
-        distributed.barrier("metrics_file")  # [MULTIHOST] read it after process 0 trimmed it
+        writer = self.dist.metrics_writer(self.out / "metrics.jsonl",
+                                          resume_step=self.iteration if resumed else None)
+        self.dist.barrier("metrics_file")  # [MULTIHOST] read it after process 0 trimmed it
         # Only a run resumed at its end has its final evaluation; one resumed with more
         # iterations (``iterations`` may change on resume) evaluates again at the new end.
         final_done = resumed and self.iteration >= total and any(

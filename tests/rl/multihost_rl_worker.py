@@ -84,7 +84,7 @@ def main(coordinator: str, num_processes: int, process_id: int, out_dir: str,
         time.sleep(600)  # the test SIGKILLs both processes here (no clean shutdown)
         raise SystemExit("not killed")
     recs = tr.run(resume=mode == "resume")
-    params = tr.params if tr.dist is None else tr.dist.local_params(tr.params)
+    params = tr.dist.act_params(tr.params)  # the 1-device copy every process acts with
     flat = {jax.tree_util.keystr(p): np.asarray(x)
             for p, x in jax.tree_util.tree_leaves_with_path(params)}
     tr.close()
