@@ -149,7 +149,8 @@ def check_policy_kind(cfg) -> None:
     kind = POLICY_KINDS.get(cfg.policy.kind)
     if kind is None:
         raise ValueError(f"policy.kind: unknown policy kind {cfg.policy.kind!r}; registered: "
-                         f"{sorted(POLICY_KINDS)}")
+                         f"{sorted(POLICY_KINDS)} (a kind of a higher layer registers when its "
+                         f"module is imported: harness by jaxdm.train.harness_rollout)")
     if cfg.critic.kind != "none" and cfg.critic.kind not in kind.critics:
         raise ValueError(f"critic.kind: {cfg.critic.kind!r} cannot read policy.kind="
                          f"{cfg.policy.kind!r} states; use one of "

@@ -19,6 +19,7 @@ from jaxdm.rl import evaluation as evaluation_mod
 from jaxdm.rl.policy import ActionOut
 from jaxdm.rl.rollout import LocalVectorEnv, pipeline_halves, rollout
 from jaxdm.rl.trainer import TrainConfig, Trainer
+import jaxdm.train.harness_rollout  # noqa: F401  registers policy.kind harness (a preset's)
 
 # The stub envs' module must be importable here and in spawned VectorEnv workers (which
 # inherit sys.path), whatever pytest's import mode.
