@@ -29,8 +29,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jaxdm.harness import run as hr  # noqa: E402
+from jaxdm.harness.cli import COMMANDS  # noqa: E402
+from jaxdm.harness.config import load  # noqa: E402
 from jaxdm.harness.errors import HarnessError  # noqa: E402
+from jaxdm.harness.shadow import cmd_shadow  # noqa: E402
+from jaxdm.harness.thresholds import cmd_fit  # noqa: E402
 from jaxdm.jsonl import write_atomic  # noqa: E402
 
 VARIANTS = ("base", "shift", "hard")
@@ -43,11 +46,11 @@ def run_setting(variant: str, llm: str, sizes: dict, out_root: Path, progress: b
     overrides = [f"env.variant={variant}", f"llm.profile={llm}", f"out_dir={out}",
                  f"progress={'true' if progress else 'false'}"] + \
         [f"{k}={v}" for k, v in sizes.items()]
-    cfg = hr.load("decision_gym", overrides)
+    cfg = load("decision_gym", overrides)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     for name in ("shadow", "fit", "run", "compare"):
-        hr.COMMANDS[name](cfg, overwrite=overwrite, resume=resume)
+        COMMANDS[name](cfg, overwrite=overwrite, resume=resume)
     report = json.loads((out / "report.json").read_text())
     report["wall_s"] = time.perf_counter() - t0
     return report
@@ -96,14 +99,14 @@ def summary_md(reports: dict, sizes: dict) -> str:
 
 def smollm2_shadow(n: int, out_root: Path, progress: bool, overwrite: bool = False) -> None:
     out = out_root / "base_strong_smollm2"
-    cfg = hr.load("decision_gym", [
+    cfg = load("decision_gym", [
         "dm={kind: local_readout, path: smollm2}", f"shadow_tasks={n}", f"out_dir={out}",
         f"progress={'true' if progress else 'false'}",
         "agent={memory: false, reflection: false, cheap_tier: false, read_back: false}",
         "fit.points=[tool, params, stop]", "fit.min_support=2"])
     out.mkdir(parents=True, exist_ok=True)
-    hr.cmd_shadow(cfg, overwrite=overwrite)
-    hr.cmd_fit(cfg, overwrite=overwrite)
+    cmd_shadow(cfg, overwrite=overwrite)
+    cmd_fit(cfg, overwrite=overwrite)
 
 
 def main(argv=None) -> int:

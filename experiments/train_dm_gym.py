@@ -11,7 +11,7 @@ L3 and the trained model as the harness's CASCADE decision model.
    so Kendall τ has more than two points), SmolLM2 before and after (option likelihood:
    constrained readout cannot show DECISION GYM's 69 tools, 26 labels): L1 (BFCL subset),
    L2 (test-split states), L3 (takeover; ``--l3-envs`` / ``--l3-tasks``).
-4. CASCADE in the harness (``jaxdm.harness.run``: shadow on fit-split tasks, fitted
+4. CASCADE in the harness (``jaxdm harness``: shadow on fit-split tasks, fitted
    thresholds, arms on test-split tasks), before vs after, with the SmolLM2 model restricted
    to the ``stop`` and ``params`` points (``points_only``): its 69-option tool question costs
    minutes per step on the shared CPU (stated in ``experiments/harness_decision_gym.py``).
@@ -119,22 +119,25 @@ def cascade(model_path: str, tag: str, out: Path, args, progress: bool,
     each harness command resumed where an interrupted one stopped (its journal) and kept
     where finished; the results are read from the folder's files. ``inner``: another
     decision-model spec instead of the SmolLM2 folder (tests)."""
-    from jaxdm.harness import run as hr
-    cfg = hr.HarnessConfig(
+    from jaxdm.harness.arms import cmd_run
+    from jaxdm.harness.config import ArmConfig, DelegationConfig, FitConfig, HarnessConfig
+    from jaxdm.harness.shadow import cmd_shadow
+    from jaxdm.harness.thresholds import cmd_fit, load_thresholds
+    cfg = HarnessConfig(
         dm={"kind": "points_only", "points": list(args.cascade_points.split(",")),
             "dm": inner or {"kind": "local_likelihood", "path": model_path, "name": tag}},
         shadow_tasks=args.shadow_tasks, test_tasks=args.cascade_tasks, stage2_tasks=1,
-        arms=(hr.ArmConfig("cascade_fitted", tuple(
-            hr.DelegationConfig(p, "cascade", fitted=True)
+        arms=(ArmConfig("cascade_fitted", tuple(
+            DelegationConfig(p, "cascade", fitted=True)
             for p in args.cascade_points.split(",")), candidate=True),),
         frontier_point="route", frontier_thresholds=(),
-        fit=hr.FitConfig(points=tuple(args.cascade_points.split(",")), min_support=3),
+        fit=FitConfig(points=tuple(args.cascade_points.split(",")), min_support=3),
         out_dir=str(out), progress=progress)
     out.mkdir(parents=True, exist_ok=True)
-    for command in (hr.cmd_shadow, hr.cmd_fit, hr.cmd_run):
+    for command in (cmd_shadow, cmd_fit, cmd_run):
         command(cfg, resume=True)   # a finished command returns None: read its files
     summary = json.loads((out / "summary.json").read_text())
-    fits = hr.load_thresholds(out) or {}
+    fits = load_thresholds(out) or {}
     ref, arm = summary["arms"]["llm_alone"], summary["arms"]["cascade_fitted"]
     return {"thresholds": {p: (f or {}).get("threshold") for p, f in fits.items()},
             "fit": fits,

@@ -54,8 +54,8 @@ def main(argv=None) -> int:
     _output_flags(sub.add_parser("demo", help=DEMO_HELP, description=DEMO_HELP))
     from jaxdm import decide
     decide.add_parser(sub)
-    from jaxdm.harness import run as harness_run
-    harness_run.add_parser(sub)
+    from jaxdm.harness import cli as harness_cli
+    harness_cli.add_parser(sub)
     from jaxdm.bench import cli as bench_cli
     from jaxdm.train import cli as train_cli
     train_cli.add_parser(sub)
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
 def _dispatch(args) -> int:
     from jaxdm import decide
     from jaxdm.bench import cli as bench_cli
-    from jaxdm.harness import run as harness_run
+    from jaxdm.harness import cli as harness_cli
     from jaxdm.models import compile_cache
     from jaxdm.train import cli as train_cli
     compile_cache.enable()  # JAX's persistent compilation cache (JAXDM_COMPILATION_CACHE=0: off)
@@ -89,7 +89,7 @@ def _dispatch(args) -> int:
     if args.command == "decide":
         return decide.run(args)
     if args.command == "harness":
-        return harness_run.main(args)
+        return harness_cli.main(args)
 
     from jaxdm.screen.run import ScreenConfig, ScreenError, run
 

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from jaxdm.bench.run import BenchConfig, BenchError
-from jaxdm.harness.run import HarnessConfig
+from jaxdm.harness.config import HarnessConfig
 from jaxdm.rl.train_config import TeacherSection
 from jaxdm.runlog import MAX_FAILED_SHARE, check_failed_share
 from jaxdm.screen.run import ScreenConfig

@@ -7,7 +7,13 @@
   ``jaxdm.harness.textenv``: the ``next_action`` loop for ALFWorld (no tools);
 - ``jaxdm.harness.dm``: harness decision models (key-reading ``NoisyOracle``, BM25 shortlist);
 - ``jaxdm.harness.fit``: calibration per point, ``fit_threshold``, the drift monitor;
-- ``jaxdm.harness.run``: configs, ``jaxdm harness shadow|fit|run|compare``, reports, figures.
+- ``jaxdm harness shadow|fit|run|compare``, one module per job: ``config`` (the checked
+  config and ``load``), ``journal`` (what a run folder holds, claiming it, ``--resume``),
+  ``passes`` (a pass of episodes with its failure accounting, rows, summaries), ``shadow``,
+  ``thresholds`` (``fit``), ``arms`` (``run``), ``compare`` (Stage 1 / 2), ``report`` (report.md
+  and the figures) and ``cli``;
+- ``jaxdm.harness.llm_call``: one agent-LLM call (request, reply, tool-call parsing);
+  ``jaxdm.harness.errors``: ``HarnessError``.
 """
 from jaxdm.harness.agent import (BACKEND_COST_ONLY, AgentConfig, DecisionRecord, Episode,
                                  Harness)

@@ -162,7 +162,7 @@ class Episode:
     """One task's run. ``incomplete``: some agent-LLM call or decision-model answer got no
     answer (a server down or its transport failing, ``llm_unanswered`` / ``dm_unanswered``):
     the episode measured the outage, not the method, so it is never counted as a success or a
-    failure (``jaxdm.harness.run`` flags it and a resumed command runs it again). Failures the
+    failure (``jaxdm.harness.passes`` flags it and a resumed command runs it again). Failures the
     model itself produced (a reply without a tool call, a question it cannot take) are the
     method's: counted in ``llm_failures`` / ``dm_failures``, the LLM decides, the episode
     counts."""

@@ -95,7 +95,8 @@ def _smoke(tmp_path, action, *extra):
 
 
 def test_results_are_never_overwritten_without_being_asked(tmp_path, capsys):
-    from jaxdm.harness.run import COMMAND_KEYS, HarnessConfig, RECORD_FILE, UNRECORDED_KEYS
+    from jaxdm.harness.config import HarnessConfig
+    from jaxdm.harness.journal import COMMAND_KEYS, RECORD_FILE, UNRECORDED_KEYS
     import dataclasses
     # every config key belongs to exactly one command (or shapes no result)
     keys = [k for ks in COMMAND_KEYS.values() for k in ks] + list(UNRECORDED_KEYS)
