@@ -549,7 +549,10 @@ def main_agent(args) -> list[tuple]:
     plan: dict[tuple, list] = {}
     for env in envs:
         for r in range(rounds + 1):
-            plan[(env, 1, r)] = sessions_for(env, n_sessions, 100 * r)
+            # the warm-up plays 2 sessions at least: a session's first prompt has a length
+            # (row shape) of its own
+            plan[(env, 1, r)] = sessions_for(env, max(2, n_sessions) if r == 0 else n_sessions,
+                                             100 * r)
             if many:
                 plan[(env, many, r)] = sessions_for(env, many, 100 * r + 50)
     prompts: dict[int, list[int]] = {}
