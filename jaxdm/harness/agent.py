@@ -120,15 +120,18 @@ class DecisionRecord:
 
     @property
     def correct(self) -> bool | None:
+        """Whether the decision taken is keyed right (None: no key or no choice)."""
         return None if self.answer is None or self.choice is None else self.choice in self.answer
 
     @property
     def dm_correct(self) -> bool | None:
+        """Whether the decision model's answer is keyed right (None: no key or no answer)."""
         return None if self.answer is None or self.dm_choice is None else \
             self.dm_choice in self.answer
 
     @property
     def llm_correct(self) -> bool | None:
+        """Whether the LLM's choice is keyed right (None: no key or the LLM did not choose)."""
         return None if self.answer is None or self.llm_choice is None else \
             self.llm_choice in self.answer
 
@@ -143,6 +146,9 @@ class DecisionRecord:
 
 @dataclasses.dataclass
 class CallRecord:
+    """One model call of an episode (``kind`` "llm" or "dm"): tokens, USD, seconds, whether it
+    succeeded and its error, and the answers that never came back."""
+
     kind: str          # "llm" | "dm"
     model: str
     step: int
@@ -183,18 +189,23 @@ class Episode:
 
     @property
     def incomplete(self) -> bool:
+        """Whether some call got no answer (then the episode counts as neither success nor failure).
+        """
         return bool(self.llm_unanswered or self.dm_unanswered)
 
     @property
     def cost(self) -> float:
+        """USD of every call of the episode (agent LLM and decision model)."""
         return sum(c.usd for c in self.calls)
 
     @property
     def llm_calls(self) -> int:
+        """Number of agent-LLM calls made."""
         return sum(c.kind == "llm" for c in self.calls)
 
     @property
     def dm_calls(self) -> int:
+        """Number of decision-model calls made."""
         return sum(c.kind == "dm" for c in self.calls)
 
     @property
@@ -208,6 +219,7 @@ class Episode:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Episode":
+        """The episode ``to_dict`` wrote (decisions and calls restored as records)."""
         tup = lambda v: None if v is None else tuple(v)  # noqa: E731
         decisions = [DecisionRecord(**{**r, "probs": tup(r.get("probs")),
                                        "answer": tup(r.get("answer"))}) for r in d["decisions"]]
@@ -215,6 +227,8 @@ class Episode:
                       "calls": [CallRecord(**c) for c in d["calls"]]})
 
     def summary(self) -> dict[str, Any]:
+        """One flat row: task, seed, success, steps, cost, seconds, calls, failures, overhead and
+        how it ended (decisions and calls left out)."""
         return {"task_id": self.task_id, "seed": self.seed, "success": self.success,
                 "steps": self.steps, "cost": self.cost, "seconds": self.seconds,
                 "llm_calls": self.llm_calls, "dm_calls": self.dm_calls,
@@ -223,6 +237,8 @@ class Episode:
 
 
 def openai_tool(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """A DECISION GYM tool schema as an OpenAI ``tools`` entry (``{"type": "function", "function":
+    schema}``)."""
     return {"type": "function", "function": dict(schema)}
 
 
@@ -350,6 +366,10 @@ class Harness:
 
     # ---- one episode -----------------------------------------------------------------------
     def run_task(self, env: Any, seed: int, params: Any) -> Episode:
+        """Runs one DECISION GYM task (``seed``, ``params``: ``GymParams``) to its end or
+        ``max_steps``: each step asks the decision points, lets the delegated ones go to the
+        decision model and the rest to the agent LLM, and acts; returns the Episode with every
+        decision and call."""
         from jaxdm.envs.decision_gym import (format_action, render_context, stop_question,
                                              tool_question)
         from jaxdm.envs.decision_gym import tools as gym_tools
@@ -670,8 +690,8 @@ class Harness:
         tool = gym_tools.tool_named(tool_name, shift)
         if key is None or tool is None or not key.accepts_tool(tool.name):
             return [], [], []
-        qs = [self._with_point(q, "params") for q in param_questions(state, params, tool.name,
-                                                                      ctx)]
+        qs = [self._with_point(q, "params")
+              for q in param_questions(state, params, tool.name, ctx)]
         if not qs:
             return [], [], []
         use_dm = self.shadow or "params" in self.deleg

@@ -14,7 +14,9 @@ import numpy as np
 from jaxdm import jsonl
 from jaxdm.harness.agent import Episode
 from jaxdm.harness.config import ArmConfig, DelegationConfig, HarnessConfig
+from jaxdm.harness.dm import RandomTrigger
 from jaxdm.harness.errors import HarnessError
+from jaxdm.harness.fit import DriftMonitor
 from jaxdm.harness.journal import Journal, command_journal, recorded
 from jaxdm.harness.modes import Delegation
 from jaxdm.harness.passes import (arm_summary, build_harness, complete_episodes, decision_rows,
@@ -44,7 +46,10 @@ def _delegations(arm: ArmConfig, thresholds: Mapping[str, Any] | None) -> list[D
 
 
 def run_arm(cfg: HarnessConfig, arm: ArmConfig, thresholds, indices, desc, rates,
-             journal: Journal | None = None) -> tuple:
+            journal: Journal | None = None) -> tuple:
+    """Runs one arm's pass on ``indices`` (test split): its delegations (fitted ones from
+    ``thresholds``), its own decision model or a random trigger copying the call ``rates`` of an
+    earlier TRIGGER arm; returns (episodes, delegations)."""
     dels = _delegations(arm, thresholds)
     dm = None
     if arm.random_trigger_like is not None:
@@ -54,7 +59,6 @@ def run_arm(cfg: HarnessConfig, arm: ArmConfig, thresholds, indices, desc, rates
         if len(dels) != 1 or dels[0].mode != "trigger":
             raise HarnessError(f"arm {arm.name!r}: a random trigger needs exactly one TRIGGER "
                                "delegation")
-        from jaxdm.harness.dm import RandomTrigger
         dm = RandomTrigger(rates[arm.random_trigger_like].get(dels[0].point, 0.0), cfg.seed)
     h = build_harness(cfg, dels, arm.dm, dm=dm)
     eps = run_episodes(cfg, h, "test", indices, desc, journal)
@@ -73,6 +77,8 @@ def _run_rates(eps: Sequence[Episode]) -> dict[str, float]:
 
 @recorded("run")
 def cmd_run(cfg: HarnessConfig) -> dict[str, Any]:
+    """``jaxdm harness run``: the LLM alone, every arm and the CASCADE frontier on the same test
+    tasks; writes ``runs/<arm>/`` and ``summary.json`` and returns the summary."""
     out = Path(cfg.out_dir)
     thresholds = load_thresholds(out)
     idx = range(cfg.test_tasks)
@@ -114,7 +120,6 @@ def _drift(arm: ArmConfig, dels: Sequence[Delegation], eps: Sequence[Episode],
            ) -> dict | None:
     """The drift monitor over a fitted CASCADE arm's answers at its point, in task order:
     share above τ in a sliding window vs the shadow-mode share at fit time."""
-    from jaxdm.harness.fit import DriftMonitor
     fitted = [d for d in arm.delegations if d.fitted]
     if len(dels) != 1 or not fitted or thresholds is None:
         return None
@@ -137,6 +142,8 @@ def _drift(arm: ArmConfig, dels: Sequence[Delegation], eps: Sequence[Episode],
 
 
 def save_arm(out: Path, name: str, eps: Sequence[Episode], summary: dict, dels, arm=None):
+    """Writes an arm's ``runs/<name>/decisions.jsonl`` and ``episodes.jsonl`` and adds its summary
+    (delegations, candidate, point) to ``summary["arms"]``."""
     d = out / "runs" / name
     write_rows(d / "decisions.jsonl", decision_rows(eps, name))
     write_rows(d / "episodes.jsonl", episode_rows(eps))

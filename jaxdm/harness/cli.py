@@ -38,6 +38,7 @@ run again.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Any, Callable, Mapping
 
@@ -57,7 +58,6 @@ COMMANDS: Mapping[str, Callable[..., Any]] = {
 
 
 def _options_parser(prog: str = "jaxdm harness ACTION", positional: bool = True):
-    import argparse
     p = argparse.ArgumentParser(prog=prog, add_help=False)
     p.add_argument("--config", help="YAML of HarnessConfig keys (or a preset name from "
                                     "experiments/configs/harness_<name>.yaml)")
@@ -77,7 +77,8 @@ def _options_parser(prog: str = "jaxdm harness ACTION", positional: bool = True)
 
 
 def add_parser(sub) -> None:
-    import argparse
+    """Adds ``jaxdm harness ACTION`` (shadow | fit | run | compare | all, options and key=value
+    overrides in any order) to the ``jaxdm`` subparsers ``sub``."""
     p = sub.add_parser("harness", help="agent LLM + decision model harness (seed 003)",
                        parents=[_options_parser(positional=False)],
                        description="Shadow-mode fitting, arms and registered statistics on "
@@ -89,6 +90,8 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
+    """Runs the parsed ``jaxdm harness`` command (``all``: the four in order under one folder lock);
+    0 when done, 2 with the named error on stderr (redacted)."""
     if getattr(args, "rest", None):  # options / overrides after the action, in any order
         extra = _options_parser().parse_intermixed_args(args.rest)
         for k in ("config", "out_dir"):

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from jaxdm import jsonl
+from jaxdm import jsonl, stats
 from jaxdm.harness.arms import run_arm, save_arm
 from jaxdm.harness.config import ArmConfig, HarnessConfig
 from jaxdm.harness.errors import HarnessError
@@ -17,12 +17,12 @@ from jaxdm.harness.journal import command_journal, read_json, recorded
 from jaxdm.harness.passes import build_harness, read_rows, run_episodes
 from jaxdm.harness.report import frontier_figure, nan_to_none, report_markdown, savings_figure
 from jaxdm.harness.thresholds import load_thresholds
+from jaxdm.stats import Arm
 
 
 def _arms_from_files(out: Path, names: Sequence[str]) -> tuple[dict[str, Any], int]:
     """The arms' per-task outcomes on the tasks complete in every one of them (the tests are
     paired; an incomplete episode counts for no arm), and how many tasks that leaves out."""
-    from jaxdm.stats import Arm
     rows = {n: read_rows(out / "runs" / n / "episodes.jsonl") for n in names}
     flagged = {r["task_id"] for rs in rows.values() for r in rs if r.get("incomplete")}
     arms = {}
@@ -40,7 +40,8 @@ def _arms_from_files(out: Path, names: Sequence[str]) -> tuple[dict[str, Any], i
 
 @recorded("compare")
 def cmd_compare(cfg: HarnessConfig) -> dict[str, Any]:
-    from jaxdm import stats
+    """``jaxdm harness compare``: Stage 1 on the arms' files, the registered Stage 2 combination on
+    new test tasks, ``report.json`` / ``report.md`` and the figures; returns the report."""
     out = Path(cfg.out_dir)
     sp = out / "summary.json"
     if not sp.is_file():

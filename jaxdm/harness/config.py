@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 from typing import Sequence
 
+from jaxdm.config import ConfigError, load_config
 from jaxdm.harness.agent import AgentConfig
 from jaxdm.harness.errors import HarnessError
 from jaxdm.harness.fit import CALIBRATIONS
@@ -27,6 +28,9 @@ from jaxdm.stats import check_settings
 
 @dataclasses.dataclass(frozen=True)
 class EnvConfig:
+    """The DECISION GYM tasks: ``variant`` (base | shift | hard), ``strict`` (an unplanned write
+    ends the episode as an irreversible error) and ``max_steps`` per episode."""
+
     variant: str = "base"
     strict: bool = True
     max_steps: int = 30
@@ -65,6 +69,10 @@ class ArmConfig:
 
 @dataclasses.dataclass(frozen=True)
 class FitConfig:
+    """The threshold fit: calibration ``method`` (isotonic | binned), ``value_per_task`` (USD of one
+    solved task), ``min_support`` (shadow answers at or above a threshold), ``min_value_share``
+    (floor of V as a share of the value) and the decision ``points`` fitted."""
+
     method: str = "isotonic"
     value_per_task: float = 1.0
     min_support: int = 5
@@ -88,6 +96,9 @@ class FitConfig:
 
 @dataclasses.dataclass(frozen=True)
 class StatsConfig:
+    """The registered tests: non-inferiority ``margin``, ``alpha``, the non-inferiority test
+    ``ni_method`` and the cost test ``cost_method`` (``jaxdm.stats``)."""
+
     margin: float = 0.03
     alpha: float = 0.05
     ni_method: str = "tango"
@@ -100,6 +111,9 @@ class StatsConfig:
 
 @dataclasses.dataclass(frozen=True)
 class HarnessConfig:
+    """A whole harness experiment (see the module docstring); every value is checked when it is
+    built, so a bad one fails before any episode runs."""
+
     env: EnvConfig = EnvConfig()
     llm: dict = dataclasses.field(default_factory=lambda: {"kind": "simulated",
                                                            "profile": "strong"})
@@ -146,7 +160,9 @@ class HarnessConfig:
 
 
 def load(config: str | None, overrides: Sequence[str]) -> HarnessConfig:
-    from jaxdm.config import ConfigError, load_config
+    """The HarnessConfig from ``config`` (a YAML path, or a preset name:
+    ``experiments/configs/harness_<name>.yaml``; None: the defaults) with dotted ``overrides``;
+    ``HarnessError`` naming the key on any bad value."""
     path = config
     if path is not None and not Path(path).is_file():
         preset = Path(__file__).resolve().parents[2] / "experiments" / "configs" / \

@@ -57,6 +57,9 @@ class NoisyOracle:
         self.name = name or f"oracle_noisy(seed={self.seed})"
 
     def choose(self, questions: Sequence[MultipleChoice]) -> list[ChoiceResult]:
+        """One answer per question: with the point's accuracy the keyed option is on top (its
+        confidence drawn from Beta(*right)), else a wrong one (Beta(*wrong)); the other options
+        share the rest; seeded per question; a question without a key fails by name."""
         out = []
         for i, q in enumerate(questions):
             if not isinstance(q, MultipleChoice):
@@ -136,6 +139,8 @@ class BM25Shortlist:
         return f"{text}\n{q.question}"
 
     def choose(self, questions: Sequence[MultipleChoice]) -> list[ChoiceResult]:
+        """One answer per question: the softmax of the options' BM25 scores against ``query_text``
+        (uniform when the query has no term); cost: the measured seconds."""
         import bm25s
         out = []
         for q in questions:
@@ -198,8 +203,6 @@ def make_dm(spec: Mapping[str, Any] | str) -> Any:
     return make_backend(spec)
 
 
-
-
 class PointsOnly:
     """``dm`` answering only questions whose ``meta["point"]`` is in ``points`` (see module
     docstring); the others fail without reaching ``dm``."""
@@ -216,6 +219,8 @@ class PointsOnly:
         self.name = f"{getattr(dm, 'name', 'dm')}[{','.join(self.points)}]"
 
     def choose(self, questions: Sequence[MultipleChoice]) -> list[ChoiceResult]:
+        """The wrapped model's answers for the questions at ``points`` (asked in one call), a named
+        failure for every other question."""
         mine = [i for i, q in enumerate(questions) if q.meta.get("point") in self.points]
         out: list[ChoiceResult] = [choice_failed(
             f"point {q.meta.get('point')!r} not delegated to this model (points_only "
@@ -238,6 +243,8 @@ class RandomTrigger:
         self.name = name or f"random_trigger(rate={self.rate:.3f})"
 
     def choose(self, questions: Sequence[MultipleChoice]) -> list[ChoiceResult]:
+        """One answer per question: probability 0.99 on option 0 (run the step) with probability
+        ``rate``, else on the last option; seeded per question."""
         out = []
         for q in questions:
             rng = np.random.default_rng(_seed("rt", self.seed, q.context, q.question, q.options))
@@ -249,5 +256,5 @@ class RandomTrigger:
         return out
 
 
-__all__ = ["NoisyOracle", "BM25Shortlist", "dialogue_turns", "RandomTrigger", "PointsOnly", "make_dm",
-           "DM_KINDS"]
+__all__ = ["NoisyOracle", "BM25Shortlist", "dialogue_turns", "RandomTrigger", "PointsOnly",
+           "make_dm", "DM_KINDS"]

@@ -79,6 +79,10 @@ def ece(x: Sequence[float], y: Sequence[float], n_bins: int = 10) -> float:
 
 
 class ThresholdFit(NamedTuple):
+    """One decision point's fit (``fit_threshold``): τ*, the adopted threshold (None: the LLM keeps
+    the point), the estimates q_L, ΔC and V, the support, the share of shadow answers above the
+    threshold and the model's accuracy on them, and the calibration method."""
+
     point: str
     tau_star: float                 # max(0, q_L - ΔC / V)
     threshold: float | None         # lowest confidence adopted; None: the LLM keeps the point
@@ -216,10 +220,13 @@ class DriftMonitor:
 
     @property
     def share(self) -> float:
+        """Share of the window's answers at or above the threshold (nan before the first)."""
         return sum(self._recent) / len(self._recent) if self._recent else math.nan
 
     @property
     def needs_refit(self) -> bool:
+        """Whether the window is full and its share is more than ``tolerance`` from the reference
+        share."""
         return len(self._recent) == self.window and \
             abs(self.share - self.reference_share) > self.tolerance
 

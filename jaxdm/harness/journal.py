@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from jaxdm import jsonl
+from jaxdm.config import to_dict
 from jaxdm.harness.agent import Episode
 from jaxdm.harness.config import HarnessConfig
 from jaxdm.harness.errors import HarnessError
@@ -75,7 +76,6 @@ INCOMPLETE_FILE = "incomplete.json"
 
 
 def _command_values(cfg: HarnessConfig) -> dict[str, dict[str, Any]]:
-    from jaxdm.config import to_dict
     # as the record file holds them: JSON, URL credentials redacted (a base_url's password
     # never reaches the folder, and never makes two configs differ)
     values = json.loads(redact(json.dumps(to_dict(cfg))))
@@ -100,6 +100,7 @@ class Journal:
     values: Mapping[str, Any]
 
     def path(self, desc: str) -> Path:
+        """The journal file of pass ``desc`` (its name made file-safe)."""
         return self.folder / (re.sub(r"[^\w.-]+", "_", desc) + ".jsonl")
 
     def start(self) -> None:
@@ -109,21 +110,27 @@ class Journal:
             jsonl.write_json(self.folder / START_FILE, dict(self.values))
 
     def append(self, desc: str, index: int, episode: Episode) -> None:
+        """Appends one finished episode (its task ``index`` and the whole episode) to pass
+        ``desc``'s journal, fsync'd, writing the start record first if it is missing."""
         if not (self.folder / START_FILE).is_file():
             self.start()
         jsonl.append_records(self.path(desc), [{"index": index, "episode": episode.to_dict()}])
 
     def episode_files(self) -> list[Path]:
+        """The pass journals in the folder, sorted (none when the folder is absent)."""
         return sorted(self.folder.glob("*.jsonl")) if self.folder.is_dir() else []
 
 
 def command_journal(cfg: HarnessConfig, action: str) -> Journal:
+    """The journal of command ``action`` in ``cfg.out_dir``, holding the config values of that
+    command and of the commands before it."""
     now = _command_values(cfg)
     return Journal(Path(cfg.out_dir) / JOURNAL_DIR / action,
                    {a: now[a] for a in COMMAND_ORDER[:COMMAND_ORDER.index(action) + 1]})
 
 
 def make_dir(path: Path) -> None:
+    """Creates ``path`` and its parents, or ``OutputError`` naming it."""
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -251,6 +258,8 @@ def _claim(cfg: HarnessConfig, action: str, *, overwrite: bool, resume: bool) ->
 
 
 def read_json(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``, or ``HarnessError`` naming the file when it is unreadable or not
+    an object."""
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:

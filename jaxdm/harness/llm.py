@@ -69,6 +69,7 @@ class LLMProfile:
                                  f"got {v!r}")
 
     def acc(self, point: str) -> float:
+        """The probability of a keyed answer at ``point``."""
         return float(self.accuracy.get(point, self.default_accuracy))
 
 
@@ -175,6 +176,9 @@ class SimulatedLLM:
         return rng.choice(wrong) if wrong else offered[0]
 
     def act(self, req: LLMRequest) -> LLMReply:
+        """One simulated call: a timeout with probability ``fail_rate``, else the tool call and one
+        answer per held question drawn at the profile's accuracies (seeded by the call id), with
+        tokens counted from the request and the reply and the profile's price and latency."""
         t0 = time.perf_counter()
         p = self.profile
         rng = random.Random(f"{self.seed}/{p.name}/{req.call_id}")
@@ -299,6 +303,8 @@ class RemoteLLM:
         return body
 
     def act(self, req: LLMRequest) -> LLMReply:
+        """One chat/completions request for ``req``; the reply's tool calls as an LLMReply with the
+        server's token usage priced; a transport failure is ``ok=False, unanswered=True``."""
         from jaxdm.decision.remote import RequestFailed
         t0 = time.perf_counter()
         try:

@@ -31,6 +31,7 @@ class HeldQuestion:
     allowed: tuple[int, ...] | None = None
 
     def options_allowed(self) -> tuple[int, ...]:
+        """The option indices the LLM may pick (all when ``allowed`` is None)."""
         return tuple(range(len(self.question.options))) if self.allowed is None else self.allowed
 
 
@@ -55,6 +56,7 @@ class LLMRequest:
 
     @property
     def wants_tool_call(self) -> bool:
+        """Whether the request offers tools (else it only asks the held questions)."""
         return bool(self.tools)
 
 
@@ -80,9 +82,13 @@ class LLMReply:
 
 
 class AgentLLM(Protocol):
+    """What the harness needs of an agent LLM: a ``name`` and ``act``."""
+
     name: str
 
-    def act(self, request: LLMRequest) -> LLMReply: ...
+    def act(self, request: LLMRequest) -> LLMReply:
+        """Answers one request (tool call, one option per held question) with the call's usage; a
+        failure is an ``ok=False`` reply, never an exception."""
 
 
 def count_tokens(text: str) -> int:
@@ -106,6 +112,8 @@ def tools_text(tools: Sequence[Mapping[str, Any]]) -> str:
 
 
 def questions_text(questions: Sequence[HeldQuestion]) -> str:
+    """The held questions as the model reads them: ``Q<i> (<point>): <question>`` then its allowed
+    options, numbered by their option index."""
     lines = []
     for i, hq in enumerate(questions):
         q = hq.question

@@ -69,6 +69,8 @@ class LocalLLM:
 
     @classmethod
     def from_spec(cls, opts: Mapping[str, Any]) -> "LocalLLM":
+        """A LocalLLM from a ``make_llm`` spec's options: ``path`` ("smollm2" or a checkpoint
+        folder), ``dtype`` (default float32) and the constructor's keywords."""
         opts = dict(opts)
         path = opts.pop("path", "smollm2")
         dtype = opts.pop("dtype", None)
@@ -90,6 +92,8 @@ class LocalLLM:
         return self.tokenizer.decode(toks, skip_special_tokens=True), len(toks)
 
     def messages(self, req: LLMRequest) -> list[dict]:
+        """The chat messages [system, user] for ``req``: the prompt, the fixed argument values, the
+        held questions and the reflection ask."""
         user = req.prompt
         if req.fixed_args:
             user += "\n\nUse these argument values: " + json.dumps(dict(req.fixed_args),
@@ -101,6 +105,8 @@ class LocalLLM:
         return [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": user}]
 
     def prompt_ids(self, req: LLMRequest) -> list[int]:
+        """The token ids of ``req``'s chat (the offered tools in the chat template, or in the system
+        message when the template ignores them); special-token strings in the text stay text."""
         msgs = self.messages(req)
         tools = [t for t in req.tools
                  if req.forced_tool is None or t["function"]["name"] == req.forced_tool]
@@ -120,6 +126,9 @@ class LocalLLM:
         return chat_ids(self.tokenizer, [msgs], tools=tools if templated else None)[0]
 
     def act(self, req: LLMRequest) -> LLMReply:
+        """One greedy generation for ``req``: the first JSON object of the output read as a tool
+        call and answers, with token counts, measured seconds and price; no JSON object or a
+        generation error is an ``ok=False`` reply."""
         t0 = time.perf_counter()
         ids = self.prompt_ids(req)
         try:

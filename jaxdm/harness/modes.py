@@ -34,6 +34,9 @@ from jaxdm.roles.harness import ACTION_POINTS, NO_NOTE, POINTS, RUN
 
 
 class Plan(NamedTuple):
+    """What a mode decides for one question: ``who`` decides ("dm" or "llm"), the model's
+    ``choice``, the options the LLM may pick and whether it reflects first."""
+
     who: str                              # "dm" or "llm"
     choice: int | None = None             # the decision model's option (who == "dm")
     allowed: tuple[int, ...] | None = None  # options the LLM may pick (None: all)
@@ -66,10 +69,12 @@ class Delegation:
 
     @property
     def tau(self) -> float:
+        """The threshold in effect: ``threshold``, or the mode's default."""
         return DEFAULT_THRESHOLD[self.mode] if self.threshold is None else float(self.threshold)
 
     @property
     def name(self) -> str:
+        """Short label, e.g. ``tool/cascade@0.7`` or ``tool/assistk3``."""
         extra = f"@{self.tau:g}" if self.mode in ("cascade", "guard", "trigger") else (
             f"k{self.k}" if self.mode == "assist" else "")
         return f"{self.point}/{self.mode}{extra}"
@@ -131,6 +136,9 @@ def _trigger_after(d: Delegation, probs: Sequence[float], proposal: int,
 
 
 class ModeRule(NamedTuple):
+    """A mode's two rules: ``before`` the LLM acts (probabilities -> Plan) and ``after`` it proposed
+    an option (Plan, or None to keep the proposal)."""
+
     before: Callable[[Delegation, Sequence[float], Sequence[str]], Plan]
     after: Callable[[Delegation, Sequence[float], int, Sequence[str]], Plan | None]
 
@@ -148,11 +156,15 @@ DEFAULT_THRESHOLD: Mapping[str, float] = {"replace": 0.0, "cascade": 0.5, "assis
 
 
 def plan_before(d: Delegation, probs: Sequence[float], options: Sequence[str]) -> Plan:
+    """The Plan of delegation ``d`` before the LLM acts, from the model's ``probs`` over
+    ``options``."""
     return MODE_RULES[d.mode].before(d, probs, options)
 
 
 def plan_after(d: Delegation, probs: Sequence[float], proposal: int, options: Sequence[str]
                ) -> Plan | None:
+    """The Plan of delegation ``d`` once the LLM proposed option ``proposal`` (GUARD's return,
+    TRIGGER's self-check), or None to keep the proposal."""
     return MODE_RULES[d.mode].after(d, probs, proposal, options)
 
 

@@ -175,11 +175,14 @@ def _check_pass(cfg: HarnessConfig, eps: Sequence[Episode], desc: str, journal: 
 
 
 def write_rows(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Writes ``rows`` as a JSONL file, whole (its folder made first)."""
     make_dir(path.parent)
     jsonl.write_records(path, rows)
 
 
 def read_rows(path: Path) -> list[dict]:
+    """The rows of a JSONL result file, or ``HarnessError`` naming it (missing: run the earlier
+    command first)."""
     if not path.is_file():
         raise HarnessError(f"{path} does not exist (run the earlier harness command first)")
     try:
@@ -188,8 +191,11 @@ def read_rows(path: Path) -> list[dict]:
         raise HarnessError(str(e)) from None
 
 
-def build_harness(cfg: HarnessConfig, delegations: Sequence[Delegation], dm_spec: Mapping | None,
-             shadow: bool = False, dm: Any = None) -> Harness:
+def build_harness(cfg: HarnessConfig, delegations: Sequence[Delegation],
+                  dm_spec: Mapping | None, shadow: bool = False, dm: Any = None) -> Harness:
+    """The Harness of ``cfg``: its agent LLM (and cheap tier), the decision model ``dm`` or one
+    built from ``dm_spec`` / ``cfg.dm`` when delegating or in shadow mode, ``delegations`` and
+    ``cfg.agent``; bad values as ``HarnessError``."""
     settings = cfg.agent
     llm = make_llm(cfg.llm)
     cheap = make_llm(cfg.cheap_llm) if cfg.cheap_llm is not None else None

@@ -5,19 +5,23 @@ over it)."""
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from jaxdm.harness.config import HarnessConfig
-from jaxdm.harness.fit import binned
+from jaxdm.harness.fit import binned, isotonic
 from jaxdm.jsonl import OutputError
 
 
 def nan_to_none(x):
+    """``x`` with a float nan as None (the JSON writers' ``default``)."""
     return None if isinstance(x, float) and math.isnan(x) else x
 
 
 def report_markdown(cfg: HarnessConfig, report: Mapping, thresholds: Mapping | None) -> str:
+    """``report.md``'s text: the arms table, the fitted thresholds, the Stage 1 / 2 tables, the
+    Stage 2 combination, the drift monitor and savings by point."""
     s = report["summary"]
     ref = s["arms"]["llm_alone"]
     lines = [f"# Harness report ({cfg.env.variant}, LLM {cfg.llm.get('profile', cfg.llm['kind'])}"
@@ -50,9 +54,12 @@ def report_markdown(cfg: HarnessConfig, report: Mapping, thresholds: Mapping | N
     for stage in ("stage1", "stage2"):
         if stage not in report:
             continue
-        lines += ["", f"## {'Stage 1: each delegation alone' if stage == 'stage1' else 'Stage 2: the registered combination on new tasks'}", "",
+        title = ("Stage 1: each delegation alone" if stage == "stage1" else
+                 "Stage 2: the registered combination on new tasks")
+        lines += ["", f"## {title}", "",
                   "| candidate | point | success ref | success | diff | lower bound | p (NI) | "
-                  "saving | p (cost) | p Holm | passed |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "saving | p (cost) | p Holm | passed |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in report[stage]:
             saving = r["saving"]
             lines.append(f"| {r['name']} | {r['point']} | {r['success_ref']:.3f} | "
@@ -60,8 +67,9 @@ def report_markdown(cfg: HarnessConfig, report: Mapping, thresholds: Mapping | N
                          f"{r['p_noninferiority']:.4f} | {saving:+.1%} | {r['p_cost']:.4f} | "
                          f"{r['p_holm']:.4f} | {'yes' if r['passed'] else 'no'} |")
     if "stage2_delegations" in report:
+        chosen = report["stage2_delegations"] or "none (the LLM keeps every point)"
         lines += ["", f"Stage 2 combination (registered rule: per point the passing delegation "
-                      f"with the largest saving): {report['stage2_delegations'] or 'none (the LLM keeps every point)'}"]
+                      f"with the largest saving): {chosen}"]
     drifts = [(n, a["drift"]) for n, a in s["arms"].items() if a.get("drift")]
     if drifts:
         lines += ["", "## Drift monitor (share of answers above τ, sliding window, test tasks)",
@@ -83,7 +91,6 @@ def report_markdown(cfg: HarnessConfig, report: Mapping, thresholds: Mapping | N
 def _save_figure(fig, path: Path) -> None:
     """``fig`` as a PNG at ``path``, whole (a temporary file renamed over it) or
     ``OutputError``."""
-    import os
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
         fig.savefig(tmp, dpi=110, format="png")
@@ -101,7 +108,8 @@ def _plt():
 
 
 def calibration_figure(dec: Sequence[Mapping], fits: Mapping, path: Path) -> None:
-    from jaxdm.harness.fit import isotonic
+    """``calibration.png``: per fitted point, the shadow answers' binned accuracy vs confidence, the
+    isotonic fit, τ* and the threshold (nothing when no point was fitted)."""
     plt = _plt()
     pts = list(fits)
     if not pts:
@@ -138,6 +146,7 @@ def calibration_figure(dec: Sequence[Mapping], fits: Mapping, path: Path) -> Non
 
 
 def frontier_figure(summary: Mapping, path: Path) -> None:
+    """``frontier.png``: success vs cost per task for every arm and the CASCADE threshold sweep."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7.5, 5))
     fr = sorted(summary.get("frontier", []), key=lambda f: f["cost"])
@@ -161,6 +170,7 @@ def frontier_figure(summary: Mapping, path: Path) -> None:
 
 
 def savings_figure(summary: Mapping, path: Path) -> None:
+    """``savings_by_point.png``: the cost saving vs the LLM alone of each single-point arm."""
     plt = _plt()
     ref = summary["arms"]["llm_alone"]
     rows = [(n, a) for n, a in summary["arms"].items() if a.get("point")]

@@ -15,6 +15,8 @@ from jaxdm.harness.passes import (arm_summary, build_harness, decision_rows, epi
 
 @recorded("shadow")
 def cmd_shadow(cfg: HarnessConfig) -> dict[str, Any]:
+    """``jaxdm harness shadow``: the shadow pass on ``shadow_tasks`` fit-split tasks; writes the
+    decisions and episodes and returns the pass's summary."""
     out = Path(cfg.out_dir)
     h = build_harness(cfg, (), None, shadow=True)
     eps = run_episodes(cfg, h, "fit", range(cfg.shadow_tasks), "shadow",

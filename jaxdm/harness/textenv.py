@@ -28,50 +28,73 @@ from jaxdm.roles.actor import actor_request
 
 
 class EnvAdapter(Protocol):
+    """How ``TextEnvHarness`` reads one text env: the goal, the admissible actions as options, the
+    expert's key and the env action of an option; ``data`` is the adapter's per-episode state."""
+
     name: str
 
-    def start(self, env: Any, state: Any, params: Any) -> dict: ...
+    def start(self, env: Any, state: Any, params: Any) -> dict:
+        """The per-episode ``data`` after ``env.reset``."""
 
-    def goal(self, env: Any, state: Any, data: dict) -> str: ...
+    def goal(self, env: Any, state: Any, data: dict) -> str:
+        """The task's goal text."""
 
-    def options(self, env: Any, state: Any, params: Any) -> list[str]: ...
+    def options(self, env: Any, state: Any, params: Any) -> list[str]:
+        """The admissible actions in ``state`` (the question's options)."""
 
-    def key(self, env: Any, state: Any, data: dict, options: Sequence[str]) -> str | None: ...
+    def key(self, env: Any, state: Any, data: dict, options: Sequence[str]) -> str | None:
+        """The expert's next option (the answer key), None when it has none."""
 
-    def action(self, option: str, env: Any, state: Any, data: dict) -> str: ...
+    def action(self, option: str, env: Any, state: Any, data: dict) -> str:
+        """The env action that ``option`` stands for."""
 
-    def update(self, data: dict, option: str) -> None: ...
+    def update(self, data: dict, option: str) -> None:
+        """Updates ``data`` after ``option`` was taken."""
 
 
 class AlfWorldAdapter:
+    """ALFWorld (native engine): the admissible commands are the options; the key is the planner's
+    next command."""
+
     name = "alfworld"
 
     def start(self, env, state, params):
+        """No per-episode state."""
         return {}
 
     def goal(self, env, state, data):
+        """The game's goal text."""
         return state.game.goal_text
 
     def options(self, env, state, params):
+        """The admissible commands, sorted."""
         from jaxdm.envs.alfworld import command_table
         return sorted(command_table(state.game, state))
 
     def key(self, env, state, data, options):
+        """The planner's next command when it is admissible, else None."""
         from jaxdm.envs.alfworld import plan_from
         plan = plan_from(state.game, state)
         return plan[0] if plan and plan[0] in options else None
 
     def action(self, option, env, state, data):
+        """The command itself."""
         return option
 
     def update(self, data, option):
+        """Nothing to track."""
         pass
 
 
 class WebShopAdapter:
+    """WebShop: the admissible actions are the options (a search is one placeholder option, filled
+    with the goal's query); the key follows the expert's plan while the episode stays on it."""
+
     name = "webshop"
 
     def start(self, env, state, params):
+        """The goal, its search query, the expert's plan (empty when the target cannot be reached by
+        search) and the position on it."""
         from jaxdm.envs.webshop.agents import expert_actions, goal_query
         goal = env.goal(state)["instruction_text"]
         try:
@@ -82,9 +105,11 @@ class WebShopAdapter:
                 "on_plan": bool(plan), "params": params}
 
     def goal(self, env, state, data):
+        """The instruction text."""
         return data["goal"]
 
     def options(self, env, state, params):
+        """The admissible actions in ``state``."""
         return list(env.admissible_actions(state, params))
 
     def _as_option(self, action: str) -> str:
@@ -92,16 +117,19 @@ class WebShopAdapter:
         return SEARCH_PLACEHOLDER if action.startswith("search[") else action
 
     def key(self, env, state, data, options):
+        """The plan's next action as an option while on the plan, else None."""
         if not data["on_plan"] or data["pos"] >= len(data["plan"]):
             return None
         want = self._as_option(data["plan"][data["pos"]])
         return want if want in options else None
 
     def action(self, option, env, state, data):
+        """The search placeholder as ``search[<goal query>]``, any other option as it is."""
         from jaxdm.envs.webshop.env import SEARCH_PLACEHOLDER
         return f"search[{data['query']}]" if option == SEARCH_PLACEHOLDER else option
 
     def update(self, data, option):
+        """Moves along the plan when ``option`` was its next action, else leaves the plan."""
         if data["on_plan"] and data["pos"] < len(data["plan"]) and \
                 option == self._as_option(data["plan"][data["pos"]]):
             data["pos"] += 1
@@ -133,6 +161,9 @@ class TextEnvHarness(Harness):
             raise ValueError("delegations need a decision model (dm)")
 
     def run_task(self, env: Any, seed: int, params: Any) -> Episode:
+        """Runs one text-env task (``seed``, ``params``) to its end or its step limit: each step the
+        ``next_action`` question goes to the decision model when delegated, else to the agent
+        LLM; returns the Episode."""
         ad = self.adapter
         t_start, model_time = time.perf_counter(), 0.0
         obs, state = env.reset(seed, params)

@@ -35,6 +35,8 @@ def _prices(cfg: HarnessConfig, eps_rows: Sequence[Mapping], dec_rows: Sequence[
 
 @recorded("fit")
 def cmd_fit(cfg: HarnessConfig) -> dict[str, Any]:
+    """``jaxdm harness fit``: the threshold per point from the complete shadow episodes; writes
+    ``thresholds.json`` and ``calibration.png`` and returns the fits."""
     out = Path(cfg.out_dir)
     dec = read_rows(out / "shadow_decisions.jsonl")
     eps = read_rows(out / "shadow_episodes.jsonl")
@@ -69,6 +71,7 @@ def cmd_fit(cfg: HarnessConfig) -> dict[str, Any]:
 
 
 def load_thresholds(out_dir: str | Path) -> dict | None:
+    """The fits in ``out_dir/thresholds.json`` (None when it is absent)."""
     p = Path(out_dir) / "thresholds.json"
     return json.loads(p.read_text()) if p.is_file() else None
 
