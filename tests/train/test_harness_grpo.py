@@ -13,7 +13,7 @@ import pytest
 from jaxdm import config as cfgmod
 from jaxdm.rl.trainer import TrainConfig, Trainer
 from jaxdm.runlog import read_metrics
-from jaxdm.train.harness_rollout import harness_reward, play
+from jaxdm.train.harness_rollout import build_policy, harness_reward, harness_settings, play
 
 HERE = Path(__file__).resolve().parent
 PRESET = HERE.parents[1] / "experiments" / "configs" / "teacher_grpo_harness.yaml"
@@ -118,11 +118,9 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_one(full_run, tmp_path)
 
 def test_sampled_choices_are_the_executed_ones(tmp_path):
     cfg = golden_cfg(tmp_path)
-    tr = Trainer(cfg, log=False)
-    eps, rows, _ = play(tr.policy, tr.params, tr.collector.settings, variant="base",
-                        split="train", max_steps=3, indices=[3], key=jax.random.key(1),
-                        group_size=2)
-    tr.close()
+    policy, params, _, _ = build_policy(cfg)
+    eps, rows, _ = play(policy, params, harness_settings(cfg), variant="base", split="train",
+                        max_steps=3, indices=[3], key=jax.random.key(1), group_size=2)
     assert [e.group for e in eps] == [0, 0]
     for ep, row in zip(eps, rows):
         assert len(ep.actions) == row["dm_calls"] >= 1
