@@ -549,10 +549,10 @@ def main_agent(args) -> list[tuple]:
     plan: dict[tuple, list] = {}
     for env in envs:
         for r in range(rounds + 1):
-            # the warm-up plays 2 sessions at least: a session's first prompt has a length
-            # (row shape) of its own
-            plan[(env, 1, r)] = sessions_for(env, max(2, n_sessions) if r == 0 else n_sessions,
-                                             100 * r)
+            # a session's first prompt has a length (row shape) of its own: by default the
+            # warm-up plays 2 sessions
+            plan[(env, 1, r)] = sessions_for(env, args.warmup_sessions if r == 0 else
+                                             n_sessions, 100 * r)
             if many:
                 plan[(env, many, r)] = sessions_for(env, many, 100 * r + 50)
     prompts: dict[int, list[int]] = {}
@@ -663,6 +663,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="steps per session (30)")
     parser.add_argument("--sessions", type=int, default=None,
                         help="sessions per round for the 1-client phase (2)")
+    parser.add_argument("--warmup-sessions", type=int, default=2,
+                        help="sessions of the 1-client warm-up round (2)")
     parser.add_argument("--agent-clients", type=int, default=8,
                         help="concurrent sessions of the many-clients phase (8; 1 = skip it)")
     parser.add_argument("--cache-mb", type=float, default=2048,
