@@ -48,6 +48,9 @@ def _output_flags(p):
 
 
 def main(argv=None) -> int:
+    """The `jaxdm` console command: parse ``argv`` (None: sys.argv) into a subcommand, run it with
+    stdout and stderr redacting credentials, and return its exit code (2 with the message for a
+    run-folder or output error)."""
     parser = argparse.ArgumentParser(prog="jaxdm", description="jaxdm: decision models for LLM agents")
     sub = parser.add_subparsers(dest="command", required=True)
     _screen_parser(sub)

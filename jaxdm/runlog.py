@@ -81,6 +81,8 @@ class MetricsWriter:
         self._f = open(self.path, "a", encoding="utf-8")
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        """Append one JSON line {step, time, metrics} (non-finite numbers refused by json, arrays
+        made plain values) and flush it; returns the record."""
         record = {"step": int(step), "time": time.time()}
         record.update(jsonable(dict(metrics)))
         self._f.write(json.dumps(record, allow_nan=False) + "\n")
@@ -88,6 +90,7 @@ class MetricsWriter:
         return record
 
     def close(self) -> None:
+        """Close the metrics file (again: nothing)."""
         if not self._f.closed:
             self._f.close()
 
@@ -167,6 +170,8 @@ class Progress:
                              dynamic_ncols=True, leave=True)
 
     def update(self, metrics: Mapping[str, Any] | None = None, n: int = 1) -> None:
+        """Advance the bar by ``n`` and show the chosen numeric ``metrics`` (last part of each key)
+        beside it; nothing when progress is off."""
         if self._bar is None:
             return
         if metrics:

@@ -63,6 +63,8 @@ class RedactingStream:
         self._stream = stream
 
     def write(self, s: str) -> int:
+        """Write ``s`` with every credential redacted to the wrapped stream; returns len(s) (what
+        the caller wrote)."""
         self._stream.write(redact(s))
         return len(s)
 

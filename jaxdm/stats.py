@@ -316,6 +316,8 @@ def cost_lower(cost_a: Any, cost_b: Any, *, alpha: float = 0.05, method: str = "
 
 
 class Holm(NamedTuple):
+    """Holm's step-down correction: adjusted p-values [k] in the input order and which hypotheses
+    are rejected [k] (p_adjusted <= alpha)."""
     p_adjusted: np.ndarray   # [k] float, in the input order
     reject: np.ndarray       # [k] bool, p_adjusted <= alpha
 
@@ -441,6 +443,8 @@ class Registration:
 
     @property
     def digest(self) -> str:
+        """A 16-hex-digit SHA-256 of the registered plan (plan()), naming it in reports so a changed
+        plan shows."""
         return hashlib.sha256(json.dumps(self.plan(), sort_keys=True).encode()).hexdigest()[:16]
 
     @classmethod
@@ -498,12 +502,16 @@ def register(candidates: Sequence[tuple[str, str] | Candidate], *, margin: float
 
 
 class StageResult(NamedTuple):
+    """The outcome of a registered stage (1 or 2): its registration, each candidate's comparison
+    against the reference arm in registration order, and that reference."""
     stage: int
     registration: Registration
     comparisons: tuple[Comparison, ...]   # in registration order
     reference: Arm
 
     def passed(self) -> list[str]:
+        """The names of the comparisons that passed (Holm-adjusted p <= alpha), in
+        registration order."""
         return [c.name for c in self.comparisons if c.passed]
 
     def table(self) -> list[dict]:

@@ -75,6 +75,7 @@ class Trajectory:
 
     @property
     def action_types(self) -> tuple[str, ...]:
+        """The action type of every step (milestone, other, no_op), in order."""
         return tuple(s.action_type for s in self.steps)
 
     def feedback(self, t: int) -> str:
@@ -85,6 +86,7 @@ class Trajectory:
 
     # ---- JSON ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        """The trajectory as plain JSON data (what from_dict reads back and write_jsonl writes)."""
         d = dataclasses.asdict(self)
         d["steps"] = [dataclasses.asdict(s) | {"annotations": dict(s.annotations)} for s in self.steps]
         d["metadata"] = dict(self.metadata)
@@ -177,4 +179,5 @@ def iter_jsonl(path) -> Iterator[Trajectory]:
 
 
 def read_jsonl(path) -> list[Trajectory]:
+    """Every trajectory of a JSONL file (iter_jsonl, as a list)."""
     return list(iter_jsonl(path))

@@ -5,6 +5,8 @@ import sys
 
 
 def add_parser(sub) -> None:
+    """Add the `jaxdm bench` subcommand and its flags (--config, --judge, --level, --out, --resume /
+    --overwrite, key=value overrides) to the subparsers ``sub``."""
     p = sub.add_parser(
         "bench", help="AGENT DECISION BENCH: L1 (BFCL v4 items), L2 (DECISION GYM states), "
              "L3 (taking over a running agent)",
@@ -28,6 +30,9 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
+    """Run `jaxdm bench` from parsed ``args``: the config file, then the overrides and flags over
+    it, then the bench; 0 when it finished, 2 with the error printed on a bad config or a
+    BenchError."""
     from jaxdm.bench.run import BenchConfig, BenchError, run
     from jaxdm.config import ConfigError, load_config
 

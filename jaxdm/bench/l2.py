@@ -24,6 +24,10 @@ AFTER_ERROR_SHARE = 0.309
 
 @dataclasses.dataclass(frozen=True)
 class L2Config:
+    """Settings of bench level L2: DECISION GYM tasks of one variant and split, the noisy scripted
+    agent's error rate, the share of recorded states that follow an agent error (None: as they
+    come), an optional cap on states, the seed. Rates outside [0, 1] or tasks < 1 are ValueErrors.
+    """
     tasks: int = 20
     variant: str = "base"
     split: str = "test"

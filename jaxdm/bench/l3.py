@@ -118,6 +118,9 @@ class WatchedModel:
         return self.questions, self.tokens_in, self.seconds
 
     def choose(self, questions):
+        """Answer ``questions`` with the wrapped decision model and count what it cost: seconds,
+        questions, input tokens, and answers lost (None, not ok, or a one-question call that
+        raised); returns the wrapped model's results unchanged, and re-raises its errors."""
         t0 = time.perf_counter()
         try:
             results = self.dm.choose(questions)

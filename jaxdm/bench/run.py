@@ -102,12 +102,16 @@ class BenchConfig:
                 raise BenchError(str(e)) from None
 
     def l3_config(self) -> l3_lib.L3Config:
+        """The L3 settings this bench config names (its l3_* keys; one step cap for both DECISION
+        GYM and ALFWorld)."""
         return l3_lib.L3Config(envs=tuple(self.l3_envs), tasks=self.l3_tasks,
                                llm=dict(self.l3_llm), gym_max_steps=self.l3_max_steps,
                                alfworld_max_steps=self.l3_max_steps)
 
 
 def build_questions(cfg: BenchConfig) -> tuple[dict[str, list], dict[str, Any]]:
+    """The L1 and L2 questions of the levels ``cfg`` runs, as ({level: questions}, {level: how they
+    were drawn}); L3 asks its questions while it plays, so it has none here."""
     qs: dict[str, list] = {}
     stats: dict[str, Any] = {}
     if "l1" in cfg.levels:
@@ -420,6 +424,9 @@ def _fmt(x: Any) -> str:
 
 
 def report(result: dict[str, Any]) -> str:
+    """report.md's text for a finished bench ``result`` (bench.json's content): how ECE and failures
+    are counted, what each level drew, then per level a table of each backend's accuracy, ECE,
+    success, cost, time and calls, and the Kendall tau between levels' backend rankings."""
     lines = ["# AGENT DECISION BENCH", "",
              f"ECE: {result['config']['ece_bins']} equal-width confidence bins; confidence = "
              "probability of the chosen option. A failed answer (none came back: an outage) is "

@@ -114,6 +114,8 @@ class BenchStore:
         return done
 
     def append(self, unit: Mapping[str, Any]) -> None:
+        """Record one finished backend x level ``unit`` (a dict with 'backend' and 'level'):
+        appended to units.jsonl with an fsync, and kept as that unit's saved result."""
         append_records(self.units, [dict(unit)])
         self._saved[(unit["backend"], unit["level"])] = dict(unit)
 

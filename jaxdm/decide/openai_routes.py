@@ -50,6 +50,7 @@ class OpenAIError(Exception):
         self.code = code
 
     def to_json(self) -> dict:
+        """The error as OpenAI's API writes it: {"error": {message, type, param, code}}."""
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
                           "code": self.code}}
 
@@ -165,6 +166,8 @@ class Routes:
 
     # ---- /v1/models -------------------------------------------------------------------------
     def models(self) -> dict:
+        """GET /v1/models: a list holding the one served model's card (its id, and max_model_len
+        where the backend has a model config)."""
         card = {"id": self.model, "object": "model", "created": 0, "owned_by": "jaxdm"}
         config = getattr(self.backend, "config", None)
         if config is not None:
@@ -173,6 +176,10 @@ class Routes:
 
     # ---- /v1/completions ----------------------------------------------------------------------
     def completions(self, body: Any) -> dict:
+        """POST /v1/completions on the local model: one greedy step (max_tokens 0 or 1, temperature
+        0) per prompt (text or token ids, one or a list), with the top-``logprobs`` alternatives of
+        each generated token and, with echo, of every prompt token; the OpenAI completion object
+        with its usage. Bad fields are OpenAIErrors naming the parameter."""
         body = _check_keys(body, _COMPLETION_KEYS)
         self._check_model(body)
         self._local()
@@ -273,6 +280,10 @@ class Routes:
         return out
 
     def chat(self, body: Any) -> dict:
+        """POST /v1/chat/completions on the local model: the messages through the model's chat
+        template, one greedy token, and with logprobs its log-probability and the top_logprobs
+        alternatives; the OpenAI chat.completion object. A template that refuses the messages or a
+        bad field is an OpenAIError."""
         from jaxdm.models.tokenizer import chat_ids
 
         body = _check_keys(body, _CHAT_KEYS)
@@ -311,6 +322,10 @@ class Routes:
 
     # ---- /v1/score (SGLang) -----------------------------------------------------------------
     def score(self, body: Any) -> dict:
+        """POST /v1/score as SGLang serves it: for each item joined to the query (query + item, or
+        item + query with item_first) the probabilities of the label_token_ids at the next position
+        (renormalised over the labels with apply_softmax); {"scores": [[p per label] per item],
+        usage}."""
         if not isinstance(body, dict):
             raise OpenAIError(f"the body must be a JSON object, got {type(body).__name__}")
         extra = sorted(set(body) - _SCORE_KEYS)

@@ -30,6 +30,8 @@ class RequestError(ValueError):
         self.status = status
 
     def to_json(self) -> dict:
+        """The error as the decision service answers it: {"error": {"field": the offending field or
+        None, "message": ...}}."""
         return {"error": {"field": self.field, "message": self.message}}
 
 

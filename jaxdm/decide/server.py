@@ -296,6 +296,7 @@ class DecideServer(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
+        """The address the server listens on, as http://host:port."""
         host, port = self.server_address[:2]
         return f"http://{host}:{port}"
 
@@ -312,6 +313,9 @@ class DecideServer(ThreadingHTTPServer):
         return out
 
     def process_request(self, request: socket.socket, client_address: Any) -> None:
+        """Accept a connection if fewer than max_connections are open (served on its own thread,
+        counted); otherwise answer 503 with Retry-After at once on this thread and close it, so the
+        cap holds under a flood."""
         with self._lock:
             full = self._open >= self.max_connections
             if not full:
@@ -335,6 +339,7 @@ class DecideServer(ThreadingHTTPServer):
         super().process_request(request, client_address)
 
     def process_request_thread(self, request: socket.socket, client_address: Any) -> None:
+        """Serve one accepted connection, then release its slot in the connection count."""
         try:
             super().process_request_thread(request, client_address)
         finally:

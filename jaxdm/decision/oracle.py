@@ -81,6 +81,10 @@ class Oracle:
                          f"got {question!r}")
 
     def score(self, questions: Sequence[YesNo]) -> list[ScoreResult]:
+        """Score each YesNo question from its annotations (meta['question'] 'progress': the action
+        type's level; 'value': the trajectory's success), plus Gaussian noise seeded by the
+        question's identity, clipped to [0, 1]; a question that is not a YesNo is a TypeError,
+        missing annotations a ValueError."""
         out = []
         for i, q in enumerate(questions):
             if not isinstance(q, YesNo):

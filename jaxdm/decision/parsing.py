@@ -56,6 +56,8 @@ def _number(v) -> float | None:
 
 
 def parse_score(raw: str, cost: Cost = Cost()) -> ScoreResult:
+    """Parse a model's JSON reply ``{"score": s}`` into a ScoreResult; anything else (not an object,
+    other keys, s not a number in [0, 1]) is a failed result saying why, with the raw text."""
     obj = _load_object(raw)
     if isinstance(obj, str):
         return score_failed(obj, raw=raw, cost=cost)
@@ -70,6 +72,9 @@ def parse_score(raw: str, cost: Cost = Cost()) -> ScoreResult:
 
 
 def parse_choice(raw: str, labels: Sequence[str], cost: Cost = Cost()) -> ChoiceResult:
+    """Parse a model's JSON reply ``{"choice": label, "probabilities": {label: p}}`` over ``labels``
+    into a ChoiceResult; a choice that is no label, missing or unknown labels, or probabilities that
+    are not finite, non-negative and summing to about 1 give a failed result saying why."""
     obj = _load_object(raw)
     if isinstance(obj, str):
         return choice_failed(obj, raw=raw, cost=cost)

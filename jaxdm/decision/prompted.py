@@ -81,6 +81,9 @@ class Prompted:
         return results
 
     def choose(self, questions: Sequence[MultipleChoice]) -> list[ChoiceResult]:
+        """Answer each MultipleChoice by generating a JSON reply (render.render_messages 'prompted')
+        and parsing it with parse_choice; a reply that does not parse is a failed result, too many
+        options or a prompt past the context a ValueError."""
         for i, q in enumerate(questions):
             if isinstance(q, MultipleChoice):
                 render.labels_for(len(q.options))
@@ -88,4 +91,6 @@ class Prompted:
             text, render.labels_for(len(q.options)), cost))
 
     def score(self, questions: Sequence[YesNo]) -> list[ScoreResult]:
+        """Answer each YesNo by generating a JSON reply and parsing it with parse_score; a reply
+        that does not parse is a failed result."""
         return self._answer(questions, YesNo, lambda q, text, cost: parse_score(text, cost))

@@ -405,9 +405,14 @@ class Remote:
         return results
 
     def choose(self, questions: Sequence[MultipleChoice]) -> list[ChoiceResult]:
+        """Answer each MultipleChoice with one request to the server (``concurrency`` in flight),
+        the option probabilities read from its reply; a request that fails after its retries gives a
+        failed result."""
         return self._run(questions, MultipleChoice)
 
     def score(self, questions: Sequence[YesNo]) -> list[ScoreResult]:
+        """Answer each YesNo with one request to the server (``concurrency`` in flight); a request
+        that fails after its retries gives a failed result."""
         return self._run(questions, YesNo)
 
     # ---- shared HTTP layer (HARNESS: jaxdm.harness.RemoteLLM posts through it) -----------

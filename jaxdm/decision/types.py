@@ -67,6 +67,7 @@ class ChoiceResult:
 
     @property
     def confidence(self) -> float | None:
+        """The largest option probability (that of the choice), None for a failed answer."""
         return None if self.probs is None else max(self.probs)
 
 
@@ -82,6 +83,8 @@ class ScoreResult:
 
 
 def choice_ok(probs: Sequence[float], cost: Cost = Cost(), raw: str | None = None) -> ChoiceResult:
+    """A successful ChoiceResult over ``probs`` (one per option), the choice being the most probable
+    option; a non-finite probability is a FloatingPointError."""
     probs = tuple(float(p) for p in probs)
     if not all(math.isfinite(p) for p in probs):
         raise FloatingPointError(f"non-finite option probabilities {probs}")
@@ -90,10 +93,14 @@ def choice_ok(probs: Sequence[float], cost: Cost = Cost(), raw: str | None = Non
 
 
 def choice_failed(error: str, raw: str | None = None, cost: Cost = Cost()) -> ChoiceResult:
+    """A ChoiceResult for a question that got no usable answer: no probabilities or choice, ok
+    False, ``error`` saying why."""
     return ChoiceResult(probs=None, choice=None, ok=False, error=error, raw=raw, cost=cost)
 
 
 def score_ok(score: float, cost: Cost = Cost(), raw: str | None = None) -> ScoreResult:
+    """A successful ScoreResult; a score that is not finite or outside [0, 1] is a
+    FloatingPointError."""
     score = float(score)
     if not (math.isfinite(score) and 0.0 <= score <= 1.0):
         raise FloatingPointError(f"score {score} is not a finite number in [0, 1]")
@@ -101,6 +108,8 @@ def score_ok(score: float, cost: Cost = Cost(), raw: str | None = None) -> Score
 
 
 def score_failed(error: str, raw: str | None = None, cost: Cost = Cost()) -> ScoreResult:
+    """A ScoreResult for a question that got no usable answer: no score, ok False, ``error`` saying
+    why."""
     return ScoreResult(score=None, ok=False, error=error, raw=raw, cost=cost)
 
 
@@ -109,6 +118,10 @@ class DecisionModel(Protocol):
 
     name: str
 
-    def choose(self, questions: Sequence[MultipleChoice]) -> list[ChoiceResult]: ...
+    def choose(self, questions: Sequence[MultipleChoice]) -> list[ChoiceResult]:
+        """One ChoiceResult per question, in order (a failed result, never an exception, for
+        a question the backend could not answer)."""
 
-    def score(self, questions: Sequence[YesNo]) -> list[ScoreResult]: ...
+    def score(self, questions: Sequence[YesNo]) -> list[ScoreResult]:
+        """One ScoreResult per question, in order: the probability of yes (a failed result
+        for a question the backend could not answer)."""

@@ -121,9 +121,12 @@ class ModelConfig:
 
     @property
     def rope_type(self) -> str:
+        """The RoPE variant: "default" without rope_scaling, else its "rope_type" (e.g. "llama3").
+        """
         return "default" if self.rope_scaling is None else self.rope_scaling["rope_type"]
 
     def replace(self, **changes: Any) -> "ModelConfig":
+        """A copy of this config with the given fields changed (the config is frozen)."""
         return dataclasses.replace(self, **changes)
 
     def num_params(self) -> int:

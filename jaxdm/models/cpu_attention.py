@@ -128,6 +128,8 @@ def supports_segments(q: jax.Array, k: jax.Array, v: jax.Array) -> bool:
 
 
 def segments_enabled() -> bool:
+    """Whether the segment-rule attention kernel is on (built and registered here; off by its
+    environment variable, by the CPU, or after a failed build)."""
     return SEGMENTS_KERNEL.enabled()
 
 

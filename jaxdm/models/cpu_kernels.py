@@ -42,6 +42,8 @@ _library_error: Exception | None = None
 
 
 def cpu_flags() -> set[str]:
+    """The CPU feature flags /proc/cpuinfo lists (avx512f, amx_tile, ...); empty where it cannot be
+    read."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -53,10 +55,15 @@ def cpu_flags() -> set[str]:
 
 
 def compiler() -> str | None:
+    """The C++ compiler to build the kernels with: $CXX, else g++ or c++ on PATH; None when there is
+    none."""
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
 
 
 def library_path(cxx: str) -> Path:
+    """Where the shared library built by ``cxx`` lives: under the jaxdm cache root, named by a hash
+    of the sources and headers, the compiler's version, the flags, jax's version, the CPU model and
+    its flags (so any change builds a new one)."""
     from jaxdm.models.paths import cache_root
 
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True,
@@ -170,6 +177,8 @@ class Kernel:
             return self._state
 
     def enabled(self) -> bool:
+        """Whether this kernel is used (status()'s first part; builds and registers it on first
+        call)."""
         return self.status()[0]
 
     def cannot_run_here(self, why: str) -> bool:
@@ -208,6 +217,8 @@ def fingerprint() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m jaxdm.models.cpu_kernels [--build]``: print each kernel's status and why; with
+    --build exit 1 when a kernel that could run here is off."""
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -56,6 +56,7 @@ def status(dtype=jnp.bfloat16) -> tuple[bool, str]:
 
 
 def enabled(dtype=jnp.bfloat16) -> bool:
+    """Whether the matmul kernel is used for operands of ``dtype`` (bfloat16 or float32)."""
     return status(dtype)[0]
 
 

@@ -86,6 +86,8 @@ def hf_shape(internal_shape: tuple[int, ...], kind: str, split: int) -> tuple[in
 
 
 def to_internal(array: np.ndarray, internal_shape: tuple[int, ...], kind: str) -> np.ndarray:
+    """One HF tensor in the internal layout: "copy" and "same" reshape it to ``internal_shape``,
+    "linear" ([out, in]) is transposed first so the input axes lead."""
     if kind in ("copy", "same"):
         return array.reshape(internal_shape)
     return array.T.reshape(internal_shape)
@@ -509,6 +511,8 @@ def read_chat_template(folder: Path) -> str | None:
 
 
 def read_config(folder: str | Path, dtype: Any = jnp.float32) -> ModelConfig:
+    """The ModelConfig of an HF folder's config.json, with parameters of ``dtype``; a missing file
+    is a FileNotFoundError, bad JSON a ValueError naming the path."""
     folder = Path(folder)
     path = folder / "config.json"
     if not path.exists():

@@ -50,6 +50,7 @@ class LoraConfig:
 
     @property
     def scale(self) -> float:
+        """The factor the low-rank update B A is multiplied by: alpha / rank."""
         return self.alpha / self.rank
 
 
@@ -108,6 +109,7 @@ def adapt(params: dict, adapters: dict[str, dict[str, Any]], cfg: LoraConfig) ->
 
 
 def num_params(adapters: dict) -> int:
+    """How many numbers the adapter tree holds (the trained parameters' count)."""
     return sum(int(x.size) for x in jax.tree.leaves(adapters))
 
 
@@ -148,6 +150,7 @@ def save_adapter(folder, adapters: dict, cfg: LoraConfig, *, base: str,
 
 
 def is_adapter_folder(folder) -> bool:
+    """Whether ``folder`` holds a LoRA adapter (its adapter.json)."""
     from pathlib import Path
     return (Path(folder) / "adapter.json").is_file()
 

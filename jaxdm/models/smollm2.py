@@ -86,6 +86,9 @@ def smollm2(dtype: Any = jnp.float32) -> Pretrained:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m jaxdm.models.smollm2 --ensure``: convert the packaged SmolLM2-135M GGUF if
+    needed, cache its fp32 parameters, print the folder; without --ensure print the help (exit 2).
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ensure", action="store_true",
                         help="convert the packaged GGUF if needed (and cache the fp32 params in "

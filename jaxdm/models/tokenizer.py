@@ -96,6 +96,8 @@ class FastTokenizer:
 
     @classmethod
     def supports(cls, folder: str | Path) -> bool:
+        """Whether ``folder`` can be read without transformers: it has a tokenizer.json and its
+        tokenizer_config.json asks for nothing unsupported() refuses."""
         folder = Path(folder)
         return (folder / "tokenizer.json").exists() and cls.unsupported(
             _read_config(folder)) is None
@@ -103,6 +105,8 @@ class FastTokenizer:
     # -- special tokens ------------------------------------------------------------------
     @property
     def special_tokens_map(self) -> dict[str, str]:
+        """The special tokens by role ('bos_token', 'eos_token', 'pad_token', ...) as transformers
+        names them."""
         return dict(self._special)
 
     def _special_id(self, attr: str) -> int | None:
@@ -120,6 +124,7 @@ class FastTokenizer:
 
     @property
     def vocab_size(self) -> int:
+        """The base vocabulary's size, added tokens not counted (as transformers' vocab_size)."""
         return self._tok.get_vocab_size(with_added_tokens=False)
 
     def __len__(self) -> int:
@@ -131,17 +136,23 @@ class FastTokenizer:
         return self._tok.get_vocab_size(with_added_tokens=with_added_tokens)
 
     def convert_tokens_to_ids(self, tokens):
+        """The id of one token string, or the list of ids of a list of them (None for an unknown
+        token)."""
         if isinstance(tokens, str):
             return self._tok.token_to_id(tokens)
         return [self._tok.token_to_id(t) for t in tokens]
 
     def convert_ids_to_tokens(self, ids):
+        """The token string of one id, or the list of strings of a sequence of ids."""
         if isinstance(ids, int):
             return self._tok.id_to_token(ids)
         return [self._tok.id_to_token(int(i)) for i in ids]
 
     # -- text <-> ids --------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True, **kwargs) -> list[int]:
+        """The token ids of ``text`` (with the template's special tokens unless add_special_tokens
+        is False); any other keyword (truncation, pairs, tensors) goes to transformers' tokenizer.
+        """
         if kwargs:  # truncation, pairs, tensors, ...: transformers' own
             return self.full().encode(text, add_special_tokens=add_special_tokens, **kwargs)
         if not isinstance(text, str):
@@ -159,6 +170,8 @@ class FastTokenizer:
         raise TypeError(f"FastTokenizer takes a str or a list of str, got {type(text).__name__}")
 
     def decode(self, ids, skip_special_tokens: bool = False, **kwargs) -> str:
+        """The text of ``ids`` (an int, a list or an array), special tokens dropped with
+        skip_special_tokens; other keywords go to transformers' tokenizer."""
         if kwargs:
             return self.full().decode(ids, skip_special_tokens=skip_special_tokens, **kwargs)
         if hasattr(ids, "tolist"):
@@ -168,6 +181,7 @@ class FastTokenizer:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def batch_decode(self, rows, skip_special_tokens: bool = False) -> list[str]:
+        """decode() of each row of ``rows``."""
         return [self.decode(r, skip_special_tokens) for r in rows]
 
     # -- chat template -------------------------------------------------------------------
@@ -208,6 +222,8 @@ class FastTokenizer:
         return self._full_tokenizer is not None
 
     def save_pretrained(self, *args, **kwargs):
+        """Save the tokenizer files as transformers does (through the full transformers tokenizer).
+        """
         return self.full().save_pretrained(*args, **kwargs)
 
     def __repr__(self) -> str:

@@ -109,6 +109,8 @@ def teacher_logits(params, state, field) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class TeacherReport:
+    """How the privileged BabyAI teacher's SFT went: its greedy action's agreement with the solver
+    on held-out visited states, the states used, the SFT steps and the last loss."""
     label_accuracy: float   # greedy action == solver action on held-out visited states
     states: int             # training + held-out states
     sft_steps: int
@@ -355,6 +357,10 @@ class PrivilegedTopK:
         self.k = NUM_ACTIONS
 
     def topk_signal(self, episodes):
+        """The teacher_topk Signal of a jax-rollout EpisodeBatch: per training unit (N of them) the
+        teacher's log-probs over all 6 actions (ids [N, 6], logprobs [N, 6] float32, offsets [N +
+        1], unit_ok [N]), the episode mask [B] and request counts; episodes without stacked recorded
+        states, or non-finite log-probs, are ValueErrors."""
         import time
 
         from jaxdm.rl.signals import Signal

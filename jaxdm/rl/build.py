@@ -31,6 +31,9 @@ __all__ = ["env_factory", "env_factories", "collect_texts", "build_policy",
 
 
 def env_factory(section: Any, split_kwargs: Mapping[str, Any]):
+    """The EnvFactory of an env config section: its factory ('module:callable') or the registered
+    ENV_FACTORIES entry of its name, called with the section's kwargs and the split's; an unknown
+    name is a ValueError listing the known ones."""
     from jaxdm.envs.vector import EnvFactory
 
     target = section.factory or ENV_FACTORIES.get(section.name)
@@ -119,6 +122,9 @@ def _symbolic_policy(cfg, train_factory, eval_factory):
 
 @dataclasses.dataclass(frozen=True)
 class PolicyKind:
+    """A registered policy.kind: how to build it from the config and env factories, the rollout kind
+    (jaxdm.rl.collect.ROLLOUT_KINDS) that plays it, the critic kinds that can read its states, and
+    whether it plays host env factories."""
     build: Callable[[Any, Any, Any], tuple]  # (cfg, train/eval factories) -> build_policy's
     rollout: str                                       # a jaxdm.rl.collect.ROLLOUT_KINDS name
     critics: tuple[str, ...]                           # critic kinds that read its states

@@ -69,10 +69,12 @@ class Checkpointer:
                                            item_names=("state", "host"))
 
     def latest_step(self) -> int | None:
+        """The newest saved step in the folder (re-read from disk), None when there is none."""
         self._mngr.reload()
         return self._mngr.latest_step()
 
     def all_steps(self) -> list[int]:
+        """Every saved step in the folder (re-read from disk), ascending."""
         self._mngr.reload()
         return sorted(self._mngr.all_steps())
 
@@ -104,4 +106,5 @@ class Checkpointer:
         return out["state"], dict(out["host"]), step
 
     def close(self) -> None:
+        """Wait for pending saves and release orbax's checkpoint manager."""
         self._mngr.close()

@@ -81,6 +81,7 @@ class HostCollector:
         return evaluate(self.policy, params, self._eval_venv, self.cfg, **kwargs)
 
     def close(self) -> None:
+        """Close the training and evaluation env pools (their worker processes or actors)."""
         for v in (self.venv, self._eval_venv):
             if v is not None:
                 v.close()

@@ -43,6 +43,8 @@ __all__ = ["CriticBatch", "init_critic", "critic_values", "critic_batch", "state
 
 
 class CriticBatch(NamedTuple):
+    """The states a critic scores: R rows of right-padded state tokens [R, S] int32 and their
+    validity mask [R, S] bool."""
     tokens: Any  # [R, S] int32 state tokens, right-padded
     valid: Any   # [R, S] bool
 
@@ -118,12 +120,16 @@ class DecoderCritic:
     min_width: int  # the policy's context limit: one batch width, one compilation
 
     def init(self, key: jax.Array) -> dict[str, Any]:
+        """The critic's parameters (value head and its decoder trunk) for ``key``."""
         return init_critic(self.model, key)
 
     def batch(self, units: Sequence[dict[str, Any]], pad_to: int) -> CriticBatch:
+        """A CriticBatch [R, S] of the units' state tokens, padded to at least ``pad_to`` rows
+        (critic_batch)."""
         return critic_batch(units, pad_to, self.pad_id, min_width=self.min_width)
 
     def values(self, params, batch: CriticBatch):
+        """The critic's value of each row of ``batch``: [R] float32."""
         return critic_values(params, self.model, batch)
 
 

@@ -110,9 +110,12 @@ class RecordOnly:
         del path, resume_step
 
     def write(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+        """The metrics record process 0 would write for ``step`` (step, time, the metrics made
+        JSON-able), returned without writing it."""
         return {"step": int(step), "time": time.time(), **runlog.jsonable(dict(metrics))}
 
     def close(self) -> None:
+        """Nothing to close (no file is held)."""
         pass
 
 
@@ -247,6 +250,7 @@ class LocalCopyProcess(SingleProcess):
         return self._copy(tree)
 
     def act_key(self, key: Any) -> Any:
+        """The PRNG key on this process's first device, where the local copy of the policy acts."""
         return LocalCopy.key(key)
 
     def critic_params(self, tree: Any) -> Any:
@@ -269,12 +273,17 @@ class Distributed(LocalCopyProcess):
 
     # ---- the run folder: process 0 holds the lock and writes the files ------------------
     def lock(self, out: Any):
+        """The run folder's lock, held by process 0 only (None on the others)."""
         return super().lock(out) if self.is_main else None
 
     def barrier(self, name: str) -> None:
+        """Every process waits here for the others (multihost_utils.sync_global_devices under
+        ``name``)."""
         barrier(name)
 
     def metrics_writer(self, path: Any, *, resume_step: int | None):
+        """Process 0's MetricsWriter on ``path``; the other processes get a RecordOnly (same
+        records, no file)."""
         if self.is_main:
             return super().metrics_writer(path, resume_step=resume_step)
         return RecordOnly(path, resume_step=resume_step)
@@ -355,10 +364,13 @@ class Distributed(LocalCopyProcess):
         return dataclasses.replace(out, adv=lvrl_rms(out.adv, rows, eb.mask, algo.eps))
 
     def gather_rows(self, rows: np.ndarray) -> np.ndarray:
+        """``rows`` [n_p, ...] of every process concatenated in process order."""
         return gather_rows(rows)
 
     # ---- update: every process builds each global mini-batch, uploads its block ---------
     def unit_count(self, n_local: int) -> int:
+        """The iteration's training units over every process: the all-gathered sum of each one's
+        ``n_local``."""
         return int(allgather(np.int64(n_local)).sum())
 
     def mini_batches(self, policy, units: Sequence[Any], unit_adv: np.ndarray,

@@ -36,6 +36,11 @@ __all__ = ["EpisodeBatch", "episode_batch", "Advantages", "Estimator", "ESTIMATO
 
 @dataclasses.dataclass(frozen=True)
 class EpisodeBatch:
+    """One iteration's episodes as padded host arrays (B episodes, T = max_actions): the
+    executed-action mask, returns, step rewards and invalid actions [B, T], outcome, group and
+    env-error flags [B], and the policy's training units of the masked actions in row-major order
+    with their row, column and behaviour log-prob [N]; ``recorded`` holds the jax rollout's stacked
+    env states (None for host rollouts)."""
     episodes: Sequence[Any]          # EpisodeRecord
     trajectories: Sequence[Any]      # their Trajectory objects
     mask: np.ndarray                 # [B, T] bool executed actions (errored rows: all False)
@@ -53,6 +58,9 @@ class EpisodeBatch:
 
 
 def episode_batch(episodes: Sequence[Any], max_actions: int, penalty: float) -> EpisodeBatch:
+    """The EpisodeBatch of ``episodes`` (EpisodeRecord, at most ``max_actions`` actions each): an
+    invalid action costs ``penalty``, the outcome R_i is added at the last executed step, and an
+    episode lost to an env error is masked out entirely."""
     b = len(episodes)
     mask = np.zeros((b, max_actions), bool)
     returns = np.zeros((b, max_actions), np.float32)
@@ -90,6 +98,8 @@ def episode_batch(episodes: Sequence[Any], max_actions: int, penalty: float) -> 
 
 @dataclasses.dataclass(frozen=True)
 class Advantages:
+    """What an estimator returns: per-action advantages adv [B, T] float32 (0 off the mask), extra
+    per-action arrays the loss terms read (e.g. value targets), and scalar stats for the metrics."""
     adv: np.ndarray                                   # [B, T] float32, 0 off the mask
     extras: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -97,6 +107,8 @@ class Advantages:
 
 @dataclasses.dataclass(frozen=True)
 class Estimator:
+    """A registered advantage estimator: the signals it needs (names of jaxdm.rl.signals) and
+    fn(episodes, signals, algo, num_groups) -> Advantages."""
     needs: tuple[str, ...]
     fn: Callable[[EpisodeBatch, Mapping[str, Any], Any, int], Advantages]
 
@@ -112,6 +124,8 @@ def register_estimator(name: str, fn: Callable, *, needs: Sequence[str] = ()) ->
 
 
 def bucket_int(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1): sizes padded to it compile one program per
+    doubling."""
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
@@ -121,10 +135,15 @@ def _grpo(eb: EpisodeBatch, algo, num_groups: int) -> np.ndarray:
 
 
 def grpo(eb, signals, algo, num_groups):
+    """GRPO's advantage: each episode's return normalised within its group, the same at every
+    executed action ([B, T])."""
     return Advantages(_grpo(eb, algo, num_groups))
 
 
 def teacher(eb, signals, algo, num_groups):
+    """The teacher-augmented advantage A = A_out + lam (s - s_u) [B, T]: the group-normalised
+    outcome advantage plus ``algo.lam`` times the judge's score s of each action (signal
+    teacher_scores) less its group's mean score; unscored actions keep A_out."""
     sig = signals["teacher_scores"]
     a_out = advmod.grpo_outcome_advantages(eb.returns, eb.groups, eb.mask,
                                            num_groups=num_groups, eps=algo.eps)
@@ -134,6 +153,9 @@ def teacher(eb, signals, algo, num_groups):
 
 
 def gigpo(eb, signals, algo, num_groups):
+    """GiGPO's advantage [B, T]: the episode-level group advantage plus ``algo.gigpo_weight`` times
+    the step-level one, normalised within anchor states (identical observations across a group's
+    episodes) over gigpo_gamma-discounted step returns."""
     obs = [[a.observation for a in ep.actions] for ep in eb.episodes]
     anchors, n_anchors = advmod.anchor_ids_from_observations(obs, eb.groups, eb.mask)
     return Advantages(np.asarray(advmod.gigpo_advantages(

@@ -41,6 +41,10 @@ def _per_seed(episodes, cutoffs) -> dict[str, float]:
 
 def evaluate(policy, params, venv, cfg, *, values: Any = None,
              iteration: int = 0) -> dict[str, Any]:
+    """Evaluate ``policy`` with ``params`` on ``venv``: one rollout per evaluation seed (greedy if
+    cfg.eval_greedy) from the evaluation task offset; eval/<type> success means over seeds, their
+    std, success within each step cutoff, a printable table, and with a value model its value
+    curves."""
     per_seed, episodes = [], []
     for s in cfg.eval_seeds:
         res = rollout(policy, params, venv, seed=cfg.eval_task_offset, key=jax.random.key(s),

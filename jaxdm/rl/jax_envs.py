@@ -40,6 +40,9 @@ __all__ = ["JaxEnvSpec", "JAX_ENVS", "register_jax_env", "make_jax_env",
 
 @dataclasses.dataclass(frozen=True)
 class JaxEnvSpec:
+    """A JAX-native env as the jax rollout plays it: the env and its params, how one observation
+    becomes a token row (obs_row, row_width) and policy features (features, feature_dim), the action
+    set, the goal's text, an optional oracle (distance field, value) and extra evaluation splits."""
     env: Any
     params: Any
     obs_row: Callable[[Any, Any], jax.Array]
@@ -58,6 +61,8 @@ JAX_ENVS: dict[str, Callable[..., JaxEnvSpec]] = {}
 
 
 def register_jax_env(name: str, make: Callable[..., JaxEnvSpec]) -> None:
+    """Register ``make(**env.kwargs) -> JaxEnvSpec`` under env.name ``name``; a name registered
+    twice is a ValueError."""
     if name in JAX_ENVS:
         raise ValueError(f"jax env {name!r} is already registered")
     JAX_ENVS[name] = make
@@ -122,6 +127,10 @@ def make_babyai_jax(*, max_steps: int, room_size: int = 8, split: str = "train",
                     min_door_distance: int | None = None, max_door_distance: int | None = None,
                     lock_prob: float = 0.0, compass: bool = False,
                     oracle_q: float = 0.9) -> JaxEnvSpec:
+    """The JaxEnvSpec of BabyAI GoTo-door in JAX (env.name babyai_jax): a room of ``room_size``, the
+    split's task params with ``max_steps`` and the door-distance / lock options, the compass in the
+    features if asked, and the oracle value q ** plan length (``oracle_q``) from the distance field.
+    """
     from jaxdm.envs.babyai import BabyAIEnv, BabyAIParams
     from jaxdm.envs.babyai import env as E
     from jaxdm.envs.babyai import layout as L

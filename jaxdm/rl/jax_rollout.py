@@ -196,6 +196,9 @@ class JaxCollector:
         return jax.tree.map(np.asarray, out)
 
     def collect(self, params, key, first_seed: int) -> tuple[EpisodeBatch, dict[str, Any]]:
+        """Play one iteration in one jitted program: tasks_per_iter groups of group_size episodes
+        from seed ``first_seed``; the EpisodeBatch (with the stacked env states recorded) and the
+        rollout's metrics (play time, success, lengths)."""
         cfg = self.cfg
         g, k = cfg.tasks_per_iter, cfg.group_size
         seeds = first_seed + np.arange(g)
@@ -269,4 +272,5 @@ class JaxCollector:
         return summary
 
     def close(self) -> None:
+        """Nothing to close: the jax rollout holds no worker processes."""
         pass

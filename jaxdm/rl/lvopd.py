@@ -264,6 +264,8 @@ DISTILL_FORMS: dict[str, DistillForm] = {
 
 
 def distill_form(form: str | None) -> DistillForm:
+    """The DistillForm of policy form ``form``; a form without a distillation path is a ValueError
+    listing the ones that have one."""
     if form not in DISTILL_FORMS:
         raise ValueError(f"algo.terms.lvopd: policy form {form!r} has no distillation path: "
                          "it needs the generative policy (policy.form 'generative') or the "
@@ -384,6 +386,8 @@ class LVOPDBatcher:
                              f"{len(self.units)}")
 
     def arrays(self, idx: Sequence[int], pad_to: int) -> dict[str, np.ndarray]:
+        """The lvopd term's arrays (LVOPD_KEYS) for the units ``idx`` of the iteration, padded to
+        ``pad_to`` rows."""
         idx = [int(j) for j in idx]
         return lvopd_unit_arrays([self.units[j] for j in idx], self.weights[idx],
                                  [self.teacher[j] for j in idx], pad_to, self.k_t,
@@ -551,6 +555,9 @@ class RemoteTeacher:
         return TeacherTopK(ids, lps)
 
     def topk(self, trajectories: Sequence[Sequence[dict]]) -> list[list[TeacherTopK] | None]:
+        """For each trajectory's units the teacher's top-k (ids, log-probs) at every response token,
+        from one echo completion request per unit to the remote server; a trajectory whose request
+        fails gets None and is counted (failures, last_error)."""
         out: list[list[TeacherTopK] | None] = []
         for units in trajectories:
             self.requests += 1
@@ -629,6 +636,9 @@ TEACHER_POLICIES: dict[str, TeacherPolicy] = {}
 def register_teacher_policy(kind: str, build: Callable, produce: Callable,
                             policy_kinds: tuple[str, ...], *, reads_states: bool = False
                             ) -> None:
+    """Register a teacher.kind: ``build(cfg, trainer)`` once at start, ``produce(episodes, backend)
+    -> Signal`` per iteration, the policy kinds it can teach, and whether it reads the rollout's
+    recorded env states; a kind registered twice is a ValueError."""
     if kind in TEACHER_POLICIES:
         raise ValueError(f"teacher policy {kind!r} is already registered")
     TEACHER_POLICIES[kind] = TeacherPolicy(build, produce, tuple(policy_kinds),

@@ -54,6 +54,8 @@ def sigma(n: int = N_CONTINUATIONS) -> float:
 
 
 def event_threshold(n: int = N_CONTINUATIONS, k_sigma: float = K_SIGMA) -> float:
+    """The value change that counts as an event: k_sigma standard deviations of the difference of
+    two n-continuation success fractions."""
     return k_sigma * sigma(n)
 
 
@@ -196,6 +198,8 @@ def plot_events(summaries: dict[str, dict[str, Any]], events: dict[str, Events],
 # ---- action replay (envs that cannot restore a state) -----------------------------------------
 @dataclasses.dataclass
 class ReplayStats:
+    """Counts of a replay: trajectories replayed, how many diverged from their recording, and the
+    transitions dropped from each first divergence on."""
     replayed: int = 0            # trajectories replayed
     diverged: int = 0            # of which diverged somewhere
     dropped_transitions: int = 0  # transitions from the first divergence on
@@ -275,6 +279,7 @@ class BabyAIEpisodes:
     task_keys: jax.Array | None = None
 
     def state(self, i: int, t: int):
+        """The env state of episode ``i`` at step ``t`` (one slice of the stacked states)."""
         return jax.tree.map(lambda x: x[i, t], self.states)
 
 

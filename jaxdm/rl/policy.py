@@ -268,6 +268,8 @@ class OptionScoringPolicy:
 
     # ---- training -----------------------------------------------------------------------
     def training_batch(self, units: Sequence[dict[str, Any]], pad_to: int) -> OptionBatch:
+        """The OptionBatch of training ``units`` (their context, options and chosen option), padded
+        to ``pad_to`` decisions."""
         return self.encode([u["context"] for u in units], [u["options"] for u in units],
                            [u["chosen"] for u in units], pad_decisions=pad_to)
 
@@ -360,15 +362,23 @@ class GenerativePolicy:
 
     @property
     def static_key(self) -> tuple:
+        """What fixes this policy's compiled programs (form, model config, entropy on or off):
+        jitted steps are cached per key."""
         return (self.form, self.config, self.with_entropy)
 
     def prompt_ids(self, s: TurnInput) -> tuple[list[int], int]:
+        """The prompt token ids of one turn (goal, observation, admissible actions and the last
+        ``history`` steps, fitted to max_prompt_tokens) and how many history steps were dropped to
+        fit."""
         hist = list(s.history[-self.history:]) if self.history else []
         return rltext.fit_prompt(self.tokenizer, s.goal, s.observation, s.admissible, hist,
                                  s.steps_taken, self.max_prompt_tokens)
 
     def act(self, params, states: Sequence[TurnInput], key, *, greedy: bool = False,
             pad_to: int | None = None) -> list[ActionOut]:
+        """Generate one action per state (sampled, or greedy) up to the closing </action>; each
+        ActionOut holds the parsed action, whether it parsed, the raw text, the response's summed
+        log-prob and the training unit (prompt ids, response ids, per-token sampling log-probs)."""
         del pad_to  # the sampler buckets its own batch shapes
         prompts, drops = zip(*(self.prompt_ids(s) for s in states))
         res = self.generate_fn(params, self.config, self.tokenizer, list(prompts),
@@ -403,6 +413,9 @@ class GenerativePolicy:
         return out
 
     def training_batch(self, units: Sequence[dict[str, Any]], pad_to: int) -> TokenBatch:
+        """The TokenBatch [pad_to, S] of ``units`` (prompt + response rows, S bucketed to a multiple
+        of 16, padding rows empty) with the response-token mask; pad_to below the unit count is a
+        ValueError."""
         if pad_to < len(units):
             raise ValueError(f"pad_to={pad_to} < number of actions {len(units)}")
         s = bucket(max(len(u["prompt"]) + len(u["response"]) for u in units), 16)
@@ -417,13 +430,18 @@ class GenerativePolicy:
         return TokenBatch(tokens, valid, resp)
 
     def logp_and_entropy(self, params, batch: TokenBatch):
+        """log p of each token given its prefix and the entropy there, both [R, S]
+        (token_log_probs_and_entropy)."""
         return token_log_probs_and_entropy(params, self.config, batch,
                                            with_entropy=self.with_entropy)
 
     # One decoder forward shared by every loss term of a train step (``jaxdm.rl.terms``).
     def hidden_states(self, params, batch: TokenBatch):
+        """The decoder's final hidden states [R, S, d] of ``batch`` (the one forward the loss terms
+        share)."""
         return token_hidden_states(params, self.config, batch)
 
     def logp_and_entropy_from_hidden(self, params, hidden, batch: TokenBatch):
+        """logp_and_entropy() from hidden_states()' output [R, S, d], without a second forward."""
         return log_probs_and_entropy_from_hidden(params, self.config, hidden, batch,
                                                  with_entropy=self.with_entropy)

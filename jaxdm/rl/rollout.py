@@ -62,6 +62,9 @@ class ActionRecord:
 
 @dataclasses.dataclass
 class EpisodeRecord:
+    """One played episode: its pool slot, group and task seed, goal, task type and step budget, the
+    actions taken (ActionRecord), the Trajectory, the env state after reset, the reward and success,
+    and the env error that ended it if any."""
     slot: int
     group: int
     task_seed: int
@@ -101,6 +104,7 @@ class RolloutResult:
     policy_calls: int = 0
 
     def trajectories(self) -> list[Trajectory]:
+        """The Trajectory of each episode, in episode order."""
         return [e.trajectory for e in self.episodes]
 
     def recorded_batch(self, num_steps: int | None = None) -> RecordedBatch:

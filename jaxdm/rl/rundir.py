@@ -47,11 +47,15 @@ class TeacherFailureError(TrainingStopped):
 
 
 def holds_run(out: Path, checkpointer) -> bool:
+    """Whether the run folder ``out`` holds a run: a checkpoint step or a non-empty metrics.jsonl.
+    """
     metrics = out / "metrics.jsonl"
     return bool(checkpointer.all_steps()) or (metrics.exists() and metrics.stat().st_size > 0)
 
 
 def describe_run(out: Path, checkpointer) -> str:
+    """The refusal message for a folder holding a run: its last checkpoint steps and metrics lines,
+    and the --resume / --overwrite choice."""
     steps = checkpointer.all_steps()
     metrics = out / "metrics.jsonl"
     n = sum(1 for _ in open(metrics, encoding="utf-8")) if metrics.exists() else 0
@@ -67,6 +71,9 @@ def clear_run(out: Path) -> None:
 
 
 def check_resume_config(out: Path, cfg: TrainConfig) -> None:
+    """On --resume, compare the saved config.yaml of ``out`` with ``cfg``: any changed setting that
+    changes the run (all but RUN_CHANGING_EXEMPT) is a ResumeMismatchError listing each key's old
+    and new value; no saved config, nothing to compare."""
     saved_path = out / "config.yaml"
     if not saved_path.exists():
         return

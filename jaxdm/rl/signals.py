@@ -47,6 +47,8 @@ _PROVIDERS = {"values": ("jaxdm.rl.values", "value"),
 
 @dataclasses.dataclass(frozen=True)
 class Signal:
+    """A signal for one iteration: named host arrays (e.g. scores [B, T]), the episode rows it
+    covers (mask [B] or [B, T]), and stats for the metrics."""
     arrays: dict[str, np.ndarray]
     mask: np.ndarray
     stats: dict[str, Any]
@@ -54,6 +56,9 @@ class Signal:
 
 @dataclasses.dataclass(frozen=True)
 class SignalSpec:
+    """A registered signal: produce(episodes, backend, cfg) -> Signal each iteration, build(cfg,
+    trainer) -> its backend once at start, and check(cfg) raising a ValueError naming a missing
+    config key."""
     produce: Callable[[Any, Any, Any], Signal]
     build: Callable[[Any, Any], Any]            # (cfg, trainer) -> backend, once at start
     check: Callable[[Any], None]                # raises ValueError naming the missing key

@@ -37,6 +37,9 @@ class NonFiniteCheckpointError(ValueError):
 
 @dataclasses.dataclass
 class TrainState:
+    """Everything an exact resume needs: the trainables' params and optimiser states (policy,
+    critic), the device PRNG key, the iteration, the task cursor and the host RNG (mini-batch
+    order)."""
     params: dict[str, Any]        # {"policy": ..., "critic": ... (optional)}
     opt_states: dict[str, Any]    # one optimiser state per trainable
     key: jax.Array                # device PRNG key (typed)
@@ -51,6 +54,8 @@ class TrainState:
 
 
 def to_checkpoint(state: TrainState) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A TrainState as (arrays orbax saves: params, optimiser states, key data; host JSON:
+    iteration, cursor, host RNG state)."""
     arrays = {"params": state.params["policy"], "opt_state": state.opt_states["policy"],
               "key": jax.random.key_data(state.key)}
     if "critic" in state.params:
@@ -62,6 +67,8 @@ def to_checkpoint(state: TrainState) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def from_checkpoint(arrays: dict[str, Any], host: dict[str, Any], key_sharding) -> TrainState:
+    """The TrainState of restored checkpoint ``arrays`` and ``host`` record, its key placed with
+    ``key_sharding``."""
     params = {"policy": arrays["params"]}
     opts = {"policy": arrays["opt_state"]}
     if "critic" in arrays:

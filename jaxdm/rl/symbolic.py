@@ -96,10 +96,14 @@ class SymbolicMLPPolicy:
 
     @property
     def static_key(self) -> tuple:
+        """What fixes this policy's compiled programs (form, features, widths, actions, hidden
+        sizes, temperature): jitted steps are cached per key."""
         return (self.form, self.features, self.row_width, self.feature_dim, self.num_actions,
                 self.hidden, self.temperature)
 
     def init_params(self, key: jax.Array) -> list[dict]:
+        """The MLP's layers (feature_dim -> hidden... -> num_actions logits) initialised from
+        ``key``."""
         return init_mlp(key, [self.feature_dim, *self.hidden, self.num_actions])
 
     def last_hidden(self, params, rows: jax.Array) -> jax.Array:
@@ -132,6 +136,7 @@ class SymbolicMLPPolicy:
         return jnp.concatenate([hidden, jnp.ones(hidden.shape[:-1] + (1,), hidden.dtype)], -1)
 
     def training_batch(self, units: Sequence[Any], pad_to: int) -> RowBatch:
+        """The RowBatch [pad_to, row_width] of the units' observation rows and chosen actions."""
         return rows_batch(units, pad_to, self.row_width)
 
     def hidden_states(self, params, batch: RowBatch) -> jax.Array:
@@ -168,12 +173,15 @@ class MLPCritic:
     hidden: tuple[int, ...] = (128, 128)
 
     def init(self, key: jax.Array) -> list[dict]:
+        """The critic MLP's layers (feature_dim -> hidden... -> 1) initialised from ``key``."""
         return init_mlp(key, [self.feature_dim, *self.hidden, 1])
 
     def batch(self, units: Sequence[Any], pad_to: int) -> RowBatch:
+        """The RowBatch [pad_to, row_width] of the units' observation rows."""
         return rows_batch(units, pad_to, self.row_width)
 
     def values(self, params, batch: RowBatch) -> jax.Array:
+        """V(s) [D] of each row of ``batch``."""
         return mlp(params, self.features(jnp.asarray(batch.rows)))[..., 0]
 
 

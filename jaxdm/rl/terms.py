@@ -64,6 +64,8 @@ class LossConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TermContext:
+    """What a loss term reads besides its batch: the policy (its pure log-prob functions), the
+    critic or None, and the loss settings."""
     policy: Any                 # the policy object (its logp_and_entropy is pure)
     critic_config: Any          # the critic object (jaxdm.rl.critic.CRITIC_KINDS), or None
     loss: LossConfig
@@ -71,6 +73,9 @@ class TermContext:
 
 @dataclasses.dataclass(frozen=True)
 class LossTerm:
+    """A registered loss term: fn(params, batch, ctx) -> (scalar loss, metrics), whether it needs a
+    critic, the signals the trainer must produce for it, and whether it reads the policy's shared
+    final hidden states."""
     fn: Callable[[Mapping[str, Any], Mapping[str, Any], TermContext], tuple[Any, dict]]
     needs_critic: bool = False
     needs: tuple[str, ...] = ()  # signals (jaxdm.rl.signals) the trainer must produce

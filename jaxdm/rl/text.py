@@ -28,13 +28,17 @@ INVALID_COMMAND = "<invalid output>"
 
 
 class TextTokenizer(Protocol):
+    """What the text policy needs of a tokenizer: vocab_size, pad_id and eos_id, and encode / decode
+    (WordTokenizer, HFTokenizer)."""
     vocab_size: int
     pad_id: int
     eos_id: int
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str) -> list[int]:
+        """The token ids of ``text`` (no special tokens added)."""
 
-    def decode(self, ids: Sequence[int]) -> str: ...
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids``, special tokens skipped."""
 
 
 _WORD_RE = re.compile(r"</?[a-z]+>|[A-Za-z]+|[0-9]|[^\sA-Za-z0-9]")
@@ -64,14 +68,20 @@ class WordTokenizer:
 
     @staticmethod
     def split(text: str) -> list[str]:
+        """The lower-cased words and punctuation marks of ``text``, in order (the tokenizer's
+        units)."""
         return [t.lower() for t in _WORD_RE.findall(text)]
 
     @classmethod
     def from_texts(cls, texts: Iterable[str]) -> "WordTokenizer":
+        """A WordTokenizer whose vocabulary is every word split() finds in ``texts`` (sorted, after
+        the special tokens)."""
         words = sorted({w for t in texts for w in cls.split(t)})
         return cls(words)
 
     def encode(self, text: str) -> list[int]:
+        """The ids of ``text``'s words (unk_id for a word outside the vocabulary); no special tokens
+        added."""
         return [self._index.get(w, self.unk_id) for w in self.split(text)]
 
     @property
@@ -80,6 +90,8 @@ class WordTokenizer:
         return self.eos_id
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """The text of ``ids``, special tokens skipped, punctuation and tags joined to the word
+        before; an id outside the vocabulary is a ValueError."""
         del skip_special_tokens  # specials are always skipped
         out = []
         for i in ids:
@@ -117,13 +129,17 @@ class HFTokenizer:
 
     @property
     def eos_token_id(self) -> int:
+        """The end-of-sequence id (transformers' attribute name, for code written against it)."""
         return self.eos_id
 
     def encode(self, text: str) -> list[int]:
         # Observations and goals are untrusted: their special-token strings stay text.
+        """The ids of ``text`` with its special-token strings kept as plain text (observations and
+        goals are untrusted)."""
         return text_ids(self.tok, text)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """The text of ``ids`` (special tokens skipped unless skip_special_tokens is False)."""
         return self.tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
 

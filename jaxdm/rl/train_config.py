@@ -82,6 +82,9 @@ def check_env_pool(backend: str, num_workers: int, ray: Any, where: str) -> None
 class PolicySection:
     # A jaxdm.rl.build.POLICY_KINDS name: "text" (a decoder on text envs, ``form``) or
     # "symbolic_mlp" (an MLP on a pure-JAX env's observation rows, ``mlp_hidden``).
+    """The policy: section of a train config: the policy kind (jaxdm.rl.build.POLICY_KINDS) and
+    form, how much history and how many prompt / response / option tokens it sees, its sampling
+    temperature and top-p, and the MLP's hidden sizes for symbolic_mlp."""
     kind: str = "text"
     form: Literal["generative", "option"] = "generative"
     history: int = 2
@@ -158,6 +161,10 @@ class CriticSection:
 
 @dataclasses.dataclass(frozen=True)
 class AlgoSection:
+    """The algo: section: the advantage estimator (jaxdm.rl.estimators.ESTIMATORS) and its
+    settings (teacher weight lam, GiGPO gamma and weight, GAE gamma and lambda, LVRL
+    normalisation), the invalid-action penalty, PPO's clips, KL and entropy coefficients,
+    token aggregation, mini-batch size and epochs, and extra loss terms with their weights."""
     advantage: str = "teacher"
     lam: float = 0.5
     eps: float = 1e-6
@@ -187,6 +194,8 @@ class AlgoSection:
 
 @dataclasses.dataclass(frozen=True)
 class OptimSection:
+    """The optim: section: AdamW's learning rate, weight decay and betas, and the global
+    gradient-norm clip."""
     lr: float = 1e-6
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0

@@ -116,6 +116,8 @@ class Trainer:
 
     # ---- checkpoints --------------------------------------------------------------------
     def save(self) -> None:
+        """Checkpoint the current TrainState under its iteration (orbax arrays plus the host
+        record)."""
         arrays, host = to_checkpoint(self.state)
         self.checkpointer.save(self.state.iteration, arrays, host)
 
@@ -376,6 +378,7 @@ class Trainer:
                                   title=f"{self.cfg.env.name}: {self.cfg.algo.advantage}")
 
     def close(self) -> None:
+        """Close the rollout's env pools and the checkpointer (waiting for pending saves)."""
         self.collector.close()
         self.checkpointer.close()
 

@@ -52,6 +52,9 @@ def actor_context(goal: str, history: Sequence[Any], observation: str,
 
 
 def actor_question(variant: str = "original") -> str:
+    """The actor's next-action question for a prompt ``variant``: the plain question ("original",
+    "goal_masked"), with the dependency hint ("hint"), or with the hint and the ordering example
+    ("hint_example"); another variant is a ValueError."""
     if variant not in ACTOR_VARIANTS:
         raise ValueError(f"variant must be one of {ACTOR_VARIANTS}, got {variant!r}")
     text = f"[next_action] {ACTOR_QUESTION}"

@@ -97,21 +97,30 @@ def _binary(point: str, options: tuple[str, str], context: str,
 
 def memory_question(context: str, *, answer: Sequence[int] | None = None,
                     meta: Mapping[str, Any] | None = None) -> MultipleChoice:
+    """The harness's memory decision point as a two-option MultipleChoice over ``context``: write a
+    note about the last result, or not (``answer``: the labelled option indices, for training data).
+    """
     return _binary("memory", MEMORY_OPTIONS, context, answer, meta)
 
 
 def reflect_question(context: str, *, answer: Sequence[int] | None = None,
                      meta: Mapping[str, Any] | None = None) -> MultipleChoice:
+    """The reflect decision point: reflect on the last step before acting, or act at once (a
+    two-option MultipleChoice over ``context``)."""
     return _binary("reflect", REFLECT_OPTIONS, context, answer, meta)
 
 
 def stop_question(context: str, *, answer: Sequence[int] | None = None,
                   meta: Mapping[str, Any] | None = None) -> MultipleChoice:
+    """The stop decision point: finish the conversation now, or keep working on the request (a
+    two-option MultipleChoice over ``context``)."""
     return _binary("stop", STOP_OPTIONS, context, answer, meta)
 
 
 def route_question(context: str, *, answer: Sequence[int] | None = None,
                    meta: Mapping[str, Any] | None = None) -> MultipleChoice:
+    """The route decision point: send this step to the cheaper LLM, or keep it on the main one (a
+    two-option MultipleChoice over ``context``)."""
     return _binary("route", ROUTE_OPTIONS, context, answer, meta)
 
 

@@ -503,6 +503,8 @@ def summary_table(result: dict) -> str:
 
 
 def group_table(result: dict, question: str, context: str = "hindsight") -> str:
+    """A markdown table of each judge's trajectory-averaged scores for one question x context by
+    task group: milestone, other and no-op means, their gap and Recall@R."""
     lines = ["| judge | group | n traj | milestone | other | no-op | gap | Recall@R |", "|" + "---|" * 8]
     for j, _ in result["ranking"]:
         for g, o in result["summary"][j][f"{question}/{context}"]["by_group"].items():
@@ -512,6 +514,8 @@ def group_table(result: dict, question: str, context: str = "hindsight") -> str:
 
 
 def shift_table(result: dict) -> str:
+    """A markdown table of each judge's mean score shift at every expansion level (judges in ranking
+    order)."""
     levels = result["levels"]
     lines = ["| judge | " + " | ".join(levels) + " |", "|" + "---|" * (len(levels) + 1)]
     for j, _ in result["ranking"]:
@@ -551,6 +555,8 @@ def write_outputs(result: dict, trajs: list[Trajectory], out: Path) -> dict[str,
 
 
 def failed_table(result: dict) -> str:
+    """A markdown table of the judges that failed: how many of their passes finished, and why they
+    stopped."""
     lines = ["| judge | finished passes | reason |", "|---|---|---|"]
     for j, why in result["failed_judges"].items():
         ok = sum(b["status"] == "ok" for b in result["summary"][j].values())
@@ -559,6 +565,9 @@ def failed_table(result: dict) -> str:
 
 
 def markdown_report(result: dict, trajs: list[Trajectory], paths: Mapping[str, Path]) -> str:
+    """report.md of a screen run: the trajectories and their action types, how scores are read, the
+    judge ranking, the per-group, shift and failure tables, and links to the figures in ``paths``.
+    """
     n_act = sum(len(t.steps) for t in trajs)
     types = defaultdict(int)
     for tr in trajs:

@@ -69,6 +69,7 @@ class PassResult:
 
     @property
     def key(self) -> str:
+        """The pass's "question/context" name (e.g. "progress/hindsight")."""
         return f"{self.question}/{self.context}"
 
     @property
@@ -82,6 +83,8 @@ class PassResult:
         return self.n_missing == 0
 
     def record(self) -> dict[str, Any]:
+        """The pass as passes.jsonl stores it: judge, question, context, status, reason and its
+        stats (tuples as lists)."""
         stats = {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.stats.items()}
         return {"judge": self.judge, "question": self.question, "context": self.context,
                 "status": self.status, "reason": self.reason, "stats": stats}
@@ -99,9 +102,12 @@ class ScreenStore:
 
     # ---- opening ---------------------------------------------------------------------
     def holds_run(self) -> bool:
+        """Whether the folder holds a screen run (its screen.json identity)."""
         return self.identity.is_file()
 
     def saved_identity(self) -> dict | None:
+        """The saved run identity (screen.json: settings and trajectories' digest), None when there
+        is none; an unreadable file is the store's named error."""
         if not self.identity.is_file():
             return None
         try:
@@ -218,6 +224,8 @@ class ScreenStore:
 
 
 def pass_rows(p: PassResult, trajs: Sequence[Trajectory]) -> Iterable[dict]:
+    """scores.jsonl's rows of pass ``p``: one per scored action (judge, question, context,
+    trajectory and step index, score or None, action type, task type, action)."""
     for i, arr in enumerate(p.per_traj):
         for t, s in enumerate(arr):
             step = trajs[i].steps[t]

@@ -6,6 +6,8 @@ import sys
 
 
 def add_parser(sub) -> None:
+    """Add the `jaxdm train-dm` subcommand and its flags (--config, --data, --model, --out,
+    --no-progress, key=value overrides) to the subparsers ``sub``."""
     p = sub.add_parser(
         "train-dm", help="packed SFT of a decision model (LoRA, orbax resume, HF export)",
         description="Train a decision model on JSONL states (context + questions with answer "
@@ -22,6 +24,9 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
+    """Run `jaxdm train-dm` from parsed ``args``: load the config, lock the run folder for the run's
+    life (released when done, given up on failure), train, print the summary as JSON; 2 with the
+    error printed on a bad config or data."""
     from jaxdm.config import ConfigError, load_config
     from jaxdm.rundir import lock_run_dir
     from jaxdm.train.packing import IndistinctOptions

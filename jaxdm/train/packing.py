@@ -63,6 +63,7 @@ class SFTItem:
 
     @property
     def n_options(self) -> int:
+        """The question's option count: 2 for a YesNo, else its options."""
         return 2 if isinstance(self.question, YesNo) else len(self.question.options)
 
     def __post_init__(self):

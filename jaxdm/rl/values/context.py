@@ -34,6 +34,7 @@ __all__ = ["StepSummary", "RolloutSummary", "observation_digest", "summarize_det
 
 @dataclasses.dataclass(frozen=True)
 class StepSummary:
+    """One earlier step as a value prompt shows it: the action taken and what it returned."""
     action: str
     result: str
 

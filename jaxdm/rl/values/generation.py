@@ -30,6 +30,8 @@ _RETRY = {429, 500, 502, 503, 504}
 
 @dataclasses.dataclass(frozen=True)
 class Generation:
+    """One generated reply: its text (None when it failed), whether it succeeded, the error, and
+    what it cost."""
     text: str | None
     ok: bool = True
     error: str | None = None
@@ -37,9 +39,13 @@ class Generation:
 
 
 class TextGenerator(Protocol):
+    """What a list value model generates with: a name and generate(message lists) -> Generations
+    (HttpChatGenerator, LocalGenerator)."""
     name: str
 
-    def generate(self, batch: Sequence[list[dict]]) -> list[Generation]: ...
+    def generate(self, batch: Sequence[list[dict]]) -> list[Generation]:
+        """One Generation per chat message list of ``batch``, in order (a failed one, never
+        an exception, for a reply that could not be had)."""
 
 
 class HttpChatGenerator:
@@ -112,6 +118,8 @@ class HttpChatGenerator:
                           Cost(seconds=time.perf_counter() - t0))
 
     def generate(self, batch: Sequence[list[dict]]) -> list[Generation]:
+        """One chat-completion request per message list of ``batch`` (``concurrency`` in flight); a
+        request that fails gives a failed Generation, never an exception."""
         if not batch:
             return []
         limits = httpx.Limits(max_connections=self.concurrency)
@@ -135,6 +143,9 @@ class LocalGenerator:
         self.name = f"local_generate({getattr(getattr(pretrained, 'path', None), 'name', 'local')})"
 
     def generate(self, batch: Sequence[list[dict]]) -> list[Generation]:
+        """Generate a reply per message list of ``batch`` with the local model, batch_size prompts
+        at a time (chat template, greedy, max_new_tokens); a prompt that would pass the model's
+        context gives a failed Generation."""
         from jaxdm.decision.local import encode_messages
         from jaxdm.models import generate
 

@@ -52,6 +52,8 @@ class ValueQuery:
 
 @dataclasses.dataclass(frozen=True)
 class ValueResult:
+    """A value model's answer for one trajectory: values float32 [T - 1] of the interior states
+    1..T-1 (None when it failed), ok, the error, the cost and the raw reply."""
     values: np.ndarray | None  # float32 [T - 1], states 1..T-1
     ok: bool = True
     error: str | None = None
@@ -86,6 +88,8 @@ def state_context(traj: Trajectory, group_context: str, t: int) -> str:
 
 
 def state_question(traj: Trajectory, t: int) -> str:
+    """The value question asked at state ``t`` of ``traj`` (VALUE_QUESTION with the step and the
+    steps left of its budget)."""
     return prompts.VALUE_QUESTION.format(t=t, left=traj.budget - t)
 
 
@@ -133,9 +137,13 @@ class ReadoutValueModel:
         self.name = f"readout({getattr(backend, 'name', type(backend).__name__)})"
 
     def requests(self, q: ValueQuery) -> list[YesNo]:
+        """The YesNo questions of ``q``'s interior states (value_requests)."""
         return value_requests(q)
 
     def values(self, queries: Sequence[ValueQuery]) -> list[ValueResult]:
+        """Per query the backend's yes-probability at each interior state, float32 [T - 1], in one
+        score call per trajectory; a backend error or a failed answer gives a failed ValueResult
+        saying why."""
         out = []
         for q in queries:
             reqs = self.requests(q)
@@ -174,6 +182,9 @@ class ListValueModel:
         self.name = f"list({getattr(generator, 'name', type(generator).__name__)})"
 
     def values(self, queries: Sequence[ValueQuery]) -> list[ValueResult]:
+        """Per query one generation asked for the JSON list of the T - 1 interior values
+        (parse_value_list); a failed generation or a list that does not parse gives a failed
+        ValueResult. Trajectories of one step need no call (empty values)."""
         out: list[ValueResult | None] = [None] * len(queries)
         todo = []
         for i, q in enumerate(queries):
@@ -260,6 +271,8 @@ class OracleValueModel:
         self.name = f"oracle_value(noise={self.noise:g})"
 
     def clean_values(self, traj: Trajectory) -> np.ndarray:
+        """The noiseless oracle values [T + 1] of ``traj``: metadata['oracle_values'], else its
+        env's ORACLE_VALUES function; a missing oracle or a wrong shape is a ValueError."""
         if "oracle_values" in traj.metadata:
             v = np.asarray(traj.metadata["oracle_values"], np.float32)
         elif traj.env in ORACLE_VALUES:
@@ -273,6 +286,9 @@ class OracleValueModel:
         return v
 
     def values(self, queries: Sequence[ValueQuery]) -> list[ValueResult]:
+        """Per query the oracle's interior values [T - 1], plus Gaussian noise (seeded by the
+        query's identity, clipped to [0, 1]) when noise > 0; an oracle error gives a failed
+        ValueResult."""
         out = []
         for q in queries:
             t0 = time.perf_counter()

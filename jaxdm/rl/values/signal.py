@@ -30,6 +30,9 @@ __all__ = ["ValuesSignal", "values_signal", "plot_value_curves"]
 
 @dataclasses.dataclass
 class ValuesSignal:
+    """The value_curves signal of one iteration: anchored value curves float32 [B, T + 1], which
+    rows have real interior values [B], value/... metrics, the rows that fall back to GRPO with why,
+    and each row's ValueResult."""
     values: np.ndarray       # float32 [B, T + 1], anchored value curves
     value_rows: np.ndarray   # bool [B], rows whose interior values are real
     metrics: dict            # flat, slash-separated keys (value/...)
