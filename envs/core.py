@@ -58,21 +58,28 @@ class Environment(abc.ABC, Generic[S, P]):
 
     @property
     def default_params(self) -> P:
+        """The params reset and step use when none are given."""
         raise NotImplementedError
 
     def reset(self, key: Any, params: P | None = None) -> tuple[Any, S]:
+        """(first observation, state) of a new episode from ``key`` (default params when None)."""
         params = self.default_params if params is None else params
         return self.reset_env(key, params)
 
     def step(self, key: Any, state: S, action: Any, params: P | None = None):
+        """(obs, state, reward, done, info) after ``action`` in ``state`` (default params when
+        None)."""
         params = self.default_params if params is None else params
         return self.step_env(key, state, action, params)
 
     @abc.abstractmethod
-    def reset_env(self, key: Any, params: P) -> tuple[Any, S]: ...
+    def reset_env(self, key: Any, params: P) -> tuple[Any, S]:
+        """The subclass's reset: (first observation, state) from ``key`` under ``params``."""
 
     @abc.abstractmethod
-    def step_env(self, key: Any, state: S, action: Any, params: P): ...
+    def step_env(self, key: Any, state: S, action: Any, params: P):
+        """The subclass's raw transition: (obs, state, reward, done, info) of ``action`` in
+        ``state``."""
 
     def replay(self, key: Any, actions, params: P | None = None):
         """Reset with ``key`` and apply ``actions`` (step ``t`` keyed ``step_key(seed_of(key),

@@ -54,12 +54,15 @@ class LocalVectorEnv(RecordedPool):
         self._in_flight = self.recorder.collect(actions, results, self._run_resets)
 
     def step_wait(self) -> BatchStep:
+        """The BatchStep of the step_async call before (stepped in-process); without one a
+        RuntimeError."""
         if self._in_flight is None:
             raise RuntimeError("step_wait called without step_async")
         out, self._in_flight = self._in_flight, None
         return out
 
     def close(self) -> None:
+        """Nothing to close: the envs run in this process."""
         pass
 
     def _run_resets(self, seeds: dict[int, int]) -> dict[int, tuple]:

@@ -59,11 +59,14 @@ class EnvActor:
             self._init_error = traceback.format_exc()
 
     def ready(self) -> tuple:
+        """("ready", (pid, host)) once the actor built its environment, else ("init_error", the
+        traceback)."""
         if self._init_error is not None:
             return ("init_error", self._init_error)
         return ("ready", (os.getpid(), socket.gethostname()))
 
     def run(self, kind: str, job: tuple) -> tuple:
+        """Run one pool job (reset, step, ...) on the actor's env slots; the job's reply."""
         return run_job(self._env, self._params, self._held, kind, job)
 
     def watch(self) -> None:
@@ -97,6 +100,8 @@ class ActorLiveness:
         return self._alive
 
     def join(self, timeout: float | None = None) -> None:
+        """Wait up to ``timeout`` seconds for the liveness thread to end (not from that thread
+        itself)."""
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(timeout)
 
@@ -168,6 +173,9 @@ class RayWorker(WorkerHandle):
 
     # ---- start -----------------------------------------------------------------------------
     def wait_ready(self, deadline: float) -> "RayWorker":
+        """Wait until ``deadline`` for the actor to build its environment, then start the thread
+        that forwards its replies; a timeout or a build error kills the actor and raises
+        RuntimeError with the cause."""
         slots = self.slots
         ref = self.actor.ready.remote()
         try:

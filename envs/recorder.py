@@ -120,6 +120,7 @@ class RecordedEpisode:
 
     @property
     def success(self) -> bool:
+        """Whether the episode was won without an env error."""
         return self.won and self.error is None
 
     def step_key(self) -> int:
@@ -195,6 +196,7 @@ class EpisodeRecorder:
 
     @property
     def started(self) -> bool:
+        """Whether every slot has an episode under way (reset was called)."""
         return all(ep is not None for ep in self.episodes)
 
     @property
@@ -220,6 +222,8 @@ class EpisodeRecorder:
                 if not ep.done and a is not None}
 
     def pop_trajectories(self) -> list[Trajectory]:
+        """The trajectories of the episodes finished since the last call (the recorder forgets
+        them)."""
         out, self.trajectories = self.trajectories, []
         return out
 
@@ -491,10 +495,12 @@ class RecordedBatch:
 
     @property
     def batch_size(self) -> int:
+        """B: how many episodes the batch holds."""
         return int(np.shape(self.mask)[0])
 
     @property
     def num_steps(self) -> int:
+        """T: the padded step count of the batch."""
         return int(np.shape(self.mask)[1])
 
     def state(self, i: int, t: int) -> Any:

@@ -54,23 +54,32 @@ class Evaluation:
 
     @property
     def won(self) -> bool:
+        """Whether the task passed: it has requirements and every one passed."""
         return bool(self.requirements) and all(p for _, p in self.requirements)
 
 
 class ReplSession(Protocol):
     """A live REPL over one task's world."""
 
-    def execute(self, code: str) -> ExecResult: ...
+    def execute(self, code: str) -> ExecResult:
+        """Run one code cell in the session: its output, whether it ran cleanly and whether it took
+        effect."""
 
-    def completed(self) -> bool: ...
+    def completed(self) -> bool:
+        """Whether the agent marked the task complete."""
 
-    def evaluate(self) -> Evaluation: ...
+    def evaluate(self) -> Evaluation:
+        """The task's evaluation against the session's world now."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release the session (its worker process or sandbox)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class ReplState:
+    """A code-as-action episode: the task seed, goal and type, the code run so far with whether each
+    took effect (what a replay re-runs), the last observation, the code menu offered, done and won.
+    """
     task_seed: int
     goal: str
     task_type: str
@@ -83,10 +92,13 @@ class ReplState:
 
     @property
     def steps(self) -> int:
+        """How many actions (code cells) were run."""
         return len(self.actions)
 
     @property
     def key(self) -> tuple:
+        """The identity of the live session holding this state (seed, actions, which took effect).
+        """
         return (self.task_seed, self.actions, self.took_effect)
 
 
@@ -118,6 +130,8 @@ class ReplSessionEnv(Environment[ReplState, Any]):
 
     # ---- contract ---------------------------------------------------------------------------
     def reset_env(self, key: Any, params: Any):
+        """A fresh session of task ``key``'s seed; (its first observation, the state with goal, task
+        type and code menu)."""
         seed = seed_of(key)
         session = self.open_session(seed, params)
         goal, task_type, obs, menu = self.intro(session, params)
@@ -127,11 +141,16 @@ class ReplSessionEnv(Environment[ReplState, Any]):
         return obs, state
 
     def reset_info(self, state: ReplState, params: Any = None) -> dict[str, Any]:
+        """The reset info: goal, task type, max_turns as the budget, the code menu as admissible
+        actions, env name."""
         params = self.default_params if params is None else params
         return {"goal": state.goal, "task_type": state.task_type, "budget": params.max_turns,
                 "admissible_actions": list(state.menu), "env": self.name}
 
     def step_env(self, key: Any, state: ReplState, action: Any, params: Any):
+        """Run one code cell in the state's session (rebuilt by replaying the transcript when it is
+        not live): its output (cut to max_output_chars) as the observation, reward 1 when the task's
+        evaluation passes on completion; a finished episode or a non-string action is an error."""
         del key  # the world is deterministic given the task seed and the code
         if state.done:
             raise ValueError(f"step called on a finished {self.name} episode; reset first")

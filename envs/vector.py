@@ -204,6 +204,7 @@ class WorkerHandle:
     provides ``conn``, ``proc`` and ``kill`` (end the worker now and release the pipe)."""
 
     def kill(self) -> None:
+        """Kill the worker at once (its process or actor)."""
         raise NotImplementedError
 
     def request_close(self) -> None:
@@ -428,6 +429,7 @@ class VectorEnv(RecordedPool):
 
     @property
     def slot_ranges(self) -> list[range]:
+        """The env slots each worker holds, in worker order."""
         return list(self._slot_ranges)
 
     def step_async(self, actions: Sequence[Any]) -> None:

@@ -117,9 +117,12 @@ class AlfWorldState:
 
     @property
     def admissible_actions(self) -> list[str]:
+        """The commands that can be typed in this state, sorted."""
         return sorted(self.command_map())
 
     def command_map(self) -> Mapping[str, tuple]:
+        """{command: its parsed action} in this state (computed on first use, then kept on the
+        state)."""
         if self.commands is None:
             object.__setattr__(self, "commands", command_table(self.game, self))
         return self.commands
@@ -242,6 +245,7 @@ def _look(game: Game, state: AlfWorldState, *, intro: bool) -> str:
 
 
 def intro_text(game: Game, state: AlfWorldState) -> str:
+    """The first observation: the welcome line, what the agent sees around it, and the goal."""
     return f"{WELCOME}\n\n{_look(game, state, intro=True)}\n\n{game.goal}"
 
 
@@ -486,6 +490,8 @@ def task_subgoals(task_type: str) -> tuple[str, ...]:
 # The environment
 # --------------------------------------------------------------------------------------------
 def initial_state(game: Game) -> AlfWorldState:
+    """The state at the start of ``game``: the agent at its start location, what it holds, the
+    initial open / on / in relations."""
     d = game.init_dynamic
     un = lambda p: frozenset(a[0] for a in d.get(p, ()))  # noqa: E731
     held = tuple(sorted(o for a, o in d.get("holds", ()) if a == game.agent))
@@ -559,6 +565,7 @@ class AlfWorldEnv(Environment):
 
     @property
     def default_params(self) -> AlfWorldParams:
+        """The params this env was built with."""
         return self._params
 
     @classmethod
@@ -576,6 +583,8 @@ class AlfWorldEnv(Environment):
         return cls.from_files(find_games(root, split), **params)
 
     def game_for_seed(self, seed: int, params: AlfWorldParams) -> Game:
+        """The game of task ``seed``: params.games[seed % len] when games are given, else one
+        generated for the seed, split and task types."""
         if params.games:
             return params.games[seed % len(params.games)]
         from jaxdm.envs.alfworld.generator import generate_game
@@ -583,6 +592,7 @@ class AlfWorldEnv(Environment):
         return generate_game(seed, split=params.split, task_types=params.task_types)
 
     def reset_env(self, key: Any, params: AlfWorldParams) -> tuple[str, AlfWorldState]:
+        """A new episode of the game ``key``'s seed picks; (intro observation, initial state)."""
         game = self.game_for_seed(seed_of(key), params)
         state = initial_state(game)
         return state.last_observation, state
@@ -593,6 +603,8 @@ class AlfWorldEnv(Environment):
         return state.last_observation, state
 
     def info_of(self, state: AlfWorldState, notes: Mapping | None = None) -> dict:
+        """The step info of ``state``: admissible actions, goal and task type, whether the last
+        action was valid, a milestone or a no-op, its subgoal, and won."""
         game = state.game
         notes = notes or {"valid": True, "milestone": False, "no_op": False, "subgoal": "",
                           "won": state.won}
@@ -618,6 +630,9 @@ class AlfWorldEnv(Environment):
         return info
 
     def step_env(self, key: Any, state: AlfWorldState, action: Any, params: AlfWorldParams):
+        """One typed command through the native engine: (feedback, new state, reward 1 on the
+        winning step, done when won or out of budget, info with the milestone / no-op annotations);
+        a non-string action or a foreign state is a TypeError."""
         if not isinstance(state, AlfWorldState):
             raise TypeError(f"state must be an AlfWorldState, got {type(state).__name__}")
         if not isinstance(action, str):

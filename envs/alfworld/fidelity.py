@@ -28,6 +28,7 @@ class FidelityReport:
     mismatches: list = dataclasses.field(default_factory=list)
 
     def merge(self, other: "FidelityReport") -> "FidelityReport":
+        """Add ``other``'s counts and mismatches into this report; returns it."""
         self.problems += other.problems
         self.episodes += other.episodes
         self.steps += other.steps
@@ -36,6 +37,8 @@ class FidelityReport:
         return self
 
     def summary(self) -> str:
+        """One line: problems, episodes (won), steps compared and mismatches between the native and
+        the official engine."""
         return (f"{self.problems} problems, {self.episodes} episodes ({self.won_episodes} won), "
                 f"{self.steps} steps compared, {len(self.mismatches)} mismatches")
 

@@ -132,6 +132,8 @@ def find_games(root: str, split: str | None = None, *,
 
 
 def load_split(root: str, split: str, **kw) -> tuple[Game, ...]:
+    """Every game of ``split`` under the ALFWorld data ``root`` (find_games' options in ``kw``),
+    loaded."""
     return tuple(load_game(p) for p in find_games(root, split, **kw))
 
 

@@ -22,6 +22,9 @@ from jaxdm.trajectory import write_jsonl
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m jaxdm.envs.alfworld.generate_trajectories --n N --out FILE``: write N
+    noisy-expert trajectories (seed, action budget, split, ...) as Trajectory JSONL; returns the
+    exit code."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, required=True, help="number of trajectories")
     ap.add_argument("--out", required=True, help="output JSONL path")

@@ -130,6 +130,8 @@ class GeneratedTask:
     split: str
 
     def game(self) -> Game:
+        """The Game of this generated task (its PDDL problem, goal text and task), named by its
+        split and seed."""
         return Game(self.problem, self.goal_text, task=self.task,
                     where=f"generated {self.split} seed {self.seed}",
                     meta={"seed": self.seed, "split": self.split,

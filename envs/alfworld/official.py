@@ -57,11 +57,15 @@ class OfficialGame:
         self.last: Any = None
 
     def reset(self):
+        """Reset the official TextWorld game; its first game state (kept as ``last``), the command
+        history emptied."""
         self.last = self.env.reset()
         self.history = ()
         return self.last
 
     def step(self, command: str):
+        """Send ``command`` to the official game; (game state, score, done), the command appended to
+        the history."""
         self.last, score, done = self.env.step(command)
         self.history = self.history + (command,)
         return self.last, score, done
@@ -120,6 +124,7 @@ class OfficialAlfWorldEnv(Environment):
 
     @property
     def default_params(self) -> AlfWorldParams:
+        """The params this env was built with."""
         return self._params
 
     # ---- game registry ------------------------------------------------------------------
@@ -133,6 +138,8 @@ class OfficialAlfWorldEnv(Environment):
         return key
 
     def register_file(self, path: str) -> str:
+        """Register the game file at ``path`` (its traj_data.json beside it, if any) under its path
+        as key, once; returns the key."""
         if path not in self._data:
             import os
 
@@ -185,9 +192,12 @@ class OfficialAlfWorldEnv(Environment):
 
     # ---- API ----------------------------------------------------------------------------
     def reset_env(self, key: Any, params: AlfWorldParams):
+        """Reset the game the seed of ``key`` picks among the registered ones (reset_key)."""
         return self.reset_key(self._key_for_seed(seed_of(key), params))
 
     def reset_key(self, key: str):
+        """Reset the registered game ``key`` in the official engine, with the native engine's state
+        alongside; (its first feedback, an OfficialState with the admissible commands)."""
         live = self._live_game(key)
         gs = live.reset()
         native = initial_state(self._native[key])
@@ -197,6 +207,9 @@ class OfficialAlfWorldEnv(Environment):
         return gs.feedback, state
 
     def step_env(self, key: Any, state: OfficialState, action: Any, params: AlfWorldParams):
+        """One command in the official engine (replaying the history when the live game is not this
+        state's), the native engine stepped alongside for its milestone / no-op annotations; (obs,
+        state, reward, done, info)."""
         if not isinstance(action, str):
             raise TypeError(f"action must be a command string, got {type(action).__name__}")
         live = self._live_game(state.key)

@@ -94,6 +94,7 @@ class Problem:
     metric: tuple = ()
 
     def object_types(self) -> dict[str, str]:
+        """{object: its PDDL type} of the problem."""
         return dict(self.objects)
 
 

@@ -93,6 +93,9 @@ class GrammarVariant:
 
     @classmethod
     def from_texts(cls, grammar: str, domain: str, *, where: str = "game") -> "GrammarVariant":
+        """The grammar variant a game file's grammar and PDDL domain texts use (the "put ... in/on"
+        or "move ... to" wording of its commands and feedback); an unknown grammar is a named error.
+        """
         if "put {o} in/on {r}" in grammar:
             put_t, put_f = "put {o} in/on {r}", "You put the {o} in/on the {r}."
         elif "move {o} to {r}" in grammar:
@@ -250,6 +253,7 @@ class Game:
 
     # Objects of the task's target class (sorted ids), goal receptacles, lamps.
     def objects_of_type(self, otype: str | None) -> tuple[str, ...]:
+        """The game's objects of type ``otype``, sorted (cached; none for None)."""
         if otype is None:
             return ()
         key = ("o", otype)
@@ -259,6 +263,7 @@ class Game:
         return self._type_cache[key]
 
     def receptacles_of_type(self, rtype: str | None) -> tuple[str, ...]:
+        """The game's receptacles of type ``rtype``, sorted (cached; none for None)."""
         if rtype is None:
             return ()
         key = ("r", rtype)
@@ -269,6 +274,7 @@ class Game:
 
     @property
     def task_type(self) -> str:
+        """The game's task type (pick_and_place, pick_heat_then_place, ...)."""
         return self.task.task_type
 
     @property

@@ -55,6 +55,9 @@ def appworld_python(python: str = "") -> str:
 
 @dataclasses.dataclass(frozen=True)
 class AppWorldParams:
+    """Where AppWorld is (root: data/tasks, data/api_docs) and which tasks (task_ids, else the
+    dataset's), the Python that runs it, the turn budget, output cut, live-session cap and the
+    per-cell timeout with its grace."""
     root: str                          # APPWORLD_ROOT (holds data/tasks, data/api_docs)
     task_ids: tuple[str, ...] = ()     # empty: the ids of `dataset`
     dataset: str = "train"
@@ -116,6 +119,8 @@ class AppWorldSession:
         return facts
 
     def execute(self, code: str) -> ExecResult:
+        """Run one code cell in the task's AppWorld (a worker process): its output and whether it
+        took effect (a cell that timed out or killed the worker did not)."""
         try:
             reply = _checked(self._child.call({"op": "exec", "code": code},
                                               self.params.cell_timeout + self.params.grace),
@@ -130,6 +135,7 @@ class AppWorldSession:
         return ExecResult(out, ok=not out.startswith("Execution failed"))
 
     def completed(self) -> bool:
+        """Whether the agent marked the task complete (apis.supervisor.complete_task)."""
         return bool(_checked(self._child.call({"op": "completed"}, 60.0),
                              "task_completed")["completed"])
 
@@ -142,6 +148,7 @@ class AppWorldSession:
         return Evaluation(tuple(reqs))
 
     def close(self) -> None:
+        """Stop the session's worker process."""
         self._child.close(timeout=10.0)
 
 
@@ -157,6 +164,7 @@ class AppWorldEnv(ReplSessionEnv):
 
     @property
     def default_params(self) -> AppWorldParams:
+        """The params this env was built with."""
         return self._params
 
     def task_ids(self, params: AppWorldParams | None = None) -> tuple[str, ...]:
@@ -178,10 +186,13 @@ class AppWorldEnv(ReplSessionEnv):
         return self._task_ids[key]
 
     def open_session(self, seed: int, params: AppWorldParams) -> AppWorldSession:
+        """A fresh AppWorld session of the task ``seed`` picks (modulo the task count)."""
         ids = self.task_ids(params)
         return AppWorldSession(ids[seed % len(ids)], params)
 
     def intro(self, session: AppWorldSession, params: AppWorldParams):
+        """(goal, task type, first observation: the task and its supervisor, code menu) of a fresh
+        session."""
         f, sup = session.facts, session.facts["supervisor"]
         obs = (f"Task: {f['instruction']}\nSupervisor: {sup.get('first_name', '')} "
                f"{sup.get('last_name', '')} ({sup.get('email', '')}, "

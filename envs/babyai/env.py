@@ -191,13 +191,17 @@ class BabyAIEnv(Environment[BabyAIState, BabyAIParams]):
     # --- public API (jitted, self static) -----------------------------------------------
     @property
     def default_params(self) -> BabyAIParams:
+        """BabyAIParams() (the training split's task distribution)."""
         return BabyAIParams()
 
     @property
     def num_actions(self) -> int:
+        """The action count (left, right, forward, pickup, drop, toggle, done)."""
         return NUM_ACTIONS
 
     def reset(self, key: jax.Array, params: BabyAIParams | None = None):
+        """A new episode from PRNG ``key`` (checked, as are the params): (BabyAIObs, BabyAIState);
+        jittable and vmappable."""
         params = self.default_params if params is None else params
         _check_key(key)
         _check_params(params)
@@ -205,6 +209,8 @@ class BabyAIEnv(Environment[BabyAIState, BabyAIParams]):
 
     def step(self, key: jax.Array, state: BabyAIState, action: Any,
              params: BabyAIParams | None = None):
+        """One action (an int or int array, checked) from ``state``: (obs, state, reward, done,
+        info), auto-resetting a finished episode; jittable and vmappable."""
         params = self.default_params if params is None else params
         _check_key(key)
         check_actions(action)
@@ -270,6 +276,7 @@ class BabyAIEnv(Environment[BabyAIState, BabyAIParams]):
 
     # --- generation ---------------------------------------------------------------------
     def reset_env(self, key: jax.Array, params: BabyAIParams):
+        """A generated task from ``key`` and its first observation."""
         state = self.generate(key, params)
         return self.get_obs(state), state
 
@@ -422,6 +429,8 @@ class BabyAIEnv(Environment[BabyAIState, BabyAIParams]):
 
     # --- observation ----------------------------------------------------------------------
     def get_obs(self, state: BabyAIState) -> BabyAIObs:
+        """The agent's observation: its egocentric view image, direction and the mission's target.
+        """
         return BabyAIObs(image=self.egocentric_view(state), direction=state.agent_dir,
                          mission=state.target)
 

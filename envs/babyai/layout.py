@@ -151,10 +151,12 @@ class LayoutTables:
     inner_side: int
 
     def door_cell(self, slot: int, offset: int) -> tuple[int, int]:
+        """The (x, y) grid cell of door slot ``slot`` at ``offset`` along its wall."""
         x, y = self.door_base[slot] + offset * self.door_axis[slot]
         return int(x), int(y)
 
     def room_origin(self, room: int) -> tuple[int, int]:
+        """The (x, y) of room ``room``'s top-left wall corner (rooms share their walls)."""
         step = self.room_size - 1
         return (room % NUM_COLS) * step, (room // NUM_COLS) * step
 

@@ -68,6 +68,8 @@ class SixRoomPickupLevel(RoomGridLevel):
                       int(agent_dir), target)
 
     def gen_mission(self):
+        """Build the official MiniGrid grid of the task this level was given (the grid, the agent's
+        pose and the target's type and colour) and its mission text."""
         grid, pos, direction, (ttype, tcolour) = self._task
         self.grid, _ = Grid.decode(grid)
         step = self.room_size - 1
@@ -93,6 +95,8 @@ class SixRoomPickupLevel(RoomGridLevel):
         self.instrs = PickupInstr(ObjDesc(L.IDX_TO_OBJECT[ttype], L.COLOR_NAMES[tcolour]))
 
     def reset(self, **kwargs):
+        """Reset as MiniGrid does, then restore the fixed step budget (RoomGridLevel derives its
+        own)."""
         out = super().reset(**kwargs)
         self.max_steps = self._fixed_max_steps  # RoomGridLevel derives its own budget
         return out
@@ -156,6 +160,7 @@ class MiniGridTextEnv(Environment[MiniGridTextState, None]):
 
     @property
     def default_params(self):
+        """None: the adapter takes no params."""
         return None
 
     # --- live env bookkeeping -----------------------------------------------------------
@@ -209,6 +214,8 @@ class MiniGridTextEnv(Environment[MiniGridTextState, None]):
 
     # --- Environment API ------------------------------------------------------------------
     def reset_env(self, key: Any, params: None = None):
+        """A new episode of the official MiniGrid level from ``key``'s seed; (text observation,
+        state)."""
         seed = seed_of(key)
         env = self._make()
         obs, _ = env.reset(seed=seed)
@@ -219,6 +226,8 @@ class MiniGridTextEnv(Environment[MiniGridTextState, None]):
         return text, state
 
     def step_env(self, key: Any, state: MiniGridTextState, action: Any, params: None = None):
+        """One text action in the official MiniGrid level: (text observation, state, reward, done,
+        info); an unknown action is invalid (no step taken), a finished episode a ValueError."""
         if not isinstance(state, MiniGridTextState):
             raise TypeError(f"state must be a MiniGridTextState, got {type(state).__name__}")
         if state.done:

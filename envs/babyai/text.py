@@ -167,6 +167,7 @@ class BabyAITextEnv(Environment[BabyAITextState, BabyAIParams]):
 
     @property
     def default_params(self) -> BabyAIParams:
+        """The params this env was built with."""
         return self._params
 
     @staticmethod
@@ -179,11 +180,15 @@ class BabyAITextEnv(Environment[BabyAITextState, BabyAIParams]):
         return jax.random.key(seed_of(key))
 
     def observe(self, core: BabyAIState, image: np.ndarray | None = None) -> str:
+        """The text observation of ``core``: what the agent sees (its egocentric view, rendered if
+        not given), what it carries, and the mission."""
         if image is None:
             image = np.asarray(self.core_env.egocentric_view(core))
         return render_text(image, np.asarray(core.carrying), mission_text(np.asarray(core.target)))
 
     def reset_env(self, key: Any, params: BabyAIParams):
+        """A new BabyAI episode from ``key`` through the jitted JAX env; (text observation,
+        BabyAITextState)."""
         _check_params(params)
         obs, core = self._reset_fn(self._key(key), params)
         core = _host(core)
@@ -195,6 +200,8 @@ class BabyAITextEnv(Environment[BabyAITextState, BabyAIParams]):
         return text, state
 
     def step_env(self, key: Any, state: BabyAITextState, action: Any, params: BabyAIParams):
+        """One text action (an action name) through the jitted JAX env: (text observation, state,
+        reward, done, info); an unknown action is invalid, a finished episode a ValueError."""
         if not isinstance(state, BabyAITextState):
             raise TypeError(f"state must be a BabyAITextState, got {type(state).__name__}")
         if state.done:

@@ -29,6 +29,7 @@ class World:
         self.data.setdefault("task", {"status": "active", "answer": None})
 
     def snapshot(self) -> dict:
+        """A deep copy of the world's data (what an evaluation compares against)."""
         return copy.deepcopy(self.data)
 
 
@@ -54,6 +55,7 @@ class AppApis:
 
 
 class ClockApis(AppApis):
+    """The clock app: list, create, update and delete alarms."""
     app_name = "clock"
     description = "Alarms: list, create, update (time, label, enabled) and delete them."
 
@@ -86,6 +88,7 @@ class ClockApis(AppApis):
 
 
 class NotesApis(AppApis):
+    """The notes app: search notes by tag, create and delete them."""
     app_name = "notes"
     description = "Notes with tags: search, create and delete them."
 
@@ -106,6 +109,7 @@ class NotesApis(AppApis):
 
 
 class WalletApis(AppApis):
+    """The wallet app: balance, contacts, transactions and sending money to a contact."""
     app_name = "wallet"
     description = "Money: balance, contacts, transactions and sending money to a contact."
 

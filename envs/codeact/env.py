@@ -19,6 +19,8 @@ __all__ = ["CodeActParams", "CodeActEnv", "make_codeact_env"]
 
 @dataclasses.dataclass(frozen=True)
 class CodeActParams:
+    """Params of the CodeAct env: split and task types, the turn budget, output cut, live-session
+    cap and the sandbox limits; bad values are ValueErrors."""
     split: str = "train"
     task_types: tuple[str, ...] = TASK_TYPES
     max_turns: int = 8
@@ -38,6 +40,8 @@ class CodeActParams:
 
 
 class CodeActEnv(ReplSessionEnv):
+    """Code-as-action tasks over small simulated apps (clock, notes, wallet, ...), each episode a
+    sandboxed Python REPL (ReplSessionEnv)."""
     name = "codeact"
 
     def __init__(self, params: CodeActParams | None = None):
@@ -46,12 +50,16 @@ class CodeActEnv(ReplSessionEnv):
 
     @property
     def default_params(self) -> CodeActParams:
+        """The params this env was built with."""
         return self._params
 
     def open_session(self, seed: int, params: CodeActParams) -> Sandbox:
+        """A fresh sandbox of task ``seed`` in the params' split and task types."""
         return Sandbox(seed, params.split, tuple(params.task_types), params.limits)
 
     def intro(self, session: Sandbox, params: CodeActParams):
+        """(goal: the instruction, task type, first observation: the task and how to reach the apps,
+        code menu) of a fresh session."""
         f = session.facts
         obs = (f"Task: {f['instruction']}\nWrite Python; `apis` reaches the apps "
                f"(apis.api_docs.show_app_descriptions() lists them). Finish with "

@@ -37,6 +37,8 @@ __all__ = ["SandboxLimits", "Sandbox", "SandboxLost"]
 
 @dataclasses.dataclass(frozen=True)
 class SandboxLimits:
+    """Limits of a CodeAct sandbox: wall seconds per cell, CPU seconds of the whole session, the
+    child's address space, and the grace before a silent child is killed."""
     cell_timeout: float = 2.0     # wall seconds per cell
     cpu_seconds: int = 60         # CPU seconds of the whole session
     memory_mb: int = 512          # address space of the child
@@ -84,6 +86,8 @@ class Sandbox:
 
     # ---- ReplSession --------------------------------------------------------------------------
     def execute(self, code: str) -> ExecResult:
+        """Run one code cell in the child process; a cell that times out or kills the child restarts
+        it from the cells before (counted in ``restarts``) and took no effect."""
         try:
             reply = self._call({"op": "exec", "code": code}, self._cell_deadline())
         except SandboxLost as e:
@@ -95,13 +99,16 @@ class Sandbox:
         return ExecResult(reply["output"], bool(reply["ok"]))
 
     def completed(self) -> bool:
+        """Whether the agent called apis.supervisor.complete_task."""
         return bool(self._call({"op": "completed"}, 10.0)["completed"])
 
     def evaluate(self) -> Evaluation:
+        """The task's requirements checked against the child's world now."""
         reqs = self._call({"op": "evaluate"}, 10.0)["requirements"]
         return Evaluation(tuple((str(r), bool(p)) for r, p in reqs))
 
     def close(self) -> None:
+        """Stop the child process and remove its temporary folder."""
         if self._child is not None:
             self._child.close()
             self._child = None

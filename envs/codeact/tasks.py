@@ -32,6 +32,8 @@ _TAGS = ("work", "home", "travel", "ideas", "books")
 
 @dataclasses.dataclass(frozen=True)
 class Task:
+    """One CodeAct task: its seed and type, the instruction, the apps' starting world, and what the
+    validation checks."""
     seed: int
     task_type: str
     instruction: str

@@ -41,9 +41,12 @@ ERROR_KINDS = ("near_duplicate", "act_instead_of_ask", "wrong_parameter", "needl
 
 
 class Agent(Protocol):
+    """A scripted or model agent playing DECISION GYM: a name and act(env, state, params) -> the
+    next action as a JSON tool call."""
     name: str
 
-    def act(self, env: DecisionGym, state: GymState, params: GymParams) -> str: ...
+    def act(self, env: DecisionGym, state: GymState, params: GymParams) -> str:
+        """The agent's next action in ``state``: a JSON tool call (format_action)."""
 
 
 def _shift(state: GymState, params: GymParams) -> bool:
@@ -89,6 +92,7 @@ class ExpertAgent:
     name: str = "expert"
 
     def act(self, env: DecisionGym, state: GymState, params: GymParams) -> str:
+        """The next call of the task's correct plan (finish when the plan is done)."""
         key = env.answer_key(state)
         if key is None:
             return format_action(TOOL_BY_NAME["finish"].display_name(_shift(state, params)), {})
@@ -114,6 +118,9 @@ class NoisyAgent:
             raise ValueError(f"unknown error kind(s) {sorted(bad)}; expected {ERROR_KINDS}")
 
     def act(self, env: DecisionGym, state: GymState, params: GymParams) -> str:
+        """The expert's next call, replaced with error_rate probability by a plausible wrong one of
+        the agent's error kinds (ERROR_KINDS), seeded by the agent seed, task and step.
+        """
         shift = _shift(state, params)
         key = env.answer_key(state)
         rng = random.Random(f"{self.seed}/{state.task.task_id}/{state.t}")
@@ -238,6 +245,9 @@ class DecisionModelAgent:
             raise TypeError(f"model {self.model!r} has no choose(questions) method")
 
     def act(self, env: DecisionGym, state: GymState, params: GymParams) -> str:
+        """The tool the decision model chooses for the state's tool question (the expert's when its
+        answer failed, counted as a fallback), with arguments from the expert or the model
+        (params_from)."""
         shift = _shift(state, params)
         context = render_context(state)
         question = q_lib.tool_question(state, params, context, require_key=False)
@@ -276,6 +286,8 @@ class RecordedState:
     expert_action: str
 
     def to_dict(self) -> dict[str, Any]:
+        """The state as a JSON record: task, step, whether an error came before, the questions with
+        their answer keys, the action taken and the expert's."""
         qs = self.questions
         return {
             "task_id": self.task_id, "step": self.step, "after_error": self.after_error,

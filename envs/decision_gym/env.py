@@ -84,12 +84,15 @@ class GymState:
     truncated: bool = False
 
     def order(self, order_id: str) -> Order | None:
+        """The order ``order_id`` as it stands in this state (after the episode's writes), None when
+        there is none."""
         for o in self.orders:
             if o.order_id == order_id:
                 return o
         return None
 
     def customer(self, customer_id: str) -> Customer | None:
+        """The customer ``customer_id`` as it stands in this state, None when there is none."""
         for c in self.customers:
             if c.customer_id == customer_id:
                 return c
@@ -97,6 +100,8 @@ class GymState:
 
     @property
     def solvable(self) -> bool:
+        """Whether the task can still succeed: nothing broke it, no irreversible error, and it did
+        not end unwon."""
         return self.broken is None and self.irreversible_error is None and not (
             self.done and not self.won)
 
@@ -122,10 +127,14 @@ def parse_action(action: Any) -> tuple[str | None, Any, str | None]:
 
 
 def format_action(tool: str, args: Mapping[str, Any]) -> str:
+    """An action as the env reads it: {"tool": name, "args": {...}} as JSON, arguments sorted by
+    name."""
     return json.dumps({"tool": tool, "args": {k: args[k] for k in sorted(args)}})
 
 
 def policy_text(task: Task) -> str:
+    """The shop policy the agent is shown for ``task`` (verification, cancel and return rules, and
+    the fee and regional rules where the task has them)."""
     lines = [
         "Shop policy:",
         "- Verify the customer's account (find it by email or customer id) before discussing "
@@ -164,6 +173,7 @@ class DecisionGym(Environment[GymState, GymParams]):
 
     @property
     def default_params(self) -> GymParams:
+        """GymParams() (the base variant's defaults)."""
         return GymParams()
 
     # ---- episodes --------------------------------------------------------------------
@@ -191,9 +201,12 @@ class DecisionGym(Environment[GymState, GymParams]):
         return lo + seed % (hi - lo)
 
     def reset_env(self, key: Any, params: GymParams) -> tuple[str, GymState]:
+        """A new episode of the task generated from ``key``'s task seed in the params' variant and
+        split."""
         return self.reset_to_task(generate_task(self.task_seed(key, params), params.variant))
 
     def reset_to_task(self, task: Task) -> tuple[str, GymState]:
+        """An episode of the given ``task`` (its first observation, its initial state)."""
         state = GymState(task=task, customers=task.customers, orders=task.orders,
                          stock=tuple((p.product_id, p.stock) for p in task.products),
                          known=task.given)
@@ -223,6 +236,11 @@ class DecisionGym(Environment[GymState, GymParams]):
 
     # ---- stepping --------------------------------------------------------------------
     def step_env(self, key: Any, state: GymState, action: Any, params: GymParams):
+        """One JSON tool call: read tools return the looked-up record, write tools change the
+        shop's state (a write the plan does not make ends the episode as an irreversible error
+        with params.strict, else leaves the task unsolvable), finish ends the episode (reward 1
+        when finishing was the plan's next step); a call that does not parse or fails its
+        argument check is invalid (a no-op turn); max_steps truncates."""
         del key  # the environment is deterministic given the state
         task = state.task
         shift = params.variant == SHIFT or task.variant == SHIFT

@@ -63,18 +63,24 @@ class AnswerKey:
 
     @property
     def tools(self) -> tuple[str, ...]:
+        """The tools of the correct plan, in order."""
         return tuple(name for name, _ in self.calls)
 
     def params(self, tool: str) -> dict[str, frozenset]:
+        """{parameter: the values it accepts} of ``tool``'s call in the plan (empty when the plan
+        has no such call)."""
         for name, ps in self.calls:
             if name == tool:
                 return dict(ps)
         raise KeyError(f"tool {tool!r} is not in the answer key {self.tools}")
 
     def accepts_tool(self, tool: str) -> bool:
+        """Whether ``tool`` is one of the plan's tools."""
         return tool in self.tools
 
     def accepts_value(self, tool: str, param: str, value: Any) -> bool:
+        """Whether ``value`` is an accepted value of ``param`` in ``tool``'s call (a parameter the
+        plan does not constrain accepts anything)."""
         allowed = self.params(tool).get(param)
         if allowed is None:
             return True
@@ -90,6 +96,7 @@ class AnswerKey:
         return True
 
     def to_json(self) -> dict[str, dict[str, list]]:
+        """The key as JSON: {tool: {parameter: sorted accepted values}}."""
         return {name: {p: sorted(vs, key=lambda v: (v is not None, str(v))) for p, vs in ps}
                 for name, ps in self.calls}
 
@@ -106,11 +113,14 @@ def fee_applies(task: Task, order: Order) -> bool:
 
 
 def region_of(address: str) -> str:
+    """The two-letter region of a US-style address ("..., CA 94110"), "" when there is none."""
     m = re.search(r",\s*([A-Z]{2})\s+\d{5}\s*$", address)
     return m.group(1) if m else ""
 
 
 def return_eligible(task: Task, order: Order, item_id: str) -> bool:
+    """Whether ``item_id`` of ``order`` can be returned: delivered, the item open and not already
+    returned, within the requester's return window."""
     item = order.item(item_id)
     if order.status != "delivered" or item is None or item.status != "open":
         return False

@@ -34,9 +34,11 @@ class Param:
 
     @property
     def json_type(self) -> str:
+        """The parameter's JSON Schema type (number, integer, boolean, else string)."""
         return {"number": "number", "integer": "integer", "bool": "boolean"}.get(self.sem, "string")
 
     def schema(self) -> dict[str, Any]:
+        """The parameter's JSON Schema (type, allowed values as an enum, description)."""
         s: dict[str, Any] = {"type": self.json_type}
         if self.values:
             s["enum"] = list(self.values)
@@ -58,12 +60,15 @@ class Tool:
     shift_description: str
 
     def display_name(self, shift: bool) -> str:
+        """The tool's name as shown: its Shift-variant name under ``shift``."""
         return self.shift_name if shift else self.name
 
     def display_description(self, shift: bool) -> str:
+        """The tool's description as shown (the Shift variant's under ``shift``)."""
         return self.shift_description if shift else self.description
 
     def param(self, name: str) -> Param | None:
+        """The tool's parameter called ``name``, None when it has none."""
         for p in self.params:
             if p.name == name:
                 return p
@@ -82,6 +87,7 @@ class Tool:
         }
 
     def signature(self, shift: bool = False) -> str:
+        """"name(a, b?)": the shown name with its parameters, optional ones marked "?"."""
         args = ", ".join(p.name + ("" if p.required else "?") for p in self.params)
         return f"{self.display_name(shift)}({args})"
 

@@ -58,6 +58,8 @@ def split_of(seed: int) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Customer:
+    """A shop customer: id, name, email, phone, address, city, region, loyalty tier and gift
+    cards."""
     customer_id: str
     name: str
     email: str
@@ -71,6 +73,7 @@ class Customer:
 
 @dataclasses.dataclass(frozen=True)
 class Product:
+    """A catalogue product: id, name, price and units in stock."""
     product_id: str
     name: str
     price: float
@@ -79,6 +82,7 @@ class Product:
 
 @dataclasses.dataclass(frozen=True)
 class Item:
+    """A line of an order: product, quantity, unit price and which shipment (1 or 2) carries it."""
     product_id: str
     name: str
     qty: int
@@ -89,6 +93,8 @@ class Item:
 
 @dataclasses.dataclass(frozen=True)
 class Order:
+    """A customer's order: its items, status, age in hours, shipping address and the rest of its
+    record."""
     order_id: str
     customer_id: str
     items: tuple[Item, ...]
@@ -104,9 +110,11 @@ class Order:
 
     @property
     def total(self) -> float:
+        """The order's total price (quantity x price over its items, rounded to cents)."""
         return round(sum(i.qty * i.price for i in self.items), 2)
 
     def item(self, product_id: str) -> Item | None:
+        """The order's line of ``product_id``, None when it has none."""
         for i in self.items:
             if i.product_id == product_id:
                 return i
@@ -140,21 +148,25 @@ class Task:
 
     @property
     def task_id(self) -> str:
+        """"<variant>-<seed>", the task's name in results."""
         return f"{self.variant}-{self.seed}"
 
     def fact(self, name: str):
+        """The true value of hidden fact ``name`` (None when the task has no such fact)."""
         for k, v in self.facts:
             if k == name:
                 return v
         return None
 
     def customer(self, customer_id: str) -> Customer | None:
+        """The customer with ``customer_id``, None when there is none."""
         for c in self.customers:
             if c.customer_id == customer_id:
                 return c
         return None
 
     def product(self, product_id: str) -> Product | None:
+        """The product with ``product_id``, None when there is none."""
         for p in self.products:
             if p.product_id == product_id:
                 return p
@@ -162,11 +174,13 @@ class Task:
 
     @property
     def requester(self) -> Customer:
+        """The customer who wrote the request."""
         c = self.customer(self.customer_id)
         assert c is not None
         return c
 
     def return_days(self, customer: Customer) -> int:
+        """How many days ``customer`` has to return an item (longer for gold tier)."""
         return GOLD_RETURN_DAYS if customer.tier == "gold" else RETURN_DAYS
 
 

@@ -91,6 +91,9 @@ def parse_tool_call(action: str) -> tuple[str, dict[str, Any]]:
 
 @dataclasses.dataclass(frozen=True)
 class SWEParams:
+    """A SWE-bench run: the instances file (swebench's format), the root of the per-instance
+    checkouts, the turn budget, output cut, live-session cap, and the timeouts of a test run and of
+    grading."""
     instances: str                 # .json / .jsonl / .parquet in swebench's dataset format
     repo_root: str                 # <repo_root>/<instance_id>: a git checkout at base_commit
     max_turns: int = SWE_TURN_BUDGET
@@ -121,6 +124,8 @@ class SWESession:
         self.submitted = False
 
     def execute(self, action: str) -> ExecResult:
+        """Run one JSON tool call (view, edit, run_tests, or the submit that ends it) in the instance's sandbox
+        checkout; its output, or an invalid-call result that took no effect."""
         try:
             name, args = parse_tool_call(action)
         except ToolCallError as e:
@@ -142,6 +147,7 @@ class SWESession:
             return ExecResult(f"{name} failed: {e}", ok=False)
 
     def completed(self) -> bool:
+        """Whether the agent submitted its patch."""
         return self.submitted
 
     def evaluate(self) -> Evaluation:
@@ -157,6 +163,7 @@ class SWESession:
         return Evaluation(tuple(reqs), report=json.dumps(result.report, sort_keys=True))
 
     def close(self) -> None:
+        """Remove the session's sandbox."""
         self.box.close()
 
 
@@ -172,6 +179,7 @@ class SWEBenchEnv(ReplSessionEnv):
 
     @property
     def default_params(self) -> SWEParams:
+        """The params this env was built with."""
         return self._params
 
     def instances(self, params: SWEParams | None = None) -> list[dict]:
@@ -185,6 +193,8 @@ class SWEBenchEnv(ReplSessionEnv):
         return self._instances[path]
 
     def open_session(self, seed: int, params: SWEParams) -> SWESession:
+        """A fresh session (a sandbox copy of the checkout at base_commit) of the instance ``seed``
+        picks (modulo the instance count); a missing checkout is a named error."""
         found = self.instances(params)
         instance = found[seed % len(found)]
         repo_dir = os.path.join(params.repo_root, instance["instance_id"])
@@ -194,6 +204,8 @@ class SWEBenchEnv(ReplSessionEnv):
         return SWESession(instance, repo_dir, params)
 
     def intro(self, session: SWESession, params: SWEParams):
+        """(goal: the issue text, task type: the repository, first observation, menu: views of the
+        first files) of a fresh session."""
         inst = session.instance
         menu = [tool_call("view", path=f) for f in session.box.files()[:params.menu_files]]
         menu += [tool_call("run_tests"), tool_call("submit")]

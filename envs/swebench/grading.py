@@ -99,11 +99,14 @@ class RepoSandbox:
         return out
 
     def close(self) -> None:
+        """Remove the sandbox's temporary copy of the repository."""
         self._tmp.cleanup()
 
 
 @dataclasses.dataclass(frozen=True)
 class GradeResult:
+    """The grade of a patch: reward (1.0 resolved, else 0.0), whether the instance is resolved,
+    swebench's report and the eval log."""
     reward: float
     resolved: bool
     report: dict

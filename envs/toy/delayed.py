@@ -35,12 +35,16 @@ class DelayedEnv(Environment):
 
     @property
     def default_params(self):
+        """The wrapped env's default params."""
         return self.inner.default_params
 
     def reset_env(self, key, params):
+        """The wrapped env's reset, undelayed."""
         return self.inner.reset(key, params)
 
     def step_env(self, key, state, action, params):
+        """The wrapped env's step after step_delay_s seconds (spent spinning the CPU when ``busy``,
+        else sleeping), to test pipelined rollouts."""
         if self.busy:
             end = time.perf_counter() + self.step_delay_s
             while time.perf_counter() < end:

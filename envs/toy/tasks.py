@@ -71,6 +71,8 @@ class OrderingParams:
 
 @dataclasses.dataclass(frozen=True)
 class OrderingState:
+    """One ordering episode's state: the task type, object and receptacle, the task seed, whether
+    the prerequisite was done, the distractor commands, steps taken, done and won."""
     task_type: str
     obj: str
     receptacle: str
@@ -84,15 +86,18 @@ class OrderingState:
 
     @property
     def goal(self) -> str:
+        """The goal text (e.g. put a hot mug in the cabinet)."""
         adj = TASK_TYPES[self.task_type][1]
         return f"put a {adj} {self.obj} in the {self.receptacle}."
 
     @property
     def prerequisite(self) -> str:
+        """The command that must come first (e.g. "heat the mug")."""
         return f"{TASK_TYPES[self.task_type][0]} the {self.obj}"
 
     @property
     def final(self) -> str:
+        """The command that wins once the prerequisite is done ("put the mug in the cabinet")."""
         return f"put the {self.obj} in the {self.receptacle}"
 
 
@@ -106,6 +111,7 @@ class OrderingEnv(Environment[OrderingState, OrderingParams]):
 
     @property
     def default_params(self) -> OrderingParams:
+        """The params this env was built with (OrderingParams() by default)."""
         return self._params
 
     # ---- helpers ------------------------------------------------------------------------
@@ -117,6 +123,8 @@ class OrderingEnv(Environment[OrderingState, OrderingParams]):
 
     def reset_info(self, state: OrderingState, params: OrderingParams | None = None
                    ) -> dict[str, Any]:
+        """The reset info of ``state``: goal, task type, step budget, admissible actions and env
+        name."""
         params = params or self._params
         return {"goal": state.goal, "task_type": state.task_type, "budget": params.budget,
                 "admissible_actions": list(self.admissible_actions(state)), "env": self.name}
@@ -128,6 +136,8 @@ class OrderingEnv(Environment[OrderingState, OrderingParams]):
 
     # ---- contract -----------------------------------------------------------------------
     def reset_env(self, key: Any, params: OrderingParams):
+        """A new episode from ``key`` (an int seed or PRNG key): task type, object (of the params'
+        split) and receptacle drawn from it; (first observation, state)."""
         seed = seed_of(key)
         rng = np.random.default_rng([seed, 1])
         task_type = params.task_types[rng.integers(len(params.task_types))]
@@ -145,6 +155,10 @@ class OrderingEnv(Environment[OrderingState, OrderingParams]):
         return self._observation(state, "You arrive in the kitchen."), state
 
     def step_env(self, key: Any, state: OrderingState, action: Any, params: OrderingParams):
+        """One command: the prerequisite marks it done, the final command wins after it (reward 1)
+        and ends the episode before it; a command not offered is invalid; the budget truncates.
+        (obs, state, reward, done, info); stepping a finished episode is a ValueError, a non-string
+        action a TypeError."""
         if state.done:
             raise ValueError("step called on a finished OrderingEnv episode; reset first")
         if not isinstance(action, str):
@@ -187,6 +201,8 @@ class OrderingEnv(Environment[OrderingState, OrderingParams]):
 
 @dataclasses.dataclass(frozen=True)
 class PickTargetParams:
+    """Params of the one-step pick task: how many options (2 to the distractor count + 1) and the
+    target command."""
     num_options: int = 8
     target: str = "open the door"
 
@@ -203,6 +219,7 @@ _PICK_DISTRACTORS = ("look around", "sing a song", "wait", "jump", "go to the ga
 
 @dataclasses.dataclass(frozen=True)
 class PickTargetState:
+    """A pick episode: the shuffled options, the target, done and won."""
     options: tuple[str, ...]
     target: str
     done: bool = False
@@ -210,6 +227,7 @@ class PickTargetState:
 
     @property
     def goal(self) -> str:
+        """The goal text: the target command."""
         return f"{self.target}."
 
 
@@ -223,14 +241,19 @@ class PickTargetEnv(Environment[PickTargetState, PickTargetParams]):
 
     @property
     def default_params(self) -> PickTargetParams:
+        """The params this env was built with."""
         return self._params
 
     def reset_info(self, state: PickTargetState, params: PickTargetParams | None = None
                    ) -> dict[str, Any]:
+        """The reset info: goal, task type "pick", budget 1, the options as admissible actions, env
+        name."""
         return {"goal": state.goal, "task_type": "pick", "budget": 1,
                 "admissible_actions": list(state.options), "env": self.name}
 
     def reset_env(self, key: Any, params: PickTargetParams):
+        """A new episode from ``key``: the target among num_options - 1 distinct distractors, in a
+        seeded random order."""
         rng = np.random.default_rng([seed_of(key), 2])
         others = [d for d in _PICK_DISTRACTORS if d != params.target]
         pick = rng.choice(len(others), size=params.num_options - 1, replace=False)
@@ -239,6 +262,8 @@ class PickTargetEnv(Environment[PickTargetState, PickTargetParams]):
         return "You are in a small room.", PickTargetState(options=opts, target=params.target)
 
     def step_env(self, key: Any, state: PickTargetState, action: Any, params: PickTargetParams):
+        """The one step: reward 1 and won for the target, 0 otherwise (a command not offered is
+        invalid); the episode ends either way."""
         if state.done:
             raise ValueError("step called on a finished PickTargetEnv episode; reset first")
         if not isinstance(action, str):

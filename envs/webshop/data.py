@@ -237,6 +237,10 @@ def _price_limit(price: float, rng: random.Random) -> tuple[float, str]:
 
 def human_goals(products: Sequence[Mapping], prices: Mapping[str, float], rng: random.Random,
                 where: str = "human instructions") -> list[dict]:
+    """WebShop goals from the products' human-written instructions: per instruction (with at
+    least one attribute) its text plus a price bound drawn with ``rng``, its attributes and
+    options, and the product it came from; an instruction missing a key is a
+    WebShopDataError naming the product."""
     goals = []
     for item in products:
         if "instructions" not in item:
@@ -268,6 +272,9 @@ def human_goals(products: Sequence[Mapping], prices: Mapping[str, float], rng: r
 
 def synthetic_goals(products: Sequence[Mapping], prices: Mapping[str, float],
                     rng: random.Random) -> list[dict]:
+    """WebShop goals generated from each product's instruction text: one per combination of its
+    option values (named in the instruction), with a price bound drawn with ``rng``; a product
+    with an instruction but no instruction_attributes is a WebShopDataError."""
     goals = []
     counts: dict[str, int] = {}
     for product in products:
@@ -318,9 +325,11 @@ class WebShopCatalog:
         object.__setattr__(self, "_by_asin", {p["asin"].upper(): p for p in self.products})
 
     def product(self, asin: str) -> dict:
+        """The product with id ``asin`` (case-insensitive); a KeyError when there is none."""
         return self._by_asin[asin.upper()]
 
     def has_product(self, asin: str) -> bool:
+        """Whether the catalogue holds product ``asin`` (case-insensitive)."""
         return asin.upper() in self._by_asin
 
     def split_indices(self, split: str) -> range:
@@ -337,6 +346,9 @@ class WebShopCatalog:
     @classmethod
     def from_records(cls, products: Sequence[Mapping], *, human: bool = True, price_seed: int = 0,
                      split_bounds: tuple[int, int] = (500, 1500)) -> "WebShopCatalog":
+        """A catalogue from parsed product records: prices drawn with ``price_seed``, goals from
+        human instructions (or synthetic ones), shuffled in a fixed order, split at ``split_bounds``
+        into test / eval / train."""
         rng = random.Random(price_seed)
         prices = product_prices(products, rng)
         make_goals = human_goals if human else synthetic_goals

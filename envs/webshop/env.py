@@ -74,6 +74,7 @@ class WebShopState:
 
     @property
     def options_dict(self) -> dict[str, str]:
+        """The options chosen so far on the item page, as {option name: value}."""
         return dict(self.options)
 
     def view(self) -> tuple:
@@ -109,6 +110,7 @@ class WebShopEnv(Environment[WebShopState, WebShopParams]):
 
     @property
     def default_params(self) -> WebShopParams:
+        """The params this env was built with."""
         return self._params
 
     def warm_up(self) -> None:
@@ -120,13 +122,16 @@ class WebShopEnv(Environment[WebShopState, WebShopParams]):
 
     @functools.cached_property
     def search_engine(self) -> ProductSearch:
+        """The BM25 product search over the catalogue (built on first use, then kept)."""
         return ProductSearch(self.catalog.products)
 
     # ---- goals ---------------------------------------------------------------------------
     def goal(self, state: WebShopState) -> dict:
+        """The goal (instruction, wanted attributes, options and price) of ``state``'s episode."""
         return self.catalog.goals[state.goal_index]
 
     def num_goals(self, params: WebShopParams | None = None) -> int:
+        """How many goals the params' split holds."""
         return len(self.catalog.split_indices((params or self._params).split))
 
     # ---- Environment contract ------------------------------------------------------------
@@ -157,6 +162,9 @@ class WebShopEnv(Environment[WebShopState, WebShopParams]):
         }
 
     def step_env(self, key: Any, state: WebShopState, action: Any, params: WebShopParams):
+        """One WebShop action (``search[query]`` or ``click[text]``) on the current page: the next
+        page as text, reward the purchase's score against the goal when "buy now" ends the episode,
+        an invalid action leaves the page as it was; a non-string action is a TypeError."""
         if not isinstance(action, str):
             raise TypeError(f"WebShop action must be a str, got {type(action).__name__}")
         if state.done:

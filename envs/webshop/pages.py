@@ -50,10 +50,13 @@ def _tojson(obj: Mapping) -> str:
 
 
 def search_page(instruction: str) -> str:
+    """The text of the search page under ``instruction``."""
     return _join(["WebShop", *_instruction(instruction), "Search"])
 
 
 def results_page(instruction: str, page: int, total: int, products: Sequence[Mapping]) -> str:
+    """The text of results page ``page`` of ``total`` results: the products' ids, names and prices,
+    with back / previous / next buttons."""
     nodes = [*_instruction(instruction), BACK_TO_SEARCH, f"Page {page} (Total results: {total})"]
     if page > 1:
         nodes.append(PREV_PAGE)
@@ -64,6 +67,8 @@ def results_page(instruction: str, page: int, total: int, products: Sequence[Map
 
 
 def item_page(instruction: str, product: Mapping, show_attrs: bool = False) -> str:
+    """The text of a product's page: its options to choose, name, price, rating, the sub-page
+    buttons (attributes with ``show_attrs``) and "Buy Now"."""
     nodes = [*_instruction(instruction), BACK_TO_SEARCH, PREV_PAGE]
     for option_name, values in product["options"].items():
         nodes += _node(option_name)
@@ -80,6 +85,7 @@ def item_page(instruction: str, product: Mapping, show_attrs: bool = False) -> s
 
 
 def sub_page(instruction: str, product: Mapping, name: str) -> str:
+    """The text of a product's Description, Features, Reviews or Attributes sub-page."""
     nodes = [*_instruction(instruction), BACK_TO_SEARCH, PREV_PAGE]
     if name == "Description":
         nodes += _node(product["Description"])
@@ -116,10 +122,13 @@ def done_page(asin: str, options: Mapping[str, str], reward: float) -> str:
 
 # ---- clickables (what upstream's get_available_actions returns) ---------------------------
 def search_clickables() -> dict[str, str]:
+    """What can be clicked on the search page: the search button."""
     return {"search": "button"}
 
 
 def results_clickables(page: int, products: Sequence[Mapping]) -> dict[str, str]:
+    """What can be clicked on a results page: back to search, previous (past page 1), next, and each
+    product's id."""
     out = {BACK_TO_SEARCH.lower(): "button"}
     if page > 1:
         out[PREV_PAGE.lower()] = "button"
@@ -142,4 +151,5 @@ def item_clickables(product: Mapping, show_attrs: bool = False) -> dict[str, str
 
 
 def sub_page_clickables() -> dict[str, str]:
+    """What can be clicked on a sub-page: back to search and previous."""
     return {BACK_TO_SEARCH.lower(): "button", PREV_PAGE.lower(): "button"}

@@ -43,6 +43,8 @@ def analyze(text: str) -> list[str]:
 
 
 def document_text(product: Mapping) -> str:
+    """The text a product is indexed by: title, description, first bullet point and its option
+    values."""
     option_texts = [f"{name}: {', '.join(values)}" for name, values in product["options"].items()]
     bullets = product["BulletPoints"]
     return " ".join([
@@ -72,12 +74,16 @@ class ProductSearch:
         return ids, vocab
 
     def scores(self, query: str) -> np.ndarray:
+        """BM25 score of every product for ``query`` (float32 [P], zeros when no query term is in
+        the vocabulary)."""
         terms = [t for t in analyze(query) if t in self.vocab]
         if not terms:
             return np.zeros(len(self.asins), np.float32)
         return np.asarray(self._retriever.get_scores([self.vocab[t] for t in terms]))
 
     def search(self, query: str, k: int = SEARCH_RETURN_N) -> list[str]:
+        """The ids of the (at most ``k``) products with a positive score, best first, ties in
+        catalogue order."""
         scores = self.scores(query)
         hits = np.flatnonzero(scores > 0)
         # Best score first; ties keep catalogue order (Lucene breaks ties by doc id).
