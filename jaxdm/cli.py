@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
-from jaxdm.config import to_dict
+from jaxdm.bench import cli as bench_cli
+from jaxdm.config import ConfigError, load_config, to_dict
 from jaxdm.jsonl import OutputError
 from jaxdm.rundir import RunFolderError
+from jaxdm.secrets import RedactingStream
+from jaxdm.train import cli as train_cli
 
 DEMO_HELP = ("the main job on the embedded default: screen SmolLM2-135M (constrained readout) "
              "and the Oracle on ALFWorld noisy-expert trajectories (a 5-minute CPU preset)")
@@ -55,22 +59,21 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _screen_parser(sub)
     _output_flags(sub.add_parser("demo", help=DEMO_HELP, description=DEMO_HELP))
+    # why: these two import numpy and JAX; `import jaxdm.cli` stays light
     from jaxdm import decide
-    decide.add_parser(sub)
     from jaxdm.harness import cli as harness_cli
+    decide.add_parser(sub)
     harness_cli.add_parser(sub)
-    from jaxdm.bench import cli as bench_cli
-    from jaxdm.train import cli as train_cli
     train_cli.add_parser(sub)
     bench_cli.add_parser(sub)
     args = parser.parse_args(argv)
     # What the command prints quotes specs and URLs: their credentials never reach a terminal
     # or a log file (result files are redacted by their writers, jaxdm.jsonl).
-    from jaxdm.secrets import RedactingStream
     streams = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = RedactingStream(sys.stdout), RedactingStream(sys.stderr)
     try:
-        return _dispatch(args)
+        return _dispatch(args, {"train-dm": train_cli.main, "bench": bench_cli.main,
+                                "decide": decide.run, "harness": harness_cli.main})
     except (RunFolderError, OutputError) as e:   # every command: a named error, rc 2
         print(f"jaxdm {args.command}: error: {e}", file=sys.stderr)
         return 2
@@ -78,33 +81,23 @@ def main(argv=None) -> int:
         sys.stdout, sys.stderr = streams
 
 
-def _dispatch(args) -> int:
-    from jaxdm import decide
-    from jaxdm.bench import cli as bench_cli
-    from jaxdm.harness import cli as harness_cli
-    from jaxdm.models import compile_cache
-    from jaxdm.train import cli as train_cli
+def _dispatch(args, commands) -> int:
+    """Run the parsed command: ``commands`` maps the subcommands other modules own to their
+    runner; screen and demo are run here."""
+    from jaxdm.models import compile_cache  # why: JAX
     compile_cache.enable()  # JAX's persistent compilation cache (JAXDM_COMPILATION_CACHE=0: off)
-    if args.command == "train-dm":
-        return train_cli.main(args)
-    if args.command == "bench":
-        return bench_cli.main(args)
-    if args.command == "decide":
-        return decide.run(args)
-    if args.command == "harness":
-        return harness_cli.main(args)
+    if args.command in commands:
+        return commands[args.command](args)
 
-    from jaxdm.screen.run import ScreenConfig, ScreenError, run
+    from jaxdm.screen.run import RUN_SETTINGS, ScreenConfig, ScreenError, run  # why: numpy
 
     cfg = ScreenConfig(**DEMO_CONFIG)
     try:
         if args.command == "demo":
             cfg = ScreenConfig(**DEMO_CONFIG)
-            if not args.resume and _holds_demo(cfg):
+            if not args.resume and _holds_demo(cfg, RUN_SETTINGS):
                 args.overwrite = True  # `make demo` is idempotent: it replaces its own run
         else:
-            from jaxdm.config import ConfigError, load_config
-
             overrides = list(args.overrides)
             for key in ("trajectories", "out_dir"):
                 if getattr(args, key):
@@ -133,16 +126,15 @@ def _dispatch(args) -> int:
     return 0
 
 
-def _holds_demo(cfg) -> bool:
-    """Whether the demo's folder holds an earlier demo run (same settings)."""
-    from jaxdm.screen.run import RUN_SETTINGS
-    from jaxdm.screen.store import ScreenStore
+def _holds_demo(cfg, run_settings) -> bool:
+    """Whether the demo's folder holds an earlier demo run (the same ``run_settings``)."""
+    from jaxdm.screen.store import OUTPUT_FILES, ScreenStore  # why: numpy
 
     store = ScreenStore(cfg.out_dir)
     saved = store.saved_identity()
     if saved is None:
-        return _holds_legacy_demo(store.out)
-    want = {k: v for k, v in to_dict(cfg).items() if k in RUN_SETTINGS}
+        return _holds_legacy_demo(store.out, OUTPUT_FILES)
+    want = {k: v for k, v in to_dict(cfg).items() if k in run_settings}
     got = saved.get("settings")
     if not isinstance(got, dict):
         return False
@@ -151,15 +143,12 @@ def _holds_demo(cfg) -> bool:
                            and {**got, "judges": want["judges"]} == want)
 
 
-def _holds_legacy_demo(out) -> bool:
-    """A demo written before runs recorded screen.json: only screen output files, and a
-    summary.json with the demo's trajectory count and expansion levels."""
-    import json
-
-    from jaxdm.screen.store import OUTPUT_FILES
-
+def _holds_legacy_demo(out, output_files) -> bool:
+    """A demo written before runs recorded screen.json: only screen output files
+    (``output_files``), and a summary.json with the demo's trajectory count and expansion
+    levels."""
     try:
-        if not all(p.name in OUTPUT_FILES for p in out.iterdir()):
+        if not all(p.name in output_files for p in out.iterdir()):
             return False
         summary = json.loads((out / "summary.json").read_text())
     except (OSError, ValueError):

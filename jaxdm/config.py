@@ -20,6 +20,7 @@ Rules (one definition used by every jaxdm job):
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import math
@@ -320,8 +321,6 @@ def _set_path(data: dict, cls, path: list[str], value: Any, full: str) -> None:
 def apply_overrides(cls: type[C], data: Mapping[str, Any] | None,
                     overrides: Sequence[str]) -> dict[str, Any]:
     """Apply dotted overrides to a raw mapping (validated against ``cls``'s field names)."""
-    import copy
-
     out = copy.deepcopy(dict(data or {}))
     for text in overrides:
         path, value = parse_override(text)

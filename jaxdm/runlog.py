@@ -5,7 +5,8 @@ Generic (used by RL training, screening and benchmarks alike):
   and numpy scalars become floats, non-finite numbers become ``null`` (strict JSON), and on
   resume ``truncate_after`` drops lines past the restored step so curves have no duplicates.
 - ``Progress``: a tqdm bar with a compact metrics postfix (silent when ``enabled=False``).
-- ``plot_curves``: one PNG with one panel per metric and one line per run.
+- ``plot_curves``: one PNG with one panel per metric and one line per run; ``pyplot``:
+  matplotlib's pyplot on the Agg backend, imported on first use, for every figure.
 - ``metric_series``: columns of a run's records (e.g. the evaluation rows) for curves.
 - ``MAX_FAILED_SHARE`` / ``check_failed_share``: the one default and check of the
   ``max_failed_share`` bound every job that calls a model or an agent applies (screen, bench,
@@ -27,7 +28,7 @@ from jaxdm.jsonl import read_records, write_records
 
 __all__ = ["MetricsWriter", "read_metrics", "truncate_after", "Progress", "plot_curves",
            "jsonable", "format_table", "metric_series", "refuse_overwrite",
-           "MAX_FAILED_SHARE", "check_failed_share"]
+           "MAX_FAILED_SHARE", "check_failed_share", "pyplot"]
 
 # A dead or flaky server is a failure, not a result: 5 % of calls failing stops a job.
 MAX_FAILED_SHARE = 0.05
@@ -164,7 +165,7 @@ class Progress:
         self.keys = tuple(keys)
         self._bar = None
         if enabled:
-            from tqdm import tqdm
+            from tqdm import tqdm  # why: progress bars only
 
             self._bar = tqdm(total=total, initial=initial, desc=desc, file=sys.stderr,
                              dynamic_ncols=True, leave=True)
@@ -187,6 +188,18 @@ class Progress:
             self._bar = None
 
 
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (PNG files, no display): the one place jaxdm's
+    figures get matplotlib from, imported on the first figure (about 0.4 s) so jobs that draw
+    none never load it."""
+    import matplotlib  # why: heavy (~0.4 s), only for figures
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def plot_curves(runs: Mapping[str, Sequence[Mapping[str, Any]] | str | Path],
                 keys: Sequence[str], out_png: str | Path, *, x: str = "step",
                 title: str | None = None, band: Mapping[str, str] | None = None) -> Path:
@@ -196,11 +209,7 @@ def plot_curves(runs: Mapping[str, Sequence[Mapping[str, Any]] | str | Path],
     (or with null) are skipped for that key. ``band`` optionally maps a key to a companion
     key holding its standard error, drawn as a shaded band.
     """
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     if not keys:
         raise ValueError("plot_curves: keys is empty")
     loaded = {label: (read_metrics(r) if isinstance(r, (str, Path)) else list(r))

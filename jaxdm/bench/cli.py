@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import sys
 
+from jaxdm.config import ConfigError, load_config
+
 
 def add_parser(sub) -> None:
     """Add the `jaxdm bench` subcommand and its flags (--config, --judge, --level, --out, --resume /
@@ -33,8 +35,7 @@ def main(args) -> int:
     """Run `jaxdm bench` from parsed ``args``: the config file, then the overrides and flags over
     it, then the bench; 0 when it finished, 2 with the error printed on a bad config or a
     BenchError."""
-    from jaxdm.bench.run import BenchConfig, BenchError, run
-    from jaxdm.config import ConfigError, load_config
+    from jaxdm.bench.run import BenchConfig, BenchError, run  # why: envs, JAX
 
     overrides = list(args.overrides)
     if args.out_dir:

@@ -27,6 +27,7 @@ derived from the item id, never from global state).
 from __future__ import annotations
 
 import hashlib
+import importlib.resources as resources
 import random
 import re
 from typing import Any, Iterable
@@ -42,7 +43,6 @@ WHEN2CALL_NOTE = ("When2Call is not available offline (no PyPI package ships it)
 
 
 def _read_lines(rel: str) -> list[dict[str, Any]]:
-    import importlib.resources as resources
     path = resources.files("bfcl_eval").joinpath("data", *rel.split("/"))
     return [row for _, row in parse_lines(path.read_text(encoding="utf-8").splitlines(),
                                           f"bfcl_eval data/{rel}")]

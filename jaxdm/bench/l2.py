@@ -18,6 +18,7 @@ import random
 from typing import Any
 
 from jaxdm.decision.types import MultipleChoice
+from jaxdm.envs.decision_gym import DecisionGym, GymParams, NoisyAgent, run_episode, split_seed
 
 AFTER_ERROR_SHARE = 0.309
 
@@ -66,8 +67,6 @@ def _pick(states: list, share: float | None, limit: int | None, seed: int) -> li
 
 def build_l2(cfg: L2Config = L2Config()) -> tuple[list[MultipleChoice], dict[str, Any]]:
     """L2 questions (meta: kind, answer, after_error, must_ask, task_id, step) and stats."""
-    from jaxdm.envs.decision_gym import (DecisionGym, GymParams, NoisyAgent, run_episode,
-                                         split_seed)
     env = DecisionGym()
     params = GymParams(variant=cfg.variant, strict=True, split=cfg.split)
     agent = NoisyAgent(error_rate=cfg.agent_error_rate, seed=cfg.seed)

@@ -32,6 +32,13 @@ import dataclasses
 import time
 from typing import Any, Callable, Mapping, Sequence
 
+from jaxdm.envs.alfworld import AlfWorldEnv, AlfWorldParams
+from jaxdm.envs.decision_gym import DecisionGym, GymParams
+from jaxdm.harness.agent import AgentConfig, Harness
+from jaxdm.harness.llm import make_llm
+from jaxdm.harness.modes import Delegation
+from jaxdm.harness.textenv import TextEnvHarness
+
 L3_ENVS = ("base", "shift", "hard", "alfworld")
 GYM_VARIANTS = ("base", "shift", "hard")
 DEFAULT_LLM: Mapping[str, Any] = {"kind": "simulated", "profile": "strong"}
@@ -67,10 +74,6 @@ def takeover_harness(env_name: str, llm: Any, dm: Any, *, dm_price_per_call: flo
                      dm_latency_s: float = 0.0):
     """The L3 harness for one env: REPLACE on ``tool`` (DECISION GYM) or ``next_action``
     (ALFWorld), everything else with the LLM."""
-    from jaxdm.harness.agent import AgentConfig, Harness
-    from jaxdm.harness.modes import Delegation
-    from jaxdm.harness.textenv import TextEnvHarness
-
     settings = AgentConfig(dm_price_per_call=dm_price_per_call, dm_latency_s=dm_latency_s)
     if env_name == "alfworld":
         return TextEnvHarness(llm, dm, [Delegation("next_action", "replace")], settings,
@@ -83,10 +86,8 @@ def takeover_harness(env_name: str, llm: Any, dm: Any, *, dm_price_per_call: flo
 def make_env(env_name: str, cfg: L3Config) -> tuple[Any, Any, list[int]]:
     """(env, params, task seeds) of one L3 environment."""
     if env_name == "alfworld":
-        from jaxdm.envs.alfworld import AlfWorldEnv, AlfWorldParams
         params = AlfWorldParams(split=cfg.alfworld_split, max_steps=cfg.alfworld_max_steps)
         return AlfWorldEnv(params), params, list(range(cfg.tasks))
-    from jaxdm.envs.decision_gym import DecisionGym, GymParams
     params = GymParams(variant=env_name, strict=True, max_steps=cfg.gym_max_steps,
                        split=cfg.gym_split)
     return DecisionGym(), params, list(range(cfg.tasks))
@@ -186,7 +187,6 @@ def run_l3(dm: Any, cfg: L3Config, *, llm_factory: Callable[[], Any] | None = No
     """Run every L3 env with ``dm`` taking over; (step records, episode rows). ``only``: the
     task seeds to run (a resumed bench re-running its flagged episodes), default all."""
     if llm_factory is None:
-        from jaxdm.harness.llm import make_llm
         spec = dict(cfg.llm)
         llm_factory = lambda: make_llm(spec)  # noqa: E731
     records, rows = [], []

@@ -41,13 +41,22 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+from tqdm.auto import tqdm
+
 from jaxdm.bench import l1 as l1_lib
 from jaxdm.bench import l3 as l3_lib
 from jaxdm.bench import metrics
 from jaxdm.bench.l2 import AFTER_ERROR_SHARE, L2Config, build_l2
+from jaxdm.bench.store import BenchStore
 from jaxdm.decision.types import choice_failed
+from jaxdm.harness.dm import make_dm
+from jaxdm.harness.errors import HarnessError
+from jaxdm.harness.llm import make_llm
 from jaxdm.jsonl import write_atomic, write_json, write_records
-from jaxdm.runlog import MAX_FAILED_SHARE, check_failed_share
+from jaxdm.runlog import MAX_FAILED_SHARE, check_failed_share, pyplot
+from jaxdm.screen.figures import save_figure
+from jaxdm.screen.run import ScreenError, build_judges, normalize_judge_spec
 
 LEVELS = ("l1", "l2", "l3")
 
@@ -160,9 +169,6 @@ def build_backends(specs: Sequence[Any]) -> list[tuple[str, Any]]:
     """(name, backend) pairs of the bench's judges: the screen's judges
     (``jaxdm.screen.run.build_judges``) and the harness's retrieval control ``bm25``
     (``bm25`` or ``bm25:query=dialogue``, see ``jaxdm.harness.dm.BM25Shortlist``)."""
-    from jaxdm.harness.dm import make_dm
-    from jaxdm.screen.run import ScreenError, build_judges, normalize_judge_spec
-
     out: list[tuple[str, Any] | None] = []
     models = []
     try:
@@ -191,12 +197,8 @@ def run(cfg: BenchConfig, *, resume: bool = False, overwrite: bool = False) -> d
     questions asked again). A unit whose failed share exceeds ``cfg.max_failed_share`` (or
     that failed every answer) is kept as incomplete, reported, and makes the job fail
     (``BenchError``) after the rest has run and been written."""
-    from jaxdm.bench.store import BenchStore
-
     judges = build_backends(cfg.judges)
     if "l3" in cfg.levels:
-        from jaxdm.harness.errors import HarnessError
-        from jaxdm.harness.llm import make_llm
         try:
             make_llm(dict(cfg.l3_llm))
         except (HarnessError, ValueError, TypeError) as e:
@@ -387,7 +389,6 @@ def _run_unit(backend: Any, name: str, level: str, questions: Sequence[Any],
     else:
         bar = None
         if cfg.progress:
-            from tqdm.auto import tqdm
             bar = tqdm(total=len(questions), desc=f"bench {name} {level}", unit="q")
         refused: list[int] = []
         recs = metrics.records(questions, answer_all(backend, questions, cfg.batch, bar,
@@ -405,7 +406,6 @@ def _run_l3(backend: Any, cfg: BenchConfig, name: str, env: str,
     l3cfg = dataclasses.replace(cfg.l3_config(), envs=(env,))
     bar = None
     if cfg.progress:
-        from tqdm.auto import tqdm
         bar = tqdm(total=l3cfg.tasks if only is None else len(only), desc=f"L3 {name} {env}",
                    unit="task")
     recs, rows = l3_lib.run_l3(backend, l3cfg, only=only,
@@ -504,13 +504,7 @@ def report(result: dict[str, Any]) -> str:
 
 
 def _figure(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from jaxdm.screen.figures import save_figure
-
+    plt = pyplot()
     names = list(result["backends"])
     groups = [g for g in GROUPS if any(g in b for b in result["backends"].values())]
     fig, ax = plt.subplots(figsize=(1.2 + 1.1 * len(groups), 3.6))
@@ -531,13 +525,7 @@ def _figure(result: dict[str, Any], path: Path) -> None:
 
 def levels_figure(result: dict[str, Any], path: Path) -> None:
     """Per backend: L1 accuracy, L2 accuracy, L3 step accuracy and L3 task success (bars)."""
-    import matplotlib
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from jaxdm.screen.figures import save_figure
-
+    plt = pyplot()
     names = list(result["backends"])
     bars = [("L1 accuracy", lambda b: (b.get("l1") or {}).get("accuracy")),
             ("L2 accuracy", lambda b: (b.get("l2") or {}).get("accuracy")),

@@ -44,15 +44,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from jaxdm.decide.protocol import Limits
+from jaxdm.decide.scheduler import MicroBatcher
+from jaxdm.decide.server import DecideServer, exposure_warning
+from jaxdm.decide.stdio import serve_stdio
 from jaxdm.decision.types import DecisionModel
+from jaxdm.screen.run import JUDGE_ALIASES, build_judges
 
 API_KEY_ENV = "JAXDM_API_KEY"
 
 
 def backend_from_spec(spec: str) -> tuple[str, DecisionModel]:
     """'oracle', 'smollm2', an HF model folder, or 'kind:key=value,...' -> (name, backend)."""
-    from jaxdm.screen.run import JUDGE_ALIASES, build_judges
-
     if spec not in JUDGE_ALIASES and ":" not in spec and Path(spec).is_dir():
         spec = f"local_readout:path={spec},name={Path(spec).name}"
     [(name, backend)] = build_judges([spec])
@@ -111,9 +114,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run the subcommand parsed by ``add_parser``; returns the exit code."""
-    from jaxdm.decide.protocol import Limits
-    from jaxdm.decide.scheduler import MicroBatcher
-
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     try:
         limits = Limits(max_body_bytes=args.max_body_bytes, max_questions=args.max_questions,
@@ -129,12 +129,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         if args.stdio:
-            from jaxdm.decide.stdio import serve_stdio
-
             print(f"jaxdm decide: {name} reading JSON lines on stdin", file=sys.stderr, flush=True)
             return serve_stdio(batcher, name, sys.stdin.buffer, sys.stdout,
                                args.answer_timeout, limits)
-        from jaxdm.decide.server import DecideServer, exposure_warning
 
         try:
             server = DecideServer(batcher, name, args.host, args.port, verbose=args.verbose,

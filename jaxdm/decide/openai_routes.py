@@ -284,7 +284,7 @@ class Routes:
         template, one greedy token, and with logprobs its log-probability and the top_logprobs
         alternatives; the OpenAI chat.completion object. A template that refuses the messages or a
         bad field is an OpenAIError."""
-        from jaxdm.models.tokenizer import chat_ids
+        from jaxdm.models.tokenizer import chat_ids  # why: JAX, local model only
 
         body = _check_keys(body, _CHAT_KEYS)
         self._check_model(body)

@@ -195,7 +195,7 @@ def check_context_tokens(reqs: list[Request], is_batch: bool, tokenizer: Any,
     (untrusted text: ``jaxdm.models.tokenizer.text_ids``); nothing when ``limit`` is None."""
     if limit is None or not reqs:
         return
-    from jaxdm.models.tokenizer import text_ids
+    from jaxdm.models.tokenizer import text_ids  # why: JAX, local model only
 
     for i, ids in enumerate(text_ids(tokenizer, [r.question.context for r in reqs])):
         if len(ids) > limit:

@@ -15,12 +15,14 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from jaxdm.config import kind_and_options
-from jaxdm.decision.types import (ChoiceResult, Cost, DecisionModel, MultipleChoice, ScoreResult,
-                                  YesNo, choice_failed, choice_ok, score_failed, score_ok)
 from jaxdm.decision.oracle import Oracle
 from jaxdm.decision.parsing import parse_choice, parse_score
 from jaxdm.decision.remote import Remote
 from jaxdm.decision.specs import BACKEND_ALIASES, BackendSpecError, parse_backend_spec
+from jaxdm.decision.types import (ChoiceResult, Cost, DecisionModel, MultipleChoice, ScoreResult,
+                                  YesNo, choice_failed, choice_ok, score_failed, score_ok)
+
+_LOCAL = ("LocalReadout", "LocalLikelihood", "encode_messages", "single_token_id")
 _SHARED_PREFIX = ("MASKED_LOGPROB", "Request", "ScoringBatch", "pack_groups", "plan_groups",
                   "score_batch", "score_requests", "score_requests_one_by_one")
 
@@ -28,15 +30,10 @@ _SHARED_PREFIX = ("MASKED_LOGPROB", "Request", "ScoringBatch", "pack_groups", "p
 def __getattr__(name: str):
     # The scorer and local backends import jaxdm.models (JAX); load them lazily so that roles,
     # the Oracle and the Remote backend stay light to import.
-    if name in _SHARED_PREFIX:
-        from jaxdm.decision import shared_prefix
-        return getattr(shared_prefix, name)
-    if name in ("LocalReadout", "LocalLikelihood", "encode_messages", "single_token_id"):
-        from jaxdm.decision import local
-        return getattr(local, name)
-    if name == "Prompted":
-        from jaxdm.decision.prompted import Prompted
-        return Prompted
+    if name in _SHARED_PREFIX or name in _LOCAL or name == "Prompted":
+        from jaxdm.decision import local, prompted, shared_prefix  # why: JAX, see above
+        owner = shared_prefix if name in _SHARED_PREFIX else local if name in _LOCAL else prompted
+        return getattr(owner, name)
     raise AttributeError(f"module 'jaxdm.decision' has no attribute {name!r}")
 
 
@@ -56,7 +53,7 @@ BACKEND_KINDS = tuple(_SPEC_KEYS)
 
 
 def _load_pretrained(path: str, dtype: Any):
-    import jax.numpy as jnp
+    import jax.numpy as jnp  # why: JAX loads with the first local backend, not the package
 
     from jaxdm.models.lora import load_model
     return load_model(path, jnp.dtype(dtype or "float32").name)
@@ -87,14 +84,10 @@ def make_backend(spec: Mapping[str, Any], *, pretrained: Any = None) -> Decision
         if path is None:
             raise ValueError(f"backend kind {kind!r} needs 'path' (an HF folder or 'smollm2')")
         pretrained = _load_pretrained(path, dtype)
-    if kind == "local_readout":
-        from jaxdm.decision.local import LocalReadout
-        return LocalReadout(pretrained, **opts)
-    if kind == "local_likelihood":
-        from jaxdm.decision.local import LocalLikelihood
-        return LocalLikelihood(pretrained, **opts)
-    from jaxdm.decision.prompted import Prompted
-    return Prompted(pretrained, **opts)
+    from jaxdm.decision import local, prompted  # why: JAX (see __getattr__)
+    backend = {"local_readout": local.LocalReadout, "local_likelihood": local.LocalLikelihood,
+               "prompted": prompted.Prompted}[kind]
+    return backend(pretrained, **opts)
 
 
 __all__ = [

@@ -11,10 +11,13 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
+from tqdm.auto import tqdm
+
 from jaxdm.decision import render
 from jaxdm.decision.local import encode_messages
 from jaxdm.decision.parsing import parse_choice, parse_score
 from jaxdm.decision.types import ChoiceResult, Cost, MultipleChoice, ScoreResult, YesNo
+from jaxdm.models import generate
 
 
 class Prompted:
@@ -39,7 +42,6 @@ class Prompted:
         self.stats = {"requests": 0, "parse_failures": 0}
 
     def _generate(self, prompts: list[list[int]]) -> list[str]:
-        from jaxdm.models import generate
         out = generate(self.pretrained.params, self.pretrained.config,
                        self.pretrained.tokenizer, prompts, max_new_tokens=self.max_new_tokens,
                        greedy=True)
@@ -62,7 +64,6 @@ class Prompted:
         results: list = []
         starts = range(0, len(questions), self.batch_size)
         if self.progress:
-            from tqdm.auto import tqdm
             starts = tqdm(starts, desc=self.name, unit="batch")
         for s in starts:
             chunk = prompts[s:s + self.batch_size]

@@ -53,7 +53,6 @@ import time
 import urllib.parse
 from typing import Any, Mapping, Sequence
 
-
 from jaxdm.decision import render
 from jaxdm.decision.parsing import parse_choice, parse_score
 from jaxdm.decision.types import (ChoiceResult, Cost, MultipleChoice, ScoreResult, YesNo,
@@ -147,7 +146,7 @@ class Remote:
         # Completions endpoints take a raw prompt: with the model's tokenizer it is sent as the
         # chat template's token ids (untrusted text stays text), else as plain rendered text.
         if isinstance(tokenizer, str):
-            from jaxdm.models.loading import load_tokenizer
+            from jaxdm.models.loading import load_tokenizer  # why: JAX, named tokenizer only
             from jaxdm.models.smollm2 import smollm2_path
 
             tokenizer = load_tokenizer(smollm2_path() if tokenizer == "smollm2" else tokenizer)
@@ -184,7 +183,7 @@ class Remote:
                 body["top_logprobs"] = self.top_logprobs
             return "/v1/chat/completions", body
         if self.tokenizer is not None:
-            from jaxdm.models.tokenizer import chat_ids
+            from jaxdm.models.tokenizer import chat_ids  # why: JAX (see __init__)
 
             prompt = chat_ids(self.tokenizer, [messages])[0]
         else:
@@ -382,7 +381,7 @@ class Remote:
             if kind is MultipleChoice:
                 render.labels_for(len(q.options))  # too many options: a clear error up front
         results: list = [None] * len(questions)
-        import httpx
+        import httpx  # why: see _post
 
         limits = httpx.Limits(max_connections=self.concurrency,
                               max_keepalive_connections=self.concurrency)
@@ -391,7 +390,7 @@ class Remote:
             futures = {pool.submit(self._one, client, q): i for i, q in enumerate(questions)}
             done = concurrent.futures.as_completed(futures)
             if self.progress:
-                from tqdm.auto import tqdm
+                from tqdm.auto import tqdm  # why: progress bars only
                 done = tqdm(done, total=len(futures), desc=self.name)
             try:
                 for fut in done:
@@ -420,14 +419,14 @@ class Remote:
         """POST ``body`` to ``<base_url><path>`` with this backend's retries, backoff,
         Retry-After, timeout, down-marking and API key; returns the JSON object or raises
         ``RequestFailed`` (the reason in its message, the raw body in ``.raw``)."""
-        import httpx
+        import httpx  # why: see _post
 
         with httpx.Client() as client:
             return self._post(client, path, body)
 
     def get_json(self, path: str) -> dict:
         """GET ``<base_url><path>`` the way ``post_json`` posts (retries, key, down-marking)."""
-        import httpx
+        import httpx  # why: see _post
 
         with httpx.Client() as client:
             return self._post(client, path, None, method="GET")

@@ -44,6 +44,12 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from jaxdm.decision.types import ChoiceResult, MultipleChoice
+from jaxdm.envs.decision_gym import (format_action, option_value, param_questions, render_context,
+                                     stop_question, tool_question)
+from jaxdm.envs.decision_gym import tools as gym_tools
+from jaxdm.envs.decision_gym.plan import normalize
+from jaxdm.envs.decision_gym.questions import OMIT
+from jaxdm.envs.decision_gym.world import SHIFT
 from jaxdm.harness.llm import fill_args
 from jaxdm.harness.llm_call import AgentLLM, HeldQuestion, LLMReply, LLMRequest
 from jaxdm.harness.modes import Delegation, Plan, plan_after, plan_before
@@ -370,10 +376,6 @@ class Harness:
         ``max_steps``: each step asks the decision points, lets the delegated ones go to the
         decision model and the rest to the agent LLM, and acts; returns the Episode with every
         decision and call."""
-        from jaxdm.envs.decision_gym import (format_action, render_context, stop_question,
-                                             tool_question)
-        from jaxdm.envs.decision_gym import tools as gym_tools
-        from jaxdm.envs.decision_gym.world import SHIFT
         t_start = time.perf_counter()
         model_time = 0.0
         self._extra: list[DecisionRecord] = []
@@ -685,8 +687,6 @@ class Harness:
                 shift: bool, llm_args: Mapping[str, Any] | None
                 ) -> tuple[list[MultipleChoice], list[Plan], list[DecisionRecord]]:
         """Parameter questions of a keyed tool, the model's plans for them and their records."""
-        from jaxdm.envs.decision_gym import param_questions
-        from jaxdm.envs.decision_gym import tools as gym_tools
         tool = gym_tools.tool_named(tool_name, shift)
         if key is None or tool is None or not key.accepts_tool(tool.name):
             return [], [], []
@@ -806,7 +806,6 @@ class _RequestFailures:
 def _set_arg(args: dict[str, Any], q: MultipleChoice, index: int) -> None:
     """Set the parameter a parameter question is about to option ``index`` ("(omit)" removes
     it)."""
-    from jaxdm.envs.decision_gym import option_value
     value = option_value(q, index)
     if value is None:
         args.pop(q.meta["param"], None)
@@ -815,8 +814,6 @@ def _set_arg(args: dict[str, Any], q: MultipleChoice, index: int) -> None:
 
 
 def _option_of(q: MultipleChoice, value: Any) -> int | None:
-    from jaxdm.envs.decision_gym.plan import normalize
-    from jaxdm.envs.decision_gym.questions import OMIT
     if value is None:
         return q.options.index(OMIT) if OMIT in q.options else None
     for j, o in enumerate(q.options):

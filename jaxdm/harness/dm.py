@@ -27,7 +27,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from jaxdm.decision import make_backend
+from jaxdm.decision.specs import parse_backend_spec
 from jaxdm.decision.types import ChoiceResult, Cost, MultipleChoice, choice_failed, choice_ok
+from jaxdm.roles.harness import POINTS
 
 
 def _seed(*parts: Any) -> int:
@@ -141,7 +144,7 @@ class BM25Shortlist:
     def choose(self, questions: Sequence[MultipleChoice]) -> list[ChoiceResult]:
         """One answer per question: the softmax of the options' BM25 scores against ``query_text``
         (uniform when the query has no term); cost: the measured seconds."""
-        import bm25s
+        import bm25s  # why: bm25s ~0.13 s, bm25 arm only
         out = []
         for q in questions:
             t0 = time.perf_counter()
@@ -167,7 +170,6 @@ def make_dm(spec: Mapping[str, Any] | str) -> Any:
     ``jaxdm.decision.make_backend`` spec (oracle, local_readout, local_likelihood, remote...);
     or the same as a spec string (``jaxdm.decision.parse_backend_spec``)."""
     if isinstance(spec, str):
-        from jaxdm.decision.specs import parse_backend_spec
         spec = parse_backend_spec(spec, what="decision model", with_name=False)
         if spec.get("kind") == "oracle":
             spec.pop("name", None)  # the alias's display name is not an Oracle option
@@ -199,7 +201,6 @@ def make_dm(spec: Mapping[str, Any] | str) -> Any:
             return RandomTrigger(**opts)
         except TypeError as e:
             raise ValueError(f"decision model kind 'random_trigger': {e}") from None
-    from jaxdm.decision import make_backend
     return make_backend(spec)
 
 
@@ -208,7 +209,6 @@ class PointsOnly:
     docstring); the others fail without reaching ``dm``."""
 
     def __init__(self, dm: Any, points: Sequence[str]):
-        from jaxdm.roles.harness import POINTS
         if isinstance(points, str) or not points:
             raise ValueError(f"points_only: points must be a non-empty list, got {points!r}")
         bad = sorted(set(points) - set(POINTS))

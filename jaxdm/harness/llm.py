@@ -27,12 +27,14 @@ import time
 from typing import Any, Mapping, Sequence
 
 from jaxdm.config import kind_and_options
+from jaxdm.decision.remote import Remote, RequestFailed
+from jaxdm.envs.decision_gym import (ERROR_KINDS, candidates, expert_args, expert_call,
+                                     render_context)
+from jaxdm.envs.decision_gym import tools as gym_tools
 from jaxdm.harness.errors import HarnessError
 from jaxdm.harness.llm_call import (ANSWER_TOOL, LLMReply, LLMRequest, answer_tool_schema,
-                                    count_tokens, parse_tool_calls, questions_text,
-                                    request_text)
+                                    count_tokens, parse_tool_calls, questions_text, request_text)
 from jaxdm.harness.local import LocalLLM
-
 
 # ---------------------------------------------------------------------------------------------
 # SimulatedLLM
@@ -109,9 +111,6 @@ class SimulatedLLM:
 
     def _tool_call(self, rng: random.Random, req: LLMRequest, acc_tool: float,
                    acc_params: float) -> tuple[str, dict[str, Any]]:
-        from jaxdm.envs.decision_gym import (ERROR_KINDS, expert_args, expert_call,
-                                             render_context)
-        from jaxdm.envs.decision_gym import tools as gym_tools
         env, state, params = req.hidden["env"], req.hidden["state"], req.hidden["params"]
         shift = bool(req.hidden.get("shift", False))
         offered = [t["function"]["name"] for t in req.tools]
@@ -129,7 +128,6 @@ class SimulatedLLM:
             if tool is None:  # a realistic error, drawn from the gym's error kinds
                 tool = self._wrong_tool(rng, key, state, list(canon), ERROR_KINDS, gym_tools)
         if key is not None and key.accepts_tool(tool):
-            from jaxdm.envs.decision_gym import candidates
             args = expert_args(state, key, tool, context)
             for p, allowed in key.params(tool).items():
                 param = gym_tools.TOOL_BY_NAME[tool].param(p)
@@ -213,7 +211,6 @@ class SimulatedLLM:
 def fill_args(tool: Any, context: str) -> dict[str, Any]:
     """Required arguments of an off-plan DECISION GYM tool as a careless agent writes them:
     the first value of the right type in the context, else a plain default."""
-    from jaxdm.envs.decision_gym import candidates
     out: dict[str, Any] = {}
     for p in tool.params:
         if not p.required:
@@ -256,7 +253,6 @@ class RemoteLLM:
                  price_per_1k_in: float = 0.0, price_per_1k_out: float = 0.0,
                  timeout: float = 60.0, max_retries: int = 3, backoff: float = 0.5,
                  max_backoff: float = 30.0, max_tokens: int = 512, name: str | None = None):
-        from jaxdm.decision.remote import Remote
         self.transport = Remote(base_url, model, interface="prompted", api_key_env=api_key_env,
                                 price_per_1k_in=price_per_1k_in,
                                 price_per_1k_out=price_per_1k_out, timeout=timeout,
@@ -305,7 +301,6 @@ class RemoteLLM:
     def act(self, req: LLMRequest) -> LLMReply:
         """One chat/completions request for ``req``; the reply's tool calls as an LLMReply with the
         server's token usage priced; a transport failure is ``ok=False, unanswered=True``."""
-        from jaxdm.decision.remote import RequestFailed
         t0 = time.perf_counter()
         try:
             data = self.transport.post_json("/v1/chat/completions", self.body(req))

@@ -15,8 +15,13 @@ import json
 import time
 from typing import Any, Callable, Mapping
 
+import jax.numpy as jnp
+
+from jaxdm import models
 from jaxdm.harness.llm_call import (ANSWER_TOOL, LLMReply, LLMRequest, parse_tool_calls,
                                     questions_text)
+from jaxdm.models import generate
+from jaxdm.models.smollm2 import smollm2
 from jaxdm.models.tokenizer import chat_ids
 
 INSTRUCTIONS = (
@@ -74,18 +79,14 @@ class LocalLLM:
         opts = dict(opts)
         path = opts.pop("path", "smollm2")
         dtype = opts.pop("dtype", None)
-        import jax.numpy as jnp
 
-        from jaxdm import models
         if path == "smollm2":
-            from jaxdm.models.smollm2 import smollm2
             pre = smollm2(jnp.dtype(dtype or "float32"))
         else:
             pre = models.load_pretrained(path, jnp.dtype(dtype or "float32"))
         return cls(pre, **opts)
 
     def _generate(self, ids: list[int]) -> tuple[str, int]:
-        from jaxdm.models import generate
         out = generate(self.pretrained.params, self.pretrained.config, self.tokenizer, [ids],
                        max_new_tokens=self.max_new_tokens, greedy=True)
         toks = out.tokens[0]

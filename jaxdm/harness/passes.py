@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from jaxdm import jsonl
+from jaxdm.envs.decision_gym import DecisionGym, GymParams
 from jaxdm.harness.agent import Episode, Harness
 from jaxdm.harness.config import HarnessConfig
 from jaxdm.harness.dm import make_dm
@@ -29,14 +31,12 @@ from jaxdm.harness.llm import make_llm
 from jaxdm.harness.modes import Delegation
 from jaxdm.jsonl import read_records
 
-
 # A pass stops before its end only once this many calls (or answers) failed: one failed
 # call in the first episode is no evidence yet that the server is down.
 EARLY_STOP_MIN_FAILED = 10
 
 
 def _gym_params(cfg: HarnessConfig, split: str):
-    from jaxdm.envs.decision_gym import GymParams
     try:
         return GymParams(variant=cfg.env.variant, strict=cfg.env.strict,
                          max_steps=cfg.env.max_steps, split=split)
@@ -47,7 +47,6 @@ def _gym_params(cfg: HarnessConfig, split: str):
 def _progress(cfg: HarnessConfig, total: int, desc: str):
     if not cfg.progress:
         return None
-    from tqdm.auto import tqdm
     return tqdm(total=total, desc=desc, dynamic_ncols=True, file=sys.stderr)
 
 
@@ -63,7 +62,6 @@ def run_episodes(cfg: HarnessConfig, harness: Harness, split: str, indices: Sequ
     decision model's answers, got no answer (checked after every episode once
     ``EARLY_STOP_MIN_FAILED`` did, and at the end), or when every call failed (then nothing of
     the pass is kept). Its summary line gives calls, failures and the episodes run again."""
-    from jaxdm.envs.decision_gym import DecisionGym
     env, params = DecisionGym(), _gym_params(cfg, split)
     path = None if journal is None else journal.path(desc)
     kept: dict[int, Episode] = {}

@@ -12,6 +12,7 @@ from typing import Mapping, Sequence
 from jaxdm.harness.config import HarnessConfig
 from jaxdm.harness.fit import binned, isotonic
 from jaxdm.jsonl import OutputError
+from jaxdm.runlog import pyplot
 
 
 def nan_to_none(x):
@@ -100,17 +101,10 @@ def _save_figure(fig, path: Path) -> None:
         raise OutputError(f"cannot write {path}: {e.strerror or e}") from e
 
 
-def _plt():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
 def calibration_figure(dec: Sequence[Mapping], fits: Mapping, path: Path) -> None:
     """``calibration.png``: per fitted point, the shadow answers' binned accuracy vs confidence, the
     isotonic fit, τ* and the threshold (nothing when no point was fitted)."""
-    plt = _plt()
+    plt = pyplot()
     pts = list(fits)
     if not pts:
         return
@@ -147,7 +141,7 @@ def calibration_figure(dec: Sequence[Mapping], fits: Mapping, path: Path) -> Non
 
 def frontier_figure(summary: Mapping, path: Path) -> None:
     """``frontier.png``: success vs cost per task for every arm and the CASCADE threshold sweep."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 5))
     fr = sorted(summary.get("frontier", []), key=lambda f: f["cost"])
     if fr:
@@ -171,7 +165,7 @@ def frontier_figure(summary: Mapping, path: Path) -> None:
 
 def savings_figure(summary: Mapping, path: Path) -> None:
     """``savings_by_point.png``: the cost saving vs the LLM alone of each single-point arm."""
-    plt = _plt()
+    plt = pyplot()
     ref = summary["arms"]["llm_alone"]
     rows = [(n, a) for n, a in summary["arms"].items() if a.get("point")]
     fig, ax = plt.subplots(figsize=(6, 0.35 * max(3, len(rows)) + 1))

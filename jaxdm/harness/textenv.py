@@ -21,6 +21,9 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping, Protocol, Sequence
 
+from jaxdm.envs.alfworld import command_table, plan_from
+from jaxdm.envs.webshop.agents import expert_actions, goal_query
+from jaxdm.envs.webshop.env import SEARCH_PLACEHOLDER
 from jaxdm.harness.agent import BACKEND_COST_ONLY, AgentConfig, Episode, Harness
 from jaxdm.harness.llm_call import AgentLLM, HeldQuestion, LLMRequest
 from jaxdm.harness.modes import Delegation, Plan, plan_after, plan_before
@@ -68,12 +71,10 @@ class AlfWorldAdapter:
 
     def options(self, env, state, params):
         """The admissible commands, sorted."""
-        from jaxdm.envs.alfworld import command_table
         return sorted(command_table(state.game, state))
 
     def key(self, env, state, data, options):
         """The planner's next command when it is admissible, else None."""
-        from jaxdm.envs.alfworld import plan_from
         plan = plan_from(state.game, state)
         return plan[0] if plan and plan[0] in options else None
 
@@ -95,7 +96,6 @@ class WebShopAdapter:
     def start(self, env, state, params):
         """The goal, its search query, the expert's plan (empty when the target cannot be reached by
         search) and the position on it."""
-        from jaxdm.envs.webshop.agents import expert_actions, goal_query
         goal = env.goal(state)["instruction_text"]
         try:
             plan = expert_actions(env, state, params)
@@ -113,7 +113,6 @@ class WebShopAdapter:
         return list(env.admissible_actions(state, params))
 
     def _as_option(self, action: str) -> str:
-        from jaxdm.envs.webshop.env import SEARCH_PLACEHOLDER
         return SEARCH_PLACEHOLDER if action.startswith("search[") else action
 
     def key(self, env, state, data, options):
@@ -125,7 +124,6 @@ class WebShopAdapter:
 
     def action(self, option, env, state, data):
         """The search placeholder as ``search[<goal query>]``, any other option as it is."""
-        from jaxdm.envs.webshop.env import SEARCH_PLACEHOLDER
         return f"search[{data['query']}]" if option == SEARCH_PLACEHOLDER else option
 
     def update(self, data, option):

@@ -44,10 +44,23 @@ import hashlib
 import inspect
 import json
 import os
+import sys
 import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable
+
+import jax
+import jaxlib
+import ml_dtypes
+import numpy
+import opt_einsum
+from jax import monitoring
+from jax.experimental import serialize_executable
+from jax.tree_util import PyTreeDef, default_registry
+
+from jaxdm.models import cpu_kernels
+from jaxdm.models.paths import cache_root
 
 ENV_VAR = "JAXDM_COMPILATION_CACHE"
 OFF_VALUES = ("0", "off", "false", "no")
@@ -73,7 +86,6 @@ def resolve() -> Path | None:
         return None
     if value:
         return Path(value).expanduser()
-    from jaxdm.models.paths import cache_root
 
     return cache_root() / "xla"
 
@@ -86,7 +98,6 @@ def enable() -> Path | None:
     created raises OSError naming it and the variable.
     """
     global _enabled
-    import jax
 
     with _lock:
         current = jax.config.jax_compilation_cache_dir
@@ -163,8 +174,6 @@ class _Stored:
         key = self._key(static, (dyn_args, dyn_kwargs))
         compiled = self._loaded.get(key)
         if compiled is None:
-            import jax
-
             path = folder / PROGRAMS_DIR / f"{key}.jaxprog"
             compiled = _read_program(path, jax.tree.structure((tuple(dyn_args), dyn_kwargs)))
             if compiled is None:
@@ -176,10 +185,6 @@ class _Stored:
         return compiled(*dyn_args, **dyn_kwargs)
 
     def _key(self, static: dict, dynamic) -> str:
-        import jax
-
-        from jaxdm.models import cpu_kernels
-
         leaves, tree = jax.tree.flatten(dynamic)
         # the fingerprint also builds and registers the kernels a loaded program may call
         parts = [_PROGRAMS_FORMAT, self._name, _sources_digest(self._jitted), str(tree),
@@ -204,7 +209,6 @@ def _compile_fresh(lowered) -> tuple[Any, bool]:
     """``lowered.compile`` with ``FRESH_COMPILE_OPTIONS``; also whether XLA compiled it here
     (no persistent-cache hit in this thread during the compile)."""
     global _hits_listening
-    from jax import monitoring
 
     with _lock:
         if not _hits_listening:
@@ -220,14 +224,10 @@ def _compile_fresh(lowered) -> tuple[Any, bool]:
 
 
 def _multi_process() -> bool:
-    import jax
-
     return jax.process_count() > 1
 
 
 def _leaf_key(x) -> tuple:
-    import jax
-
     if isinstance(x, jax.Array):
         return ("array", x.shape, str(x.dtype), x.weak_type, repr(x.sharding), x.committed)
     shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
@@ -239,8 +239,6 @@ def _leaf_key(x) -> tuple:
 @functools.lru_cache(maxsize=None)
 def _sources_digest(fn: Callable) -> str:
     """sha256 of every .py file of the jaxdm package and of ``fn``'s module (once a process)."""
-    import sys
-
     files = set(Path(__file__).resolve().parents[1].rglob("*.py"))
     module = sys.modules.get(getattr(fn, "__module__", ""))
     if getattr(module, "__file__", None):
@@ -252,12 +250,6 @@ def _sources_digest(fn: Callable) -> str:
 
 
 def _environment() -> list:
-    import jax
-    import jaxlib
-    import ml_dtypes
-    import numpy
-    import opt_einsum
-
     devices = [(d.platform, d.device_kind, d.id, d.process_index,
                 getattr(d.client, "platform_version", "")) for d in jax.devices()]
     return [[m.__version__ for m in (jax, jaxlib, numpy, ml_dtypes, opt_einsum)], devices,
@@ -271,9 +263,6 @@ def _read_program(path: Path, in_tree):
     """The compiled program stored at ``path`` for arguments of structure ``in_tree``, or None
     (missing, unreadable, other format or structure). The file is a JSON header line, then the
     serialised executable and the output structure (protocol buffer); no pickle."""
-    from jax.experimental import serialize_executable
-    from jax.tree_util import PyTreeDef, default_registry
-
     try:
         with open(path, "rb") as f:
             header = json.loads(f.readline())
@@ -282,7 +271,6 @@ def _read_program(path: Path, in_tree):
         if header.get("format") != _PROGRAMS_FORMAT or header["in_tree"] != str(in_tree) \
                 or len(blob) != header["blob_bytes"]:
             return None
-        import jax
 
         by_id = {d.id: d for d in jax.devices()}
         out_tree = PyTreeDef.deserialize_using_proto(default_registry, out_proto)
@@ -304,8 +292,6 @@ def _write_program(path: Path, compiled) -> None:
     """Stores ``compiled`` at ``path`` (temporary file + rename: safe across processes) and
     keeps the folder under ``PROGRAMS_MAX_BYTES``. A program that cannot be serialised or
     written is only not stored."""
-    from jax.experimental import serialize_executable
-
     try:
         blob, in_tree, out_tree = serialize_executable.serialize(compiled)
         device_ids = [d.id for d in compiled.runtime_executable().local_devices()]

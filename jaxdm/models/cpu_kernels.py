@@ -12,6 +12,7 @@ AVX-512 BF16 paths CPUs without AMX run, e.g. to compare or test those).
 """
 from __future__ import annotations
 
+import argparse
 import ctypes
 import hashlib
 import os
@@ -26,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import jax
+
+from jaxdm.models.paths import cache_root
 
 HERE = Path(__file__).parent
 SOURCES = (HERE / "cpu_attention.cc", HERE / "cpu_matmul.cc")
@@ -64,8 +67,6 @@ def library_path(cxx: str) -> Path:
     """Where the shared library built by ``cxx`` lives: under the jaxdm cache root, named by a hash
     of the sources and headers, the compiler's version, the flags, jax's version, the CPU model and
     its flags (so any change builds a new one)."""
-    from jaxdm.models.paths import cache_root
-
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True,
                              check=False).stdout.splitlines()[:1]
     model = ""
@@ -219,8 +220,6 @@ def fingerprint() -> str:
 def main(argv: list[str] | None = None) -> int:
     """``python -m jaxdm.models.cpu_kernels [--build]``: print each kernel's status and why; with
     --build exit 1 when a kernel that could run here is off."""
-    import argparse
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", action="store_true",
                         help="build and register the kernels now (exit 1 if that fails)")

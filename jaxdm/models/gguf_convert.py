@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from gguf import GGUFReader, dequantize
+from safetensors.numpy import save_file
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from jaxdm.models.config import ModelConfig
 
@@ -93,8 +96,6 @@ def gguf_config(reader: Any, path: str = "gguf") -> ModelConfig:
 
 def dequantized_tensors(reader: Any, config: ModelConfig) -> dict[str, np.ndarray]:
     """All tensors as fp32 numpy arrays under HF names, q/k rows unpermuted."""
-    from gguf import dequantize
-
     table = {}
     for gguf_name, hf_name in GGUF_TO_HF:
         if "{i}" in gguf_name:
@@ -120,8 +121,6 @@ def dequantized_tensors(reader: Any, config: ModelConfig) -> dict[str, np.ndarra
 
 def gguf_tokenizer(reader: Any):
     """A `tokenizers.Tokenizer` (byte-level BPE, digit split) rebuilt from GGUF metadata."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
-
     model = _field(reader, "tokenizer.ggml.model")
     if model != "gpt2":
         raise ValueError(f"GGUF tokenizer model {model!r} is not supported (only byte-level "
@@ -157,9 +156,6 @@ def _token(tokens: list[str], reader: Any, key: str) -> str | None:
 
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
     """Writes an HF folder for a llama GGUF file; returns out_dir. Overwrites its files."""
-    from gguf import GGUFReader
-    from safetensors.numpy import save_file
-
     gguf_path = Path(gguf_path)
     if not gguf_path.exists():
         raise FileNotFoundError(f"convert_gguf: {gguf_path} does not exist")

@@ -12,15 +12,23 @@ import math
 import mmap
 import os
 import re
+import shutil
+import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
+from safetensors.numpy import save_file
 
+from jaxdm.models.compile_cache import OFF_VALUES
 from jaxdm.models.config import ModelConfig
 from jaxdm.models.decoder import Params, param_shapes
+from jaxdm.models.paths import cache_root
+from jaxdm.models.tokenizer import FastTokenizer
 
 # (HF tensor name template, internal key, kind, split). "{i}" is the layer index; internal keys
 # under "layers/" are stacked over layers. kind "linear": HF stores [out, in]; the internal
@@ -159,8 +167,6 @@ _SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF
 
 def _np_dtype(name: str) -> np.dtype:
     if name == "bfloat16":
-        import ml_dtypes
-
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(name)
 
@@ -375,14 +381,11 @@ _PARAMS_CACHE_VERSION = 1
 def params_cache_dir() -> Path | None:
     """Where converted params are cached: ``$JAXDM_PARAMS_CACHE`` (``0``/``off``/``false``/
     ``no``: disabled), else ``<jaxdm cache>/params`` (see ``jaxdm.models.paths.cache_root``)."""
-    from jaxdm.models.compile_cache import OFF_VALUES
-
     value = os.environ.get(PARAMS_CACHE_ENV, "").strip()
     if value.lower() in OFF_VALUES:
         return None
     if value:
         return Path(value).expanduser()
-    from jaxdm.models.paths import cache_root
 
     return cache_root() / "params"
 
@@ -440,10 +443,6 @@ def _read_cached(entry: Path, expected: dict, np_dtype: np.dtype) -> Params | No
 def _write_cached(entry: Path, params: Params) -> None:
     """Writes the entry under a temporary name and renames it (safe across processes); a
     failure to write only costs the next load a conversion. Keeps the newest entries."""
-    import shutil
-    import tempfile
-    import warnings
-
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry.parent))
@@ -480,8 +479,6 @@ def load_tokenizer(folder: str | Path):
     ``jaxdm.models.tokenizer.FastTokenizer`` (the `tokenizers` library, no transformers
     import; transformers' ids and text) when the folder's tokenizer_config.json only uses
     settings it reproduces, else transformers' ``PreTrainedTokenizerFast``."""
-    from jaxdm.models.tokenizer import FastTokenizer
-
     folder = Path(folder)
     if not (folder / "tokenizer.json").exists():
         raise FileNotFoundError(f"{folder}: missing tokenizer.json (pass tokenizer=False to "
@@ -489,7 +486,7 @@ def load_tokenizer(folder: str | Path):
     template = read_chat_template(folder)
     if FastTokenizer.supports(folder):
         return FastTokenizer(folder, chat_template=template)
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # why: ~0.5 s, the fallback only
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(folder))
     if template is not None and not getattr(tokenizer, "chat_template", None):
@@ -548,10 +545,6 @@ def save_pretrained(folder: str | Path, params: Params, config: ModelConfig, *,
     ``load_pretrained`` and transformers both load. Tokenizer files are copied from ``source``
     (an HF folder) when it has them, else written by ``tokenizer.save_pretrained``. The
     folder is built under a temporary name and renamed when complete."""
-    import shutil
-
-    from safetensors.numpy import save_file
-
     folder = Path(folder)
     tmp = folder.with_name(folder.name + ".tmp")
     if tmp.exists():

@@ -20,11 +20,20 @@ normal with std 1/√I, B at zero, so training starts at the base model (Hu et a
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from jaxdm.jsonl import write_json
+from jaxdm.models import load_pretrained
+from jaxdm.models.decoder import Adapted
+from jaxdm.models.smollm2 import smollm2
 
 # weight name -> number of leading (after L) axes that form the input
 TARGETS: dict[str, int] = {"q": 1, "k": 1, "v": 1, "o": 2, "gate": 1, "up": 1, "down": 1}
@@ -101,7 +110,6 @@ def adapt(params: dict, adapters: dict[str, dict[str, Any]], cfg: LoraConfig) ->
     decoder applies unmerged as x·W + (α/r)·(x·A)·B: the same numbers as ``merge`` (to fp32
     rounding), but neither W + A·B nor its dense gradient xᵀ·dy is built in a train step
     (``benchmarks/sft_memory.py --compare lora``: 1.20x less peak RSS on the 69-option step)."""
-    from jaxdm.models.decoder import Adapted
     layers = dict(params["layers"])
     for name, ad in adapters.items():
         layers[name] = Adapted(_adapted_weight(layers, name, ad), ad["a"], ad["b"], cfg.scale)
@@ -125,10 +133,6 @@ def save_adapter(folder, adapters: dict, cfg: LoraConfig, *, base: str,
                  dtype: str = "float32", meta: dict | None = None):
     """Writes an adapter folder (see above); ``base`` names the model it adapts ("smollm2"
     or an HF folder path). ``dtype`` is the stored precision. Returns the folder."""
-    from pathlib import Path
-
-    import numpy as np
-    from safetensors.numpy import save_file
     if dtype not in ADAPTER_DTYPES:
         raise ValueError(f"adapter dtype must be one of {ADAPTER_DTYPES}, got {dtype!r}")
     folder = Path(folder)
@@ -144,24 +148,18 @@ def save_adapter(folder, adapters: dict, cfg: LoraConfig, *, base: str,
     save_file(tensors, str(folder / "adapter.safetensors"), metadata={"format": "jaxdm-lora"})
     info = {"format": "jaxdm-lora", "base": base, "rank": cfg.rank, "alpha": cfg.alpha,
             "targets": list(cfg.targets), "dtype": dtype} | dict(meta or {})
-    from jaxdm.jsonl import write_json
     write_json(folder / "adapter.json", info, indent=2)
     return folder
 
 
 def is_adapter_folder(folder) -> bool:
     """Whether ``folder`` holds a LoRA adapter (its adapter.json)."""
-    from pathlib import Path
     return (Path(folder) / "adapter.json").is_file()
 
 
 def read_adapter(folder) -> tuple[dict, LoraConfig, dict]:
     """(adapters as float32 arrays, LoraConfig, adapter.json) of an adapter folder; a missing
     file or key, or a tensor that does not match the config, raises ValueError naming it."""
-    import json
-    from pathlib import Path
-
-    from safetensors.numpy import load_file
     folder = Path(folder)
     missing = [f for f in ADAPTER_FILES if not (folder / f).is_file()]
     if missing:
@@ -193,9 +191,7 @@ def load_model(spec: str, dtype: str = "float32"):
     """"smollm2" (the packaged default), an HF folder, or an adapter folder (``save_adapter``:
     its base loaded the same way, the adapters merged) -> ``jaxdm.models.Pretrained``. The one
     loader of a model named in a spec (decision backends, train-dm, the harness)."""
-    from jaxdm.models import load_pretrained
     if spec == "smollm2":
-        from jaxdm.models.smollm2 import smollm2
         return smollm2(jnp.dtype(dtype))
     if is_adapter_folder(spec):
         return load_adapted(spec, dtype)
@@ -205,8 +201,6 @@ def load_model(spec: str, dtype: str = "float32"):
 def load_adapted(folder, dtype: str = "float32"):
     """An adapter folder (``save_adapter``) -> ``Pretrained``: its base model (as
     ``load_model`` loads it) with the adapters merged; ``path`` is the adapter folder."""
-    from pathlib import Path
-
     adapters, lcfg, info = read_adapter(folder)
     pre = load_model(str(info["base"]), dtype)
     params = merge(pre.params, adapters, lcfg)

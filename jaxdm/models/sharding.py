@@ -21,6 +21,8 @@ import jax
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
+from jaxdm.models.decoder import init_params
+
 Rules = Sequence[tuple[str, str | tuple[str, ...] | None]]
 
 # Internal parameter path -> logical axis names (one per array axis).
@@ -197,9 +199,7 @@ def train_memory_per_device(config: Any, data: int, model: int, *, optimizer: An
                             rules: Rules = DEFAULT_RULES) -> dict[str, int]:
     """Bytes per device of the parameters, their gradients and the optimizer state
     (default: optax AdamW) of ``config`` on a (data, model) mesh; activations excluded."""
-    import optax
-
-    from jaxdm.models.decoder import init_params
+    import optax  # why: only this estimate needs an optimiser
 
     mesh = AbstractMesh((data, model), ("data", "model"))
     params = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))

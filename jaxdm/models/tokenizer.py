@@ -13,9 +13,16 @@ loaded on first such use. ``FastTokenizer.supports(folder)`` says whether a fold
 from __future__ import annotations
 
 import json
+import re
+import secrets
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import AddedToken, Tokenizer
 
 # Special-token attributes of transformers tokenizers (values: a string or {"content": ...}).
 SPECIAL_ATTRIBUTES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
@@ -51,8 +58,6 @@ class FastTokenizer:
     """tokenizer.json via `tokenizers`, with transformers' ``PreTrainedTokenizerFast`` results."""
 
     def __init__(self, folder: str | Path, chat_template: str | None = None):
-        from tokenizers import AddedToken, Tokenizer
-
         self.folder = Path(folder)
         path = self.folder / "tokenizer.json"
         if not path.exists():
@@ -208,7 +213,7 @@ class FastTokenizer:
     def full(self):
         """The transformers ``PreTrainedTokenizerFast`` of the same folder (loaded once)."""
         if self._full_tokenizer is None:
-            from transformers import PreTrainedTokenizerFast
+            from transformers import PreTrainedTokenizerFast  # why: ~0.5 s, rarely needed
 
             tok = PreTrainedTokenizerFast.from_pretrained(str(self.folder))
             if self.chat_template is not None and not getattr(tok, "chat_template", None):
@@ -239,10 +244,6 @@ def _compiled(template: str):
     ``strftime_now``); None for a template this setup cannot parse (transformers' own
     extensions, such as ``{% generation %}``): transformers renders those."""
     if template not in _TEMPLATES:
-        import jinja2
-        import jinja2.ext
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
         def raise_exception(message):
             raise jinja2.exceptions.TemplateError(message)
 
@@ -273,7 +274,6 @@ def _compiled(template: str):
 def _backend(tokenizer: Any):
     """The ``tokenizers.Tokenizer`` under a FastTokenizer, a transformers fast tokenizer or
     itself; None when there is none (a slow tokenizer)."""
-    from tokenizers import Tokenizer
     if isinstance(tokenizer, Tokenizer):
         return tokenizer
     if isinstance(tokenizer, FastTokenizer):
@@ -287,7 +287,6 @@ def _text_backend(tokenizer: Any):
     cached = getattr(tokenizer, "_jaxdm_text_backend", None)
     if cached is not None:
         return cached
-    from tokenizers import Tokenizer
     backend = _backend(tokenizer)
     if backend is None:
         raise TypeError(f"{type(tokenizer).__name__} has no fast (tokenizers) backend: cannot "
@@ -341,9 +340,6 @@ def chat_ids(tokenizer: Any, conversations: "list[list[dict]]", *,
     How: each special-token string found in untrusted text is swapped for a random ASCII
     slot before rendering; the rendered text is cut at the slots, its pieces encoded with
     special tokens parsed (the template's markers) and each slot as the string's text ids."""
-    import re
-    import secrets
-
     specials = special_texts(tokenizer)
 
     def render(conv, tls):

@@ -41,15 +41,22 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxdm.envs.babyai import BabyAIParams
+from jaxdm.envs.babyai import BabyAIEnv, BabyAIParams
 from jaxdm.envs.babyai.value import distance_field, move_costs
+from jaxdm.models.paths import cache_root
 from jaxdm.rl import mc_validation as mc
+from jaxdm.rl.signals import Signal
 
 __all__ = ["NUM_ACTIONS", "NUM_FEATURES", "EPS_MIX", "TeacherReport", "teacher_features",
            "teacher_logits", "init_teacher", "sft_teacher", "teacher_success", "SFTSettings",
@@ -248,9 +255,6 @@ _FORMAT = 1  # bump when the features or the parameter layout change (invalidate
 
 def save_teacher(params, path) -> None:
     """Write teacher params as an .npz (``layer<i>/w``, ``layer<i>/b``), atomically."""
-    import os
-    from pathlib import Path
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     arrays = {f"layer{i}/{k}": np.asarray(layer[k], np.float32)
@@ -263,8 +267,6 @@ def save_teacher(params, path) -> None:
 
 def load_teacher(path, *, key: str = "teacher.path") -> list[dict]:
     """Teacher params from ``save_teacher``'s .npz; errors name ``key`` and the file."""
-    from pathlib import Path
-
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{key}: no teacher checkpoint at {path} (an .npz from "
@@ -304,18 +306,10 @@ def cached_sft_teacher(room_size: int, settings: SFTSettings = SFTSettings(), *,
     """The SFT teacher for ``room_size``, trained once and cached as an .npz keyed by
     ``settings``, the room size and the feature format (``$JAXDM_CACHE/babyai_teacher/``, or
     ``cache_dir``); returns ``(params, path)``."""
-    import hashlib
-    import json
-    from pathlib import Path
-
-    from jaxdm.envs.babyai import BabyAIEnv
-
     spec = {"format": _FORMAT, "features": NUM_FEATURES, "room_size": int(room_size),
             **dataclasses.asdict(settings)}
     digest = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
     if cache_dir is None:
-        from jaxdm.models.paths import cache_root
-
         cache_dir = cache_root() / "babyai_teacher"
     path = Path(cache_dir) / f"teacher_{digest}.npz"
     if path.is_file():
@@ -361,10 +355,6 @@ class PrivilegedTopK:
         teacher's log-probs over all 6 actions (ids [N, 6], logprobs [N, 6] float32, offsets [N +
         1], unit_ok [N]), the episode mask [B] and request counts; episodes without stacked recorded
         states, or non-finite log-probs, are ValueErrors."""
-        import time
-
-        from jaxdm.rl.signals import Signal
-
         rec = episodes.recorded
         if rec is None or isinstance(rec.states, (list, tuple)):
             raise ValueError("teacher.kind 'babyai_privileged' reads the stacked env states of "

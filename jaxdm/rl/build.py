@@ -20,10 +20,17 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
+from jaxdm.envs.vector import EnvFactory
+from jaxdm.models import decoder
+from jaxdm.models.config import ModelConfig
+from jaxdm.models.lora import load_model
 from jaxdm.rl import text as rltext
 from jaxdm.rl.collect import ROLLOUT_KINDS, RolloutKind, check_rollout
+from jaxdm.rl.critic import critic_kind
 from jaxdm.rl.env_factories import ENV_FACTORIES
+from jaxdm.rl.jax_envs import make_jax_env
 from jaxdm.rl.policy import GenerativePolicy, OptionScoringPolicy
+from jaxdm.rl.symbolic import SymbolicMLPPolicy
 
 __all__ = ["env_factory", "env_factories", "collect_texts", "build_policy",
            "build_critic", "PolicyKind", "POLICY_KINDS", "check_policy_kind", "make_collector",
@@ -34,8 +41,6 @@ def env_factory(section: Any, split_kwargs: Mapping[str, Any]):
     """The EnvFactory of an env config section: its factory ('module:callable') or the registered
     ENV_FACTORIES entry of its name, called with the section's kwargs and the split's; an unknown
     name is a ValueError listing the known ones."""
-    from jaxdm.envs.vector import EnvFactory
-
     target = section.factory or ENV_FACTORIES.get(section.name)
     if target is None:
         raise ValueError(f"env.name: unknown env {section.name!r}: give env.factory="
@@ -70,13 +75,8 @@ def decoder_model(cfg, texts: Callable[[], Sequence[str]]):
     """(params, model config, tokenizer) of a decoder policy: ``model.path`` (an HF or adapter
     folder, or ``smollm2``: ``jaxdm.models.lora.load_model``) or a tiny random decoder of the
     ``model`` section's sizes with a word tokenizer over ``texts()``."""
-    from jaxdm.models import decoder
-    from jaxdm.models.config import ModelConfig
-
     m = cfg.model
     if m.path:
-        from jaxdm.models.lora import load_model
-
         pre = load_model(m.path, dtype=m.dtype)
         return pre.params, pre.config, rltext.HFTokenizer(pre.tokenizer)
     tokenizer = rltext.WordTokenizer.from_texts(texts())
@@ -110,9 +110,6 @@ def _text_policy(cfg, train_factory, eval_factory):
 
 def _symbolic_policy(cfg, train_factory, eval_factory):
     """(policy, params, None, None): the MLP on the JAX env's observation rows."""
-    from jaxdm.rl.jax_envs import make_jax_env
-    from jaxdm.rl.symbolic import SymbolicMLPPolicy
-
     spec = make_jax_env(cfg.env.name, cfg.env.kwargs, cfg.max_actions)
     policy = SymbolicMLPPolicy(spec.features, spec.row_width, spec.feature_dim,
                                spec.num_actions, tuple(cfg.policy.mlp_hidden),
@@ -192,7 +189,6 @@ def build_critic(cfg, policy):
     (``jaxdm.rl.critic.CRITIC_KINDS``)."""
     if cfg.critic.kind == "none":
         return None, None
-    from jaxdm.rl.critic import critic_kind
 
     critic = critic_kind(cfg.critic.kind)(cfg, policy)
     return critic, critic.init(jax.random.key(cfg.critic.init_seed))

@@ -26,6 +26,13 @@ from typing import Any, Callable
 
 import numpy as np
 
+from jaxdm.rl.env_factories import ENV_FACTORIES, make_venv
+from jaxdm.rl.estimators import episode_batch
+from jaxdm.rl.evaluation import evaluate
+from jaxdm.rl.jax_envs import JAX_ENVS
+from jaxdm.rl.jax_rollout import JaxCollector
+from jaxdm.rl.rollout import rollout
+
 __all__ = ["RolloutKind", "ROLLOUT_KINDS", "HostCollector", "check_rollout"]
 
 
@@ -33,8 +40,6 @@ class HostCollector:
     """Rollout kind ``host`` (see module docstring)."""
 
     def __init__(self, cfg, policy, train_factory, eval_factory, *, dist):
-        from jaxdm.rl.env_factories import make_venv
-
         self.cfg, self.policy, self.eval_factory, self.dist = cfg, policy, eval_factory, dist
         self.venv = make_venv(cfg, train_factory, dist.local_tasks * cfg.group_size,
                               cfg.group_size)
@@ -43,9 +48,6 @@ class HostCollector:
     def collect(self, params, key, first_seed: int):
         """(EpisodeBatch, ``train/*`` / ``env/errors`` / ``time/*`` metrics) of this
         process's groups; the metrics cover every process's episodes (``dist``)."""
-        from jaxdm.rl.estimators import episode_batch
-        from jaxdm.rl.rollout import rollout
-
         cfg = self.cfg
         policy, params, seed, key = self.dist.rollout_args(self.policy, params, first_seed, key)
         res = rollout(policy, params, self.venv, seed=seed, key=key,
@@ -71,9 +73,6 @@ class HostCollector:
 
     def evaluate(self, params, num_tasks: int, **kwargs):
         """``jaxdm.rl.evaluation.evaluate`` (``kwargs``: its ``values``, ``iteration``)."""
-        from jaxdm.rl.env_factories import make_venv
-        from jaxdm.rl.evaluation import evaluate
-
         if self._eval_venv is None or self._eval_venv.num_envs != num_tasks:
             if self._eval_venv is not None:
                 self._eval_venv.close()
@@ -93,8 +92,6 @@ def _host_make(cfg, policy, parts):
 
 
 def _jax_make(cfg, policy, parts):
-    from jaxdm.rl.jax_rollout import JaxCollector
-
     if parts["dist"].processes > 1:
         raise ValueError(f"policy.kind={cfg.policy.kind!r}: the jax rollout runs in one "
                          f"process (multi-process training plays host envs only)")
@@ -102,14 +99,10 @@ def _jax_make(cfg, policy, parts):
 
 
 def _host_envs():
-    from jaxdm.rl.env_factories import ENV_FACTORIES
-
     return set(ENV_FACTORIES)
 
 
 def _jax_envs():
-    from jaxdm.rl.jax_envs import JAX_ENVS
-
     return set(JAX_ENVS)
 
 

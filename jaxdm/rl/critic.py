@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -156,8 +157,6 @@ def register_critic(name: str, build: Callable[[Any, Any], Any]) -> None:
 def critic_kind(name: str) -> Callable[[Any, Any], Any]:
     """The registered kind ``name``; ValueError naming ``critic.kind`` when unknown."""
     if name not in CRITIC_KINDS:
-        import importlib
-
         for module in _PROVIDERS:
             importlib.import_module(module)
     if name not in CRITIC_KINDS:

@@ -78,6 +78,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 from jaxdm import runlog
 from jaxdm.models import sharding as sh
@@ -98,8 +99,6 @@ def is_main() -> bool:
 def barrier(name: str) -> None:
     """Every process waits here for the others (nothing with one process)."""
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
         multihost_utils.sync_global_devices(name)
 
 
@@ -122,8 +121,6 @@ class RecordOnly:
 def allgather(x: Any) -> np.ndarray:
     """[P, ...]: ``x`` (a small host array, the same shape on every process) of every
     process, in process order. A collective: every process must call it."""
-    from jax.experimental import multihost_utils
-
     return np.asarray(multihost_utils.process_allgather(np.asarray(x)))
 
 

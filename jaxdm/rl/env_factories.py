@@ -7,6 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from jaxdm.envs.alfworld import AlfWorldEnv, AlfWorldParams
+from jaxdm.envs.local import LocalVectorEnv
+from jaxdm.envs.vector import VectorEnv
+from jaxdm.envs.webshop.env import make_webshop_env
+
 ENV_FACTORIES = {
     "toy_ordering": "jaxdm.envs.toy:make_ordering_env",
     "toy_pick": "jaxdm.envs.toy:make_pick_env",
@@ -18,8 +23,6 @@ ENV_FACTORIES = {
 def alfworld_env(**params: Any):
     """``AlfWorldEnv(AlfWorldParams(**params))``; ``data_root``+``data_split`` read official
     game files instead of generating problems."""
-    from jaxdm.envs.alfworld import AlfWorldEnv, AlfWorldParams
-
     root, split = params.pop("data_root", None), params.pop("data_split", None)
     if "task_types" in params:
         params["task_types"] = tuple(params["task_types"])
@@ -31,8 +34,6 @@ def alfworld_env(**params: Any):
 def webshop_env(**params: Any):
     """``jaxdm.envs.webshop.env.make_webshop_env(**params)`` (real files or a generated
     catalogue)."""
-    from jaxdm.envs.webshop.env import make_webshop_env
-
     return make_webshop_env(**params)
 
 
@@ -40,12 +41,9 @@ def make_venv(cfg, factory, num_envs: int, group_size: int):
     """The host vector env of a ``TrainConfig``: in-process (``env.num_workers`` 0) or over
     ``env.num_workers`` workers (``jaxdm.envs.vector.VectorEnv``) of ``env.backend`` (worker
     processes, or Ray actors with the ``env.ray`` options)."""
-    from jaxdm.envs.local import LocalVectorEnv
-
     e = cfg.env
     if e.num_workers <= 0:
         return LocalVectorEnv(factory(), num_envs, group_size=group_size)
-    from jaxdm.envs.vector import VectorEnv
 
     return VectorEnv(factory, num_envs, num_workers=e.num_workers, group_size=group_size,
                      step_timeout=e.step_timeout, max_steps=cfg.max_actions, env_name=e.name,

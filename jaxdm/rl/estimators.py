@@ -29,6 +29,7 @@ import numpy as np
 
 from jaxdm.envs.recorder import RecordedBatch
 from jaxdm.rl import advantages as advmod
+from jaxdm.rl.values.estimator import lvrl_step_advantages
 
 __all__ = ["EpisodeBatch", "episode_batch", "Advantages", "Estimator", "ESTIMATORS",
            "register_estimator", "bucket_int"]
@@ -180,8 +181,6 @@ def gae(eb, signals, algo, num_groups):
 def lvrl(eb, signals, algo, num_groups):
     """LVRL step advantages (``jaxdm.rl.values.estimator``); a row whose value query failed
     (signal mask False) keeps its GRPO advantage."""
-    from jaxdm.rl.values.estimator import lvrl_step_advantages
-
     sig = signals["values"]
     rows = np.asarray(sig.mask, bool) & ~eb.errored
     adv = lvrl_step_advantages(sig.arrays["values"], rows, eb.outcome, eb.returns, eb.groups,

@@ -20,6 +20,7 @@ import numpy as np
 
 from jaxdm import runlog
 from jaxdm.rl.rollout import rollout
+from jaxdm.rl.values.curves import evaluation_value_curves
 
 __all__ = ["evaluate"]
 
@@ -65,8 +66,6 @@ def evaluate(policy, params, venv, cfg, *, values: Any = None,
         rows.append(row)
     summary["eval/table"] = runlog.format_table(rows, ["type", "success %", *cut_cols])
     if values is not None:
-        from jaxdm.rl.values.curves import evaluation_value_curves
-
         summary.update(evaluation_value_curves(episodes, values, cfg, iteration=iteration,
                                                out_dir=cfg.out_dir))
     return summary

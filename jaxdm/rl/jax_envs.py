@@ -34,6 +34,11 @@ from typing import Any, Callable, Mapping
 import jax
 import jax.numpy as jnp
 
+from jaxdm.envs.babyai import BabyAIEnv, BabyAIParams
+from jaxdm.envs.babyai import env as E
+from jaxdm.envs.babyai import layout as L
+from jaxdm.envs.babyai.value import distance_field, plan_length_from_field, value_from_length
+
 __all__ = ["JaxEnvSpec", "JAX_ENVS", "register_jax_env", "make_jax_env",
            "babyai_features", "babyai_features_compass"]
 
@@ -111,8 +116,6 @@ _BABYAI_FEATURES = 7 * 7 * 20 + 4 + 17
 def _babyai_compass(state) -> jax.Array:
     """(forward, right) offset of the target from the agent, in the agent's frame; (0, 0)
     when the target is not on the grid (picked up)."""
-    from jaxdm.envs.babyai import layout as L
-
     g = state.grid.astype(jnp.int32)
     match = (g[..., 0] == state.target[0]) & (g[..., 1] == state.target[1])
     idx = jnp.argmax(match.ravel())
@@ -131,12 +134,6 @@ def make_babyai_jax(*, max_steps: int, room_size: int = 8, split: str = "train",
     split's task params with ``max_steps`` and the door-distance / lock options, the compass in the
     features if asked, and the oracle value q ** plan length (``oracle_q``) from the distance field.
     """
-    from jaxdm.envs.babyai import BabyAIEnv, BabyAIParams
-    from jaxdm.envs.babyai import env as E
-    from jaxdm.envs.babyai import layout as L
-    from jaxdm.envs.babyai.value import (distance_field, plan_length_from_field,
-                                         value_from_length)
-
     env = BabyAIEnv(int(room_size))
     params = BabyAIParams.for_split(split, max_steps=int(max_steps), lock_prob=float(lock_prob))
     if min_door_distance is not None or max_door_distance is not None:

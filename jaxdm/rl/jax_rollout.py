@@ -44,9 +44,11 @@ import numpy as np
 
 from jaxdm import runlog
 from jaxdm.envs.core import step_key
+from jaxdm.envs.recorder import RecordedBatch, RecordedEpisode, RecordedStep, to_trajectory
 from jaxdm.rl.estimators import EpisodeBatch
 from jaxdm.rl.jax_envs import JaxEnvSpec, make_jax_env
-from jaxdm.envs.recorder import RecordedBatch, RecordedEpisode, RecordedStep, to_trajectory
+from jaxdm.rl.lvopd import TEACHER_POLICIES
+from jaxdm.rl.terms import signals_needed
 from jaxdm.trajectory import Trajectory
 
 __all__ = ["play", "step_key_data", "JaxCollector", "LazyTrajectories"]
@@ -160,11 +162,8 @@ class LazyTrajectories(Sequence):
 def _reads_env_states(cfg) -> bool:
     """Whether a configured signal reads the env states: the ``teacher_topk`` signal of a
     teacher policy with ``reads_states`` (``jaxdm.rl.lvopd.TEACHER_POLICIES``)."""
-    from jaxdm.rl.terms import signals_needed
-
     if "teacher_topk" not in signals_needed(cfg):
         return False
-    from jaxdm.rl.lvopd import TEACHER_POLICIES
 
     tp = TEACHER_POLICIES.get(cfg.teacher.kind)
     return bool(tp is not None and tp.reads_states)

@@ -67,9 +67,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxdm.decision import Remote
+from jaxdm.kernels import (kl_from_stats, lse_topk_pallas, lse_topk_xla, resolve_impl,
+                           weighted_kl_loss)
+from jaxdm.kernels.topk_reverse_kl import DEFAULT_FLOOR_MIN
 from jaxdm.models import decoder
 from jaxdm.models.config import ModelConfig
+from jaxdm.models.loading import load_params, read_config
 from jaxdm.rl import losses
+from jaxdm.rl.babyai_teacher import build_topk_teacher
 from jaxdm.rl.distill import gate_weights, lvopd_distill_loss
 from jaxdm.rl.signals import Signal, register_signal
 from jaxdm.rl.terms import register_loss_term
@@ -151,10 +157,6 @@ def lvopd_loss_fused(h_resp, head, targets, old_logp, adv, weights, mask, teache
     ``distill_mask`` [M, R] (default ``mask``) the tokens whose teacher lists exist.
     Returns ``(loss, metrics)``.
     """
-    from jaxdm.kernels import (kl_from_stats, lse_topk_pallas, lse_topk_xla, resolve_impl,
-                               weighted_kl_loss)
-    from jaxdm.kernels.topk_reverse_kl import DEFAULT_FLOOR_MIN
-
     if not math.isfinite(coef):
         raise ValueError(f"coef must be finite, got {coef}")
     h_resp, head = jnp.asarray(h_resp), jnp.asarray(head)
@@ -518,8 +520,6 @@ class RemoteTeacher:
 
     def __init__(self, base_url: str, model: str, *, k: int = TEACHER_TOP_K,
                  timeout: float = 30.0, max_retries: int = 2, api_key_env: str | None = None):
-        from jaxdm.decision import Remote
-
         self.remote = Remote(base_url, model, endpoint="completions", timeout=timeout,
                              max_retries=max_retries, api_key_env=api_key_env)
         self.model, self.k = model, int(k)
@@ -651,8 +651,6 @@ def _build_remote(cfg, trainer):
 
 
 def _build_local(cfg, trainer):
-    from jaxdm.models.loading import load_params, read_config
-
     t = cfg.teacher
     if not t.path:
         raise ValueError("teacher.path: a local teacher policy needs a checkpoint folder")
@@ -662,8 +660,6 @@ def _build_local(cfg, trainer):
 
 
 def _build_privileged(cfg, trainer):
-    from jaxdm.rl.babyai_teacher import build_topk_teacher
-
     return build_topk_teacher(cfg, trainer)
 
 

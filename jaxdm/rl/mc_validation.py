@@ -36,6 +36,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxdm.decision.types import YesNo
+from jaxdm.envs.alfworld import plan_from
+from jaxdm.envs.babyai import env as E
+from jaxdm.envs.babyai import layout as L
+from jaxdm.envs.babyai.value import distance_field, move_costs
+from jaxdm.rl.values import state_context, state_question
+from jaxdm.runlog import pyplot
+
 __all__ = ["N_CONTINUATIONS", "K_SIGMA", "sigma", "event_threshold", "null_tail_probability",
            "Events", "label_events", "summarize_events", "plot_events", "ReplayStats",
            "replay_actions", "field_policy", "BabyAIEpisodes", "babyai_record_episodes",
@@ -62,7 +70,7 @@ def event_threshold(n: int = N_CONTINUATIONS, k_sigma: float = K_SIGMA) -> float
 def null_tail_probability(n: int = N_CONTINUATIONS, threshold: float | None = None,
                           grid: int = 201) -> float:
     """max over p of P(|X − Y| / n ≥ threshold), X, Y ~ Binomial(n, p) independent (exact)."""
-    from scipy.stats import binom
+    from scipy.stats import binom  # why: scipy.stats takes ~0.7 s to import
 
     thr = event_threshold(n) if threshold is None else threshold
     k = np.arange(n + 1)
@@ -163,10 +171,7 @@ def summarize_events(ev: Events) -> dict[str, Any]:
 
 def plot_events(summaries: dict[str, dict[str, Any]], events: dict[str, Events], path) -> None:
     """Agreement by trajectory third per value model, and ΔV̂ vs predicted ΔV scatter."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     names = list(summaries)
@@ -243,10 +248,6 @@ def replay_actions(env, key, actions: Sequence[Any], recorded_obs: Sequence[Any]
 def field_policy(key, state, field, eps):
     """One action of the noisy shortest-path agent (pure; vmap it). ``key`` is the episode's
     policy key: the action at env step c uses ``fold_in(key, c)``."""
-    from jaxdm.envs.babyai import env as E
-    from jaxdm.envs.babyai import layout as L
-    from jaxdm.envs.babyai.value import move_costs
-
     costs, cell, closed_front = move_costs(state, field)
     choice = jnp.argmin(costs)
     greedy = jnp.where(choice == 0, E.LEFT, jnp.where(choice == 1, E.RIGHT,
@@ -285,8 +286,6 @@ class BabyAIEpisodes:
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _record(env, params, task_keys, policy_keys, eps):
-    from jaxdm.envs.babyai.value import distance_field
-
     _, s0 = jax.vmap(env.reset_env, in_axes=(0, None))(task_keys, params)
     fields = jax.vmap(distance_field)(s0)
 
@@ -408,8 +407,6 @@ def _single_step(env):
 def alfworld_action(state, rng, eps: float) -> str:
     """The noisy planner: with probability ``eps`` a uniformly random admissible command,
     else the next command of the expert's plan from ``state`` (random when it has none)."""
-    from jaxdm.envs.alfworld import plan_from
-
     commands = sorted(state.command_map())
     if rng.random() >= eps:
         try:
@@ -465,9 +462,6 @@ def readout_state_values(backend, traj, group_context: str = "") -> np.ndarray:
     at s_0..s_{T−1}, all in one ``backend.score`` call (one packed pass for a
     ``LocalReadout``), and the known outcome at the terminal state s_T (anchored, as for the
     Oracle rows). Raises ValueError naming the state when the backend returns no value."""
-    from jaxdm.decision.types import YesNo
-    from jaxdm.rl.values import state_context, state_question
-
     n = len(traj.steps)
     reqs = [YesNo(context=state_context(traj, group_context, t),
                   question=state_question(traj, t), meta={"role": "mc_value", "state": t})

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import jaxdm.models as models
 from jaxdm.decision import shared_prefix
 from jaxdm.models import decoder
 from jaxdm.models.config import ModelConfig
@@ -351,8 +352,6 @@ class GenerativePolicy:
         self.max_response_tokens = max_response_tokens
         self.temperature, self.top_p, self.with_entropy = temperature, top_p, with_entropy
         if generate_fn is None:
-            import jaxdm.models as models
-
             generate_fn = getattr(models, "generate", None)
             if generate_fn is None:
                 raise RuntimeError("GenerativePolicy needs jaxdm.models.generate (the KV-cache "

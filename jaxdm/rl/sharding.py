@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 from jax.sharding import Mesh
 
 from jaxdm.models import sharding as _rules
@@ -43,8 +44,6 @@ def keep_shardings(step: Any, params: Any, opt_states: Any) -> Any:
     the whole train step a second time (measured on the ``cpu_smoke`` preset, 2 devices: two
     45-90 s compiles of ``jit(step)``). One wrapper per (step, shardings), so trainers with
     the same spec and mesh share the compiled program."""
-    import jax
-
     def shardings(tree):
         return jax.tree.map(lambda x: x.sharding, tree)
 
@@ -60,8 +59,6 @@ def train_memory(params: Any, optimizer: Any, mesh: Mesh) -> dict[str, int]:
     state (an optax transformation; shapes only, nothing allocated) once placed on ``mesh``
     by the rules; activations excluded. The numbers ``train_memory_per_device`` gives for a
     model preset, here for the trainer's actual policy and optimizer."""
-    import jax
-
     opt_state = jax.eval_shape(optimizer.init, params)
     out = {"params": _rules.per_device_bytes(params, mesh, strict=False),
            "optimizer": _rules.per_device_bytes(opt_state, mesh, strict=False)}

@@ -33,9 +33,13 @@ naming the config key (e.g. ``value.kind``) when the signal cannot be produced.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import Any, Callable
 
 import numpy as np
+
+from jaxdm.decision import make_backend
+from jaxdm.roles.jobs import score_trajectories
 
 __all__ = ["Signal", "SignalSpec", "SIGNALS", "register_signal", "signal_spec",
            "teacher_backend_spec"]
@@ -79,8 +83,6 @@ def register_signal(name: str, produce: Callable, *, build: Callable | None = No
 def signal_spec(name: str) -> SignalSpec:
     """The registered signal ``name`` (importing its provider module on first use)."""
     if name not in SIGNALS and name in _PROVIDERS:
-        import importlib
-
         module, key = _PROVIDERS[name]
         try:
             importlib.import_module(module)
@@ -118,14 +120,10 @@ def _teacher_check(cfg) -> None:
 
 
 def _teacher_build(cfg, trainer):
-    from jaxdm.decision import make_backend
-
     return make_backend(teacher_backend_spec(cfg.teacher))
 
 
 def _teacher_produce(episodes, backend, cfg) -> Signal:
-    from jaxdm.roles.jobs import score_trajectories
-
     res = score_trajectories(backend, episodes.trajectories, question=cfg.teacher.question,
                              context=cfg.teacher.context, max_actions=cfg.max_actions,
                              retries=cfg.teacher.retries)

@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxdm.rl.critic import CRITIC_KINDS, register_critic
+
 __all__ = ["init_mlp", "mlp", "RowBatch", "SymbolicMLPPolicy", "MLPCritic", "rows_batch"]
 
 
@@ -193,8 +195,6 @@ def _mlp_critic(cfg, policy) -> MLPCritic:
 
 
 def _register() -> None:
-    from jaxdm.rl.critic import CRITIC_KINDS, register_critic
-
     if "mlp" not in CRITIC_KINDS:
         register_critic("mlp", _mlp_critic)
 

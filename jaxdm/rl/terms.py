@@ -26,6 +26,7 @@ unweighted loss is logged as ``loss/<name>`` (unless the term logs that key itse
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import Any, Callable, Mapping
 
 import jax
@@ -34,6 +35,7 @@ import optax
 
 from jaxdm.rl import advantages as advmod
 from jaxdm.rl import losses
+from jaxdm.rl.estimators import ESTIMATORS
 
 __all__ = ["LossConfig", "StepSpec", "TermContext", "LossTerm", "LOSS_TERMS",
            "register_loss_term", "loss_term", "registered_terms", "make_optimizers",
@@ -92,8 +94,6 @@ _PROVIDERS = ("jaxdm.rl.lvopd",)
 
 
 def _import_providers() -> None:
-    import importlib
-
     for module in _PROVIDERS:
         importlib.import_module(module)
 
@@ -225,8 +225,6 @@ def cached_train_step(policy, spec: StepSpec):
 def signals_needed(cfg) -> tuple[str, ...]:
     """The signals a ``TrainConfig`` needs: the estimator's, then those of its ``algo.terms``
     (each once; ``LossTerm.needs``, e.g. ``lvopd`` needs ``teacher_topk``)."""
-    from jaxdm.rl.estimators import ESTIMATORS
-
     out = list(ESTIMATORS[cfg.algo.advantage].needs)
     for name in cfg.algo.terms:
         term = loss_term(name)

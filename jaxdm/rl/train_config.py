@@ -14,6 +14,16 @@ import dataclasses
 import math
 from typing import Any, Literal
 
+from jaxdm.decision import BACKEND_KINDS
+from jaxdm.envs.vector import RAY_BACKEND_OPTIONS, WORKER_BACKENDS
+from jaxdm.rl.advantages import LVRL_NORMALIZATIONS
+from jaxdm.rl.build import check_policy_kind
+from jaxdm.rl.critic import critic_kind
+from jaxdm.rl.distill import GATES
+from jaxdm.rl.estimators import ESTIMATORS
+from jaxdm.rl.lvopd import TEACHER_POLICIES
+from jaxdm.rl.signals import signal_spec
+from jaxdm.rl.terms import LossConfig, loss_term, registered_terms, signals_needed
 from jaxdm.runlog import MAX_FAILED_SHARE, check_failed_share
 
 __all__ = ["ModelSection", "EnvSection", "check_env_pool", "PolicySection", "TeacherSection",
@@ -59,8 +69,6 @@ class EnvSection:
 def check_env_pool(backend: str, num_workers: int, ray: Any, where: str) -> None:
     """The env worker pool keys of a config section ``where`` (``backend``, ``num_workers``,
     ``ray``): named errors, checked on load without importing Ray."""
-    from jaxdm.envs.vector import RAY_BACKEND_OPTIONS, WORKER_BACKENDS
-
     if backend not in WORKER_BACKENDS:
         raise ValueError(f"{where}.backend must be one of {sorted(WORKER_BACKENDS)}, got "
                          f"{backend!r}")
@@ -124,12 +132,8 @@ class TeacherSection:
     retries: int = 1
 
     def __post_init__(self):
-        from jaxdm.decision import BACKEND_KINDS
-
         if self.kind != "none" and self.kind not in BACKEND_KINDS:
             # [LVOPD] or a teacher policy only the teacher_topk signal uses (jaxdm.rl.lvopd)
-            from jaxdm.rl.lvopd import TEACHER_POLICIES
-
             if self.kind not in TEACHER_POLICIES:
                 raise ValueError(f"teacher.kind must be 'none', a backend kind "
                                  f"{list(BACKEND_KINDS)} or a teacher policy "
@@ -253,15 +257,6 @@ class TrainConfig:
     optim: OptimSection = OptimSection()
 
     def __post_init__(self):
-        from jaxdm.rl.advantages import LVRL_NORMALIZATIONS
-        from jaxdm.rl.distill import GATES
-        from jaxdm.rl.estimators import ESTIMATORS
-        from jaxdm.rl.signals import signal_spec
-        from jaxdm.rl.terms import loss_term, registered_terms
-
-        from jaxdm.rl.build import check_policy_kind
-        from jaxdm.rl.critic import critic_kind
-
         if self.critic.kind != "none":
             critic_kind(self.critic.kind)  # ValueError naming critic.kind
         est = ESTIMATORS.get(self.algo.advantage)
@@ -280,7 +275,6 @@ class TrainConfig:
                 raise ValueError(f"algo.terms.{name}: weight must be a finite number, got {w!r}")
             if term.needs_critic and self.critic.kind == "none":
                 raise ValueError(f"algo.terms.{name} needs a critic: set critic.kind")
-        from jaxdm.rl.terms import signals_needed
         for need in signals_needed(self):
             signal_spec(need).check(self)
         check_policy_kind(self)  # the policy kind's rollout serves env / estimator / value
@@ -300,8 +294,6 @@ class TrainConfig:
 
     def loss_config(self):
         """The frozen ``LossConfig`` of this run (the compiled step's cache key part)."""
-        from jaxdm.rl.terms import LossConfig
-
         terms = [("ppo", 1.0)]
         if self.critic.kind != "none":
             terms.append(("value", float(self.critic.value_coef)))

@@ -49,12 +49,12 @@ from jaxdm import runlog
 from jaxdm.rl import build, distributed, rundir, sharding
 from jaxdm.rl.checkpoint import Checkpointer
 from jaxdm.rl.estimators import ESTIMATORS, EpisodeBatch
-from jaxdm.rl.signals import signal_spec
-from jaxdm.rl.state import (TrainState, check_restored, from_checkpoint, place_key,
-                            to_checkpoint)
-from jaxdm.rl.terms import StepSpec, cached_train_step, signals_needed
+from jaxdm.rl.lvopd import LVOPDBatcher
 from jaxdm.rl.rundir import (NonFiniteLossError, ResumeMismatchError, RunDirError,  # noqa: F401
                              TeacherFailureError, TrainingStopped)
+from jaxdm.rl.signals import signal_spec
+from jaxdm.rl.state import TrainState, check_restored, from_checkpoint, place_key, to_checkpoint
+from jaxdm.rl.terms import StepSpec, cached_train_step, signals_needed
 from jaxdm.rl.train_config import (AlgoSection, CriticSection, EnvSection,  # noqa: F401
                                    ModelSection, OptimSection, PolicySection, TeacherSection,
                                    TrainConfig)
@@ -208,7 +208,6 @@ class Trainer:
             return {"ppo/updates": 0.0}
         lvopd = None
         if "lvopd" in cfg.algo.terms:  # the gate over the WHOLE batch, before mini-batching
-            from jaxdm.rl.lvopd import LVOPDBatcher
 
             lvopd = LVOPDBatcher(eb, adv.adv, signals["teacher_topk"],  # [LVOPD] form
                                  gate=cfg.algo.lvopd_gate, form=self.policy.form)

@@ -6,13 +6,11 @@ import math
 import os
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from jaxdm.trajectory import ACTION_TYPES  # noqa: E402
+from jaxdm.jsonl import OutputError
+from jaxdm.runlog import pyplot
+from jaxdm.trajectory import ACTION_TYPES
 
 TYPE_LABELS = {"milestone": "Milestone", "other": "Other", "no_op": "No-op"}
 
@@ -21,8 +19,6 @@ def save_figure(fig, path: Path, dpi: int = 120) -> Path:
     """Writes ``fig`` as PNG to ``path`` whole: a temporary file of this writer next to it,
     renamed over it. A failed write (no space left, a read-only place) removes the temporary,
     leaves ``path`` as it was and raises ``jaxdm.jsonl.OutputError`` naming it."""
-    from jaxdm.jsonl import OutputError
-
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
@@ -33,12 +29,13 @@ def save_figure(fig, path: Path, dpi: int = 120) -> Path:
         why = "no space left on device" if e.errno == errno.ENOSPC else (e.strerror or str(e))
         raise OutputError(f"cannot write {path}: {why}") from e
     finally:
-        plt.close(fig)
+        pyplot().close(fig)
     return path
 
 
 def action_type_heatmap(summary: dict, judges: list[str], context: str, path: Path) -> Path:
     """Judges x (question x action type) mean scores under one context (seed 000, Fig. 8)."""
+    plt = pyplot()
     questions = ["value", "progress"]
     cols = [(q, t) for q in questions for t in ACTION_TYPES]
     grid = np.full((len(judges), len(cols)), np.nan)
@@ -62,6 +59,7 @@ def action_type_heatmap(summary: dict, judges: list[str], context: str, path: Pa
 
 def recall_bars(summary: dict, judges: list[str], context: str, path: Path) -> Path:
     """Recall@R grouped by R, per judge and question (seed 000, Fig. 5b)."""
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
     for ax, q in zip(axes, ["value", "progress"]):
         rs = sorted({int(r) for j in judges for r in summary[j][f"{q}/{context}"]["overall"]["recall_by_r"]})
@@ -81,6 +79,7 @@ def recall_bars(summary: dict, judges: list[str], context: str, path: Path) -> P
 
 def rank_shift_curves(shifts: dict, judges: list[str], levels: list[str], path: Path) -> Path:
     """Per judge: each trajectory's mean rank shift vs Prefix (thin) and the mean (dashed)."""
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(judges), figsize=(4.2 * len(judges), 3.4), squeeze=False)
     x = np.arange(len(levels) + 1)
     for ax, j in zip(axes[0], judges):
@@ -100,6 +99,7 @@ def rank_shift_curves(shifts: dict, judges: list[str], levels: list[str], path: 
 
 def miss_rate_vs_cost(points: list[dict], path: Path) -> Path:
     """Milestone / no-op miss rate vs cost per 1,000 scores (seed 000, Fig. 10)."""
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for ax, key, title in [(axes[0], "milestone_miss", "Milestone miss rate"),
                            (axes[1], "noop_miss", "No-op miss rate")]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -31,12 +32,17 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from jaxdm.config import to_dict
-from jaxdm.jsonl import write_atomic, write_json
-from jaxdm.runlog import MAX_FAILED_SHARE, check_failed_share
-from jaxdm.secrets import redact
+from jaxdm.decision import make_backend
 from jaxdm.decision.specs import BackendSpecError, parse_backend_spec, parse_scalar, shown_spec
-from jaxdm.screen import metrics
+from jaxdm.decision.types import score_failed, score_ok
+from jaxdm.envs.alfworld import noisy_expert_trajectories
+from jaxdm.jsonl import write_atomic, write_json
+from jaxdm.judges import SMOLLM2_PROGRESS
+from jaxdm.roles.jobs import score_trajectories
+from jaxdm.runlog import MAX_FAILED_SHARE, check_failed_share
+from jaxdm.screen import figures, metrics
 from jaxdm.screen.store import FIGURES, PassResult, ScreenError, ScreenStore
+from jaxdm.secrets import redact
 from jaxdm.trajectory import Trajectory, read_jsonl
 
 COMBOS = (("progress", "prefix"), ("progress", "hindsight"), ("value", "prefix"), ("value", "hindsight"))
@@ -119,7 +125,6 @@ def normalize_judge_spec(spec: Any) -> dict[str, Any]:
         if spec in JUDGE_ALIASES:
             out = dict(JUDGE_ALIASES[spec])
             if out.get("path") == "<jaxdm.judges.SMOLLM2_PROGRESS>":
-                from jaxdm.judges import SMOLLM2_PROGRESS
                 out = folder_judge_spec(str(SMOLLM2_PROGRESS)) | {"name": out["name"]}
         elif _looks_like_folder(spec):
             out = folder_judge_spec(spec)
@@ -140,7 +145,6 @@ HF_FOLDER_FILES = ("config.json", "*.safetensors", "tokenizer.json")
 
 
 def _looks_like_folder(spec: str) -> bool:
-    import os
     if Path(spec).is_dir():
         return True
     kind, colon, _ = spec.partition(":")
@@ -153,7 +157,7 @@ def folder_judge_spec(path: str) -> dict[str, Any]:
     """``--judge path/to/folder``: a local_readout judge on an exported HF folder or on an
     adapter folder (base model + LoRA adapter). A path that is not such a folder raises
     ScreenError naming what is missing."""
-    from jaxdm.models.lora import ADAPTER_FILES, is_adapter_folder
+    from jaxdm.models.lora import ADAPTER_FILES, is_adapter_folder  # why: JAX, folder judges only
     folder = Path(path)
     if not folder.is_dir():
         raise ScreenError(f"judge folder {str(folder)!r} does not exist (or is not a folder)")
@@ -170,8 +174,6 @@ def folder_judge_spec(path: str) -> dict[str, Any]:
 
 def build_judges(specs: Sequence[Any]):
     """(name, backend) pairs; unknown kinds or keys raise ScreenError naming the judge."""
-    from jaxdm.decision import make_backend
-
     judges, names = [], set()
     for raw in specs:
         spec = normalize_judge_spec(raw)
@@ -201,7 +203,6 @@ def load_trajectories(cfg: ScreenConfig) -> list[Trajectory]:
         if not trajs:
             raise ScreenError(f"{path}: no trajectories")
         return trajs
-    from jaxdm.envs.alfworld import noisy_expert_trajectories
 
     return noisy_expert_trajectories(cfg.num_trajectories, seed=cfg.seed, budget=cfg.budget)
 
@@ -212,8 +213,6 @@ def _score(backend, trajs, judge, question, context_label, context, expansion=No
     # 20 tokens under Hindsight, 150 with +FB), and one mixed call pads them to the longest.
     # Measured on the demo (2 idle cores): 3 min 14 s per pass vs 3 min 55 s in one call.
     # The scoring job is the trainer's: failures (a backend raising included) are counted.
-    from jaxdm.roles.jobs import score_trajectories
-
     res = score_trajectories(backend, trajs, question=question, context=context,
                              expansion=expansion)
     return PassResult(judge, question, context_label, res.per_trajectory(), dict(res.stats))
@@ -233,8 +232,6 @@ class _OnlyMissing:
         return getattr(self.backend, name)
 
     def score(self, questions):
-        from jaxdm.decision.types import score_failed, score_ok
-
         if len(questions) != len(self.saved):
             raise RuntimeError(f"{len(questions)} questions for {len(self.saved)} saved scores")
         ask = [k for k, v in enumerate(self.saved) if not math.isfinite(v)]
@@ -255,8 +252,6 @@ class _OnlyMissing:
 def _rescore(backend, trajs, saved: PassResult, context, expansion=None) -> PassResult:
     """``saved`` with its failed questions asked again; stats merged (costs and seconds add
     up, ``retried`` counts the questions asked again)."""
-    from jaxdm.roles.jobs import score_trajectories
-
     proxy = _OnlyMissing(backend, saved.per_traj)
     res = score_trajectories(proxy, trajs, question=saved.question, context=context,
                              expansion=expansion)
@@ -470,7 +465,7 @@ class _NoBar:
 def _progress(total: int, enabled: bool):
     if not enabled:
         return _NoBar()
-    from tqdm import tqdm
+    from tqdm import tqdm  # why: progress bars only
 
     return tqdm(total=total, unit="pass", dynamic_ncols=True)
 
@@ -527,8 +522,6 @@ def shift_table(result: dict) -> str:
 def write_outputs(result: dict, trajs: list[Trajectory], out: Path) -> dict[str, Path]:
     """summary.json, report.md and the figures (scores.jsonl and trajectories.jsonl are
     written while scoring, see ``jaxdm.screen.store``)."""
-    from jaxdm.screen import figures  # matplotlib: imported after scoring, not at start
-
     out.mkdir(parents=True, exist_ok=True)
     paths = {"scores": out / "scores.jsonl", "trajectories": out / "trajectories.jsonl",
              "summary": out / "summary.json"}

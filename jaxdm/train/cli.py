@@ -4,6 +4,9 @@ from __future__ import annotations
 import json
 import sys
 
+from jaxdm.config import ConfigError, load_config
+from jaxdm.rundir import lock_run_dir
+
 
 def add_parser(sub) -> None:
     """Add the `jaxdm train-dm` subcommand and its flags (--config, --data, --model, --out,
@@ -27,10 +30,8 @@ def main(args) -> int:
     """Run `jaxdm train-dm` from parsed ``args``: load the config, lock the run folder for the run's
     life (released when done, given up on failure), train, print the summary as JSON; 2 with the
     error printed on a bad config or data."""
-    from jaxdm.config import ConfigError, load_config
-    from jaxdm.rundir import lock_run_dir
-    from jaxdm.train.packing import IndistinctOptions
-    from jaxdm.train.sft import TrainDMConfig, TrainingError, train
+    from jaxdm.train.packing import IndistinctOptions  # why: JAX, with the command
+    from jaxdm.train.sft import TrainDMConfig, TrainingError, train  # why: JAX
 
     overrides = list(args.overrides)
     for key in ("data", "model", "out_dir"):

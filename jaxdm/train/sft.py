@@ -29,9 +29,15 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
+from jaxdm.decision import make_backend
+from jaxdm.decision.types import YesNo
 from jaxdm.models import lora as lora_lib
+from jaxdm.models.loading import save_pretrained
 from jaxdm.models.lora import load_model
+from jaxdm.rl.checkpoint import Checkpointer
+from jaxdm.runlog import MetricsWriter, Progress, plot_curves
 from jaxdm.train import packing
 from jaxdm.train.data import read_states
 from jaxdm.train.losses import ALPHA, MU
@@ -119,8 +125,6 @@ def with_teacher(states, spec: dict) -> tuple[list[list[packing.SFTItem]], dict[
     nor a graded target), and what was asked: {"asked", "failed", "first_error"}. An item
     whose teacher answer failed keeps the one-hot target (counted); when every answer failed
     the run stops (TrainingError): it would train without the teacher it was configured with."""
-    from jaxdm.decision import make_backend
-    from jaxdm.decision.types import YesNo
     teacher = make_backend(spec)
     flat = [it for s in states for it in s if it.teacher is None and it.target is None]
     mcs = [it for it in flat if not isinstance(it.question, YesNo)]
@@ -161,7 +165,6 @@ def train_step_fn(config, lcfg: "lora_lib.LoraConfig | None", mu: float, lr: flo
     """(jitted step, optimizer), cached so resumed / repeated runs in one process reuse the
     compiled step. lora_apply: "unmerged" (``lora.adapt``, the default) or "merged"
     (``lora.merge``: W + (α/r)·A·B built every step; the reference it is checked against)."""
-    import optax
     optimizer = optax.adamw(lr, weight_decay=weight_decay)
     if lora_apply not in ("unmerged", "merged"):
         raise ValueError(f"lora_apply must be 'unmerged' or 'merged', got {lora_apply!r}")
@@ -185,10 +188,6 @@ def train_step_fn(config, lcfg: "lora_lib.LoraConfig | None", mu: float, lr: flo
 
 def train(cfg: TrainDMConfig) -> dict[str, Any]:
     """Runs (or resumes) a training run; returns the summary (also in summary.json)."""
-    from jaxdm.models.loading import save_pretrained
-    from jaxdm.rl.checkpoint import Checkpointer
-    from jaxdm.runlog import MetricsWriter, Progress, plot_curves
-
     if not cfg.data:
         raise TrainingError("train-dm: 'data' (a JSONL of training states) is required")
     out = Path(cfg.out_dir)

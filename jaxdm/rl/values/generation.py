@@ -21,7 +21,9 @@ from typing import Any, Protocol, Sequence
 
 import httpx
 
+from jaxdm.decision.local import encode_messages
 from jaxdm.decision.types import Cost
+from jaxdm.models import generate
 
 __all__ = ["Generation", "TextGenerator", "HttpChatGenerator", "LocalGenerator"]
 
@@ -146,9 +148,6 @@ class LocalGenerator:
         """Generate a reply per message list of ``batch`` with the local model, batch_size prompts
         at a time (chat template, greedy, max_new_tokens); a prompt that would pass the model's
         context gives a failed Generation."""
-        from jaxdm.decision.local import encode_messages
-        from jaxdm.models import generate
-
         tok = self.pretrained.tokenizer
         limit = self.pretrained.config.max_position_embeddings
         out: list[Generation] = []

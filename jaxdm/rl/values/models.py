@@ -32,6 +32,9 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from jaxdm.decision.types import Cost, YesNo
+from jaxdm.envs.alfworld.value import trajectory_oracle_values as alfworld_oracle_values
+from jaxdm.envs.babyai.text import make_text_env
+from jaxdm.envs.babyai.value import trajectory_oracle_values
 from jaxdm.rl.values import prompts
 from jaxdm.trajectory import Trajectory
 
@@ -209,7 +212,6 @@ class ListValueModel:
 
 @functools.lru_cache(maxsize=16)
 def _babyai_text_env(split: str, room_size: int, max_steps: int):
-    from jaxdm.envs.babyai.text import make_text_env
     return make_text_env(split, room_size=room_size, max_steps=max_steps)
 
 
@@ -219,8 +221,6 @@ def _babyai_oracle(traj: Trajectory) -> np.ndarray:
     split's standard task distribution with ``max_steps = traj.budget``; the room size is
     metadata "room_size" or the first of 8, 7, 9 whose replay reproduces the trajectory's
     first observation (no size does: ValueError)."""
-    from jaxdm.envs.babyai.value import trajectory_oracle_values
-
     key = traj.metadata.get("key", traj.metadata.get("task_seed"))
     if key is None:
         raise ValueError("BabyAI oracle values need metadata['key'] or ['task_seed'] (the "
@@ -237,8 +237,7 @@ def _babyai_oracle(traj: Trajectory) -> np.ndarray:
 
 
 def _alfworld_oracle(traj: Trajectory) -> np.ndarray:
-    from jaxdm.envs.alfworld.value import trajectory_oracle_values
-    return trajectory_oracle_values(traj)
+    return alfworld_oracle_values(traj)
 
 
 # env name -> fn(trajectory) -> float [T + 1] oracle values of its states

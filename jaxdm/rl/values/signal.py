@@ -23,6 +23,7 @@ import numpy as np
 from jaxdm.decision.types import Cost
 from jaxdm.rl.values.context import render_group_context, summarize_group
 from jaxdm.rl.values.models import ValueQuery, ValueResult
+from jaxdm.runlog import pyplot
 from jaxdm.trajectory import Trajectory
 
 __all__ = ["ValuesSignal", "values_signal", "plot_value_curves"]
@@ -153,11 +154,7 @@ def plot_value_curves(trajectories: Sequence[Trajectory], values: np.ndarray, pa
     """One panel per trajectory: V(s_t) vs step t (anchors hollow), milestone steps starred,
     no-op steps crossed, the outcome in the panel title. Rows with ``value_rows`` False (a
     failed value query) show their anchors only, titled "no values"."""
-    import matplotlib
-    import matplotlib.ticker
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     rows = list(range(len(trajectories))) if rows is None else list(rows)
     if not rows:
         raise ValueError("plot_value_curves: no rows to plot")
@@ -182,7 +179,7 @@ def plot_value_curves(trajectories: Sequence[Trajectory], values: np.ndarray, pa
         ax.set_title(f"#{i} {outcome} ({n} actions)" + ("" if has_values else ", no values"),
                      fontsize=8, color="C2" if tr.success else "black")
         ax.set_xlabel("step", fontsize=7)
-        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
         ax.tick_params(labelsize=7)
     for ax in axes.ravel()[len(rows):]:
         ax.axis("off")

@@ -23,8 +23,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import jax.numpy as jnp
 import numpy as np
 
+from jaxdm import models
+from jaxdm.decision import make_backend
+from jaxdm.models.smollm2 import smollm2
 from jaxdm.rl.signals import Signal, register_signal
 from jaxdm.rl.values.context import SUMMARISERS
 from jaxdm.rl.values.curves import eval_trajectory_count
@@ -81,12 +85,9 @@ def _generator(spec: Mapping[str, Any]):
     spec = dict(spec)
     if "base_url" in spec:
         return HttpChatGenerator(spec.pop("base_url"), spec.pop("model", "default"), **spec)
-    import jax.numpy as jnp
 
-    from jaxdm import models
     path, dtype = spec.pop("path", "smollm2"), jnp.dtype(spec.pop("dtype", None) or "float32")
     if path == "smollm2":
-        from jaxdm.models.smollm2 import smollm2
         pre = smollm2(dtype)
     else:
         pre = models.load_pretrained(path, dtype)
@@ -101,7 +102,6 @@ def value_model_from_spec(spec: Mapping[str, Any]):
         model = VALUE_MODELS[kind](noise=float(spec.get("noise", 0.0)),
                                    seed=int(spec.get("seed", 0)))
     elif kind == "readout":
-        from jaxdm.decision import make_backend
         model = VALUE_MODELS[kind](make_backend(spec["backend"]))
     else:
         model = VALUE_MODELS[kind](_generator(spec["generator"]))
