@@ -1,14 +1,15 @@
 """Function-level imports in jaxdm/ stay few (issue 39 §4): each one left is there because a
-heavy or optional dependency (scipy, matplotlib, transformers, orbax, bm25s, httpx, tqdm, or
-JAX in a module that is light without it) should load only when the function runs, and says
-why where that is not obvious. Counted with stdlib ``ast``, no import of the package."""
+heavy or optional dependency (scipy, matplotlib, transformers, orbax, bm25s, gguf, jinja2,
+httpx, tqdm, or JAX in a module that is light without it) should load only when the function
+runs, and says why where that is not obvious. Counted with stdlib ``ast``, no import of the
+package."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
 JAXDM = Path(__file__).resolve().parents[1] / "jaxdm"
-MAX_FUNCTION_IMPORTS = 40   # 279 before issue 39's clean-up
+MAX_FUNCTION_IMPORTS = 43   # 279 before issue 39's clean-up
 
 
 def function_imports(source: str, where: str = "<source>") -> list[str]:

@@ -19,9 +19,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import jinja2
-import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Tokenizer
 
 # Special-token attributes of transformers tokenizers (values: a string or {"content": ...}).
@@ -244,6 +241,8 @@ def _compiled(template: str):
     ``strftime_now``); None for a template this setup cannot parse (transformers' own
     extensions, such as ``{% generation %}``): transformers renders those."""
     if template not in _TEMPLATES:
+        import jinja2.ext, jinja2.sandbox  # noqa: E401  why: ~15 ms, only chat templates need it
+
         def raise_exception(message):
             raise jinja2.exceptions.TemplateError(message)
 
@@ -251,8 +250,8 @@ def _compiled(template: str):
             return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent,
                               separators=separators, sort_keys=sort_keys)
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=[jinja2.ext.loopcontrols])
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
         env.filters["tojson"] = tojson
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
