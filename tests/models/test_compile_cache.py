@@ -47,7 +47,8 @@ config = ModelConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num
                      rms_norm_eps=1e-5, tie_embeddings=True, max_position_embeddings=2048)
 model = LocalReadout(Pretrained(params=decoder.init_params(config, jax.random.key(0)),
                                 config=config, tokenizer=load_tokenizer(path),
-                                chat_template=None, path=path))
+                                chat_template=None, path=path),
+                     prefix_cache_mb=0)  # the stored program is the uncached scorer's
 qs = roles.judge_requests(small_trajectory(), question="progress", context="hindsight")
 scores = [r.score for r in model.score(qs)]
 print("RESULT " + json.dumps({
