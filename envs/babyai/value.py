@@ -51,7 +51,7 @@ __all__ = ["oracle_value", "plan_length", "plan_length_jax", "oracle_value_jax",
            "distance_field", "plan_length_from_field", "value_from_length",
            "trajectory_oracle_values", "move_costs", "CARRY_PENALTY"]
 
-_INF = jnp.int32(1 << 20)
+_INF = np.int32(1 << 20)  # numpy: a device array at import would start the XLA backend
 CARRY_PENALTY = 2  # plan_length_jax's allowance for dropping a carried non-target object
 
 
