@@ -12,7 +12,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 # Builds the CPU kernels (fused attention, AMX matmul) into the jaxdm cache (no-op where built or off;
 # fails only if the build fails on a CPU that can run it). Not `python -m`: jaxdm.models
 # imports the module first.
-BUILD_KERNELS := import sys; from jaxdm.models import cpu_kernels; sys.exit(cpu_kernels.main(['--build']))
+BUILD_KERNELS := import sys; from jaxdm.models.cpu import build; sys.exit(build.main(['--build']))
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)

@@ -24,7 +24,8 @@ def main(argv=None):
     import jax.numpy as jnp
     import numpy as np
 
-    from jaxdm.models import cpu_attention, decoder
+    from jaxdm.models import decoder
+    from jaxdm.models.cpu import attention as cpu_attention
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")

@@ -1,5 +1,5 @@
-"""jaxdm's CPU kernels vs XLA (issue 17): the fused attention (``jaxdm.models.cpu_attention``)
-and the matmul (``jaxdm.models.cpu_matmul``, bf16 and fp32), chosen by ``--kernel``.
+"""jaxdm's CPU kernels vs XLA (issue 17): the fused attention (``jaxdm.models.cpu.attention``)
+and the matmul (``jaxdm.models.cpu.matmul``, bf16 and fp32), chosen by ``--kernel``.
 
 Baseline = XLA's operations (``decoder.xla_attend``; ``cpu_matmul.reference``, XLA's dot);
 jaxdm = the kernel. RESULT ratio > 1 = the kernel is faster.
@@ -38,7 +38,8 @@ import jax.numpy as jnp
 from jaxdm import roles
 from jaxdm.decision.local import LocalLikelihood, LocalReadout
 from jaxdm.decision.synthetic import admissible_actions, alfworld_like_trajectory
-from jaxdm.models import cpu_kernels, generate, smollm2
+from jaxdm.models import generate, smollm2
+from jaxdm.models.cpu import build as cpu_build
 work, dtype, n_act, calls = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 pre = smollm2(getattr(jnp, dtype))
 trajs = [alfworld_like_trajectory(100 + i, n_act) for i in range(2)]
@@ -68,7 +69,7 @@ times = []
 for _ in range(calls):
     t0 = time.perf_counter(); run(); times.append(time.perf_counter() - t0)
 print("CHILD " + json.dumps({"s": statistics.median(times), "scores": scores,
-                             "kernels": cpu_kernels.fingerprint()}))
+                             "kernels": cpu_build.fingerprint()}))
 """
 
 ENV_VARS = {"attention": "JAXDM_CPU_ATTENTION", "matmul": "JAXDM_CPU_MATMUL"}
@@ -97,7 +98,8 @@ def bench_attention_blocks(dtypes: list[str], t: int, repeats: int) -> list[tupl
     import jax.numpy as jnp
     import numpy as np
 
-    from jaxdm.models import cpu_attention, decoder
+    from jaxdm.models import decoder
+    from jaxdm.models.cpu import attention as cpu_attention
 
     on, why = cpu_attention.status()
     if not on:
@@ -141,7 +143,7 @@ def bench_matmul_blocks(dtypes: list[str], rows: int, repeats: int) -> list[tupl
     import jax.numpy as jnp
     import numpy as np
 
-    from jaxdm.models import cpu_matmul
+    from jaxdm.models.cpu import matmul as cpu_matmul
 
     for dtype in dtypes:
         on, why = cpu_matmul.status(dtype)

@@ -127,7 +127,7 @@ def kernel_matmul_rate_gflops(dtype: str = "float32", repeats: int = 7) -> float
     on where it is on) on the same matmul, GFLOP/s; None where it is off."""
     import jax
 
-    from jaxdm.models import cpu_matmul
+    from jaxdm.models.cpu import matmul as cpu_matmul
     if not cpu_matmul.enabled(dtype):
         return None
     return _jax_matmul_rate_gflops(jax.jit(cpu_matmul.matmul), dtype, repeats)

@@ -31,7 +31,7 @@ of the jaxdm package and of the function's own module, the static arguments' ``r
 other arguments' tree structure, shapes, dtypes and shardings, the versions of jax, jaxlib,
 numpy, ml_dtypes and opt_einsum, the devices, every ``jax.config`` value, the ``XLA_*`` /
 ``JAX_*`` / ``JAXDM_*`` environment variables (not the cache locations) and whether the fused
-CPU kernels are on (``cpu_kernels.fingerprint``). A program is stored
+CPU kernels are on (``jaxdm.models.cpu.build.fingerprint``). A program is stored
 only when XLA compiled it in this process (see ``FRESH_COMPILE_OPTIONS``). Code outside those
 sources that changes what the function traces to (another package's source edited in place
 without a version change) is not seen: set ``JAXDM_COMPILATION_CACHE=0`` while editing such
@@ -59,7 +59,7 @@ from jax import monitoring
 from jax.experimental import serialize_executable
 from jax.tree_util import PyTreeDef, default_registry
 
-from jaxdm.models import cpu_kernels
+from jaxdm.models.cpu import build as cpu_build
 from jaxdm.models.paths import cache_root
 
 ENV_VAR = "JAXDM_COMPILATION_CACHE"
@@ -189,7 +189,7 @@ class _Stored:
         # the fingerprint also builds and registers the kernels a loaded program may call
         parts = [_PROGRAMS_FORMAT, self._name, _sources_digest(self._jitted), str(tree),
                  sorted((k, repr(v)) for k, v in static.items()),
-                 [_leaf_key(x) for x in leaves], _environment(), cpu_kernels.fingerprint()]
+                 [_leaf_key(x) for x in leaves], _environment(), cpu_build.fingerprint()]
         return hashlib.sha256(repr(parts).encode()).hexdigest()[:40]
 
 

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdm.models import cpu_attention, cpu_matmul
+from jaxdm.models.cpu import attention as cpu_attention, matmul as cpu_matmul
 from jaxdm.models.config import ModelConfig
 
 Params = dict[str, Any]
@@ -253,7 +253,7 @@ def attend(q: jax.Array, sources: list[tuple[jax.Array, jax.Array, jax.Array]]) 
     spans the keys of all sources (a cache plus the new tokens, say). Returns [B, S, N, H].
     A fully masked row comes out as the uniform average of the values (finite).
 
-    On CPU the forward runs the fused kernel of ``jaxdm.models.cpu_attention`` where it is on
+    On CPU the forward runs the fused kernel of ``jaxdm.models.cpu.attention`` where it is on
     (x86-64 with AVX-512; ``JAXDM_CPU_ATTENTION=0`` turns it off) and takes the operands;
     otherwise, on other platforms and under differentiation, ``xla_attend``.
     """

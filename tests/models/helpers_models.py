@@ -90,7 +90,7 @@ def require_cpu_attention() -> None:
     where it should run but is off (a failed build)."""
     import pytest
 
-    from jaxdm.models import cpu_attention
+    from jaxdm.models.cpu import attention as cpu_attention
 
     on, why = cpu_attention.status()
     if not on:

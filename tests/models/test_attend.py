@@ -5,7 +5,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxdm.models import cpu_attention, decoder
+from jaxdm.models import decoder
+from jaxdm.models.cpu import attention as cpu_attention
 from tests.models.helpers_models import require_cpu_attention
 
 

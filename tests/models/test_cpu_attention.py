@@ -1,4 +1,4 @@
-"""The fused CPU attention kernel (jaxdm.models.cpu_attention): numbers against the XLA
+"""The fused CPU attention kernel (jaxdm.models.cpu.attention): numbers against the XLA
 attention at the readout's shapes, where it is used, vmap, derivatives, and how it is off."""
 import functools
 import os
@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdm.models import cpu_attention, decoder
+from jaxdm.models import decoder
+from jaxdm.models.cpu import attention as cpu_attention
 from tests.models.helpers_models import require_cpu_attention
 
 
@@ -195,7 +196,8 @@ _PROBE = """
     import warnings
     warnings.simplefilter("always")
     import jax, jax.numpy as jnp
-    from jaxdm.models import cpu_attention, decoder
+    from jaxdm.models import decoder
+    from jaxdm.models.cpu import attention as cpu_attention
     q = jnp.ones((1, 8, 1, 2, 64)); k = jnp.ones((1, 8, 1, 64))
     m = jnp.ones((1, 8, 8), bool)
     hlo = jax.jit(decoder.attend).lower(q, [(k, k, m)]).as_text()

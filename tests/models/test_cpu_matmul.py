@@ -1,4 +1,4 @@
-"""The matmul kernel (jaxdm.models.cpu_matmul), bf16 and fp32: numbers against XLA's dot and
+"""The matmul kernel (jaxdm.models.cpu.matmul), bf16 and fp32: numbers against XLA's dot and
 exact products, where the decoder uses it, vmap, derivatives, and how it is off."""
 import os
 import subprocess
@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdm.models import cpu_kernels, cpu_matmul, decoder
+from jaxdm.models import decoder
 from jaxdm.models.config import ModelConfig
+from jaxdm.models.cpu import build as cpu_build, matmul as cpu_matmul
 
 
 def _require(dtype):
@@ -66,7 +67,7 @@ def test_kernel_matches_exact_products(kernel_on, m, k, n):
 def test_fp32_kernel_matches_exact_products(f32_kernel_on, m, k, n):
     x, w = _operands(m, k, n, seed=1, dtype=jnp.float32)
     hlo = jax.jit(cpu_matmul.matmul).lower(x, w).as_text()
-    assert cpu_kernels.MATMUL_F32.target in hlo
+    assert cpu_build.MATMUL_F32.target in hlo
     got = jax.jit(cpu_matmul.matmul)(x, w)
     assert got.dtype == jnp.float32 and got.shape == (m, n)
     # fp32 products and sums round: within k units of fp32 rounding of sum |x| |w| (the
@@ -216,12 +217,12 @@ def test_the_decoder_s_fp32_projections_run_on_it(f32_kernel_on, monkeypatch):
     positions = jnp.broadcast_to(jnp.arange(9), (2, 9))
     run = lambda p, t, q: decoder.forward(p, cfg, t, q)  # noqa: E731
     hlo = jax.jit(run).lower(params, tokens, positions).as_text()
-    assert hlo.count(cpu_kernels.MATMUL_F32.target) == 7
+    assert hlo.count(cpu_build.MATMUL_F32.target) == 7
     got = np.asarray(jax.jit(run)(params, tokens, positions))
     # the same forward on XLA's dots (a fresh trace: the kernel's switch is read when tracing)
     monkeypatch.setattr(cpu_matmul, "enabled", lambda dtype=None: False)
     jax.clear_caches()
-    assert cpu_kernels.MATMUL_F32.target not in jax.jit(run).lower(
+    assert cpu_build.MATMUL_F32.target not in jax.jit(run).lower(
         params, tokens, positions).as_text()
     want = np.asarray(jax.jit(run)(params, tokens, positions))
     jax.clear_caches()
@@ -244,7 +245,8 @@ def _run(code: str, **env) -> subprocess.CompletedProcess:
 
 _PROBE = """
     import jax, jax.numpy as jnp
-    from jaxdm.models import cpu_matmul, decoder
+    from jaxdm.models import decoder
+    from jaxdm.models.cpu import matmul as cpu_matmul
     x = jnp.ones((256, 32), jnp.bfloat16); w = jnp.ones((32, 32), jnp.bfloat16)
     hlo = jax.jit(lambda x, w: decoder._mm("MK,KN->MN", x, w)).lower(x, w).as_text()
     print("STATUS", cpu_matmul.status(), cpu_matmul.TARGET in hlo,
@@ -271,13 +273,14 @@ def test_a_bad_env_value_is_an_error():
 
 
 def test_fingerprint_names_every_kernel():
-    fp = cpu_kernels.fingerprint()
+    fp = cpu_build.fingerprint()
     assert fp.startswith("cpu_attention:") and ",cpu_matmul:" in fp and ",cpu_matmul_f32:" in fp
 
 
 _BF16_PATHS = """
     import numpy as np, jax, jax.numpy as jnp
-    from jaxdm.models import cpu_attention, cpu_matmul, decoder
+    from jaxdm.models import decoder
+    from jaxdm.models.cpu import attention as cpu_attention, matmul as cpu_matmul
     from tests.models.test_cpu_attention import _operands
     print("ON", cpu_matmul.enabled(), cpu_attention.enabled())
     rng = np.random.default_rng(0)

@@ -163,7 +163,7 @@ def test_continuations_may_begin_before_the_trunk_bound(head_dim):
     the static ``trunk`` bound, one of them crossing it; the same states as plain forwards
     (the plan's context cut must then cover the crossing continuation's own earlier keys,
     not only the 2-3 context tokens they see)."""
-    from jaxdm.models import cpu_attention
+    from jaxdm.models.cpu import attention as cpu_attention
     from jaxdm.models.decoder import forward_trunk_suffixes
     cfg = TINY_LLAMA.replace(head_dim=head_dim)
     params = init_params(cfg, jax.random.key(1))

@@ -165,7 +165,7 @@ def test_bit_views_leave_fp32_alone_and_refuse_gradients():
 def test_whole_weight_stacks_feed_the_matmul_kernel_without_slices(monkeypatch, dtype, view):
     """Where the matmul kernel is on, the projections' stacks go to it whole with the layer
     index (no per-layer copy of a slice); the numbers and derivatives are the plain scan's."""
-    from jaxdm.models import cpu_matmul
+    from jaxdm.models.cpu import matmul as cpu_matmul
     if not cpu_matmul.enabled(dtype):
         pytest.skip(f"{jnp.dtype(dtype).name} matmul {cpu_matmul.status(dtype)[1]}")
     params = decoder.init_params(CONFIG, jax.random.key(0), dtype=dtype)

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdm.models import cpu_attention, decoder
+from jaxdm.models import decoder
+from jaxdm.models.cpu import attention as cpu_attention
 from tests.models.test_cpu_attention import _segment_rows
 
 

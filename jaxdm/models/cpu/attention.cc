@@ -1,4 +1,4 @@
-// Fused masked softmax attention for XLA:CPU, called through XLA's FFI (jaxdm.models.cpu_attention).
+// Fused masked softmax attention for XLA:CPU, called through XLA's FFI (jaxdm.models.cpu.attention).
 //
 // Why: XLA:CPU has no fused attention; at head dim 64 the readout program spent ~58 % of its
 // bf16 time in attention, the fp32 logits crossing memory 3-4 times per block (dot + bias,
@@ -36,7 +36,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "cpu_kernels.h"
+#include "kernels.h"
 #include "xla/ffi/api/ffi.h"
 
 #if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__)

@@ -1,4 +1,4 @@
-// What jaxdm's XLA:CPU FFI kernels (cpu_attention.cc, cpu_matmul.cc) share: AMX tile set-up and
+// What jaxdm's XLA:CPU FFI kernels (attention.cc, matmul.cc) share: AMX tile set-up and
 // spreading work items over XLA's intra-op thread pool.
 #pragma once
 

@@ -1,4 +1,4 @@
-"""Matmuls for XLA:CPU (``cpu_matmul.cc``), called through XLA's FFI: bf16 and fp32.
+"""Matmuls for XLA:CPU (``matmul.cc``), called through XLA's FFI: bf16 and fp32.
 
 XLA:CPU's bf16 dots (fp32 results) ran 1.7-3.3x slower than oneDNN's at the decoder's shapes
 on an AMX CPU, and its fp32 dots at 75-85 % of a Zen 4's FMA peak at the readout's 2,400 rows
@@ -20,7 +20,7 @@ products (``avx512_bf16``, e.g. AMD Zen 4); from fp32 operands with AVX-512 FMAs
 - ``JAXDM_CPU_MATMUL=0`` (or ``off``/``false``/``no``) turns both off; each is off where it
   cannot run (no AVX-512 or, for bf16, no AVX-512 BF16; no compiler; a failed build: one
   warning names why). ``status(dtype)`` says which. The kernel is built with jaxdm's other CPU
-  kernels (``jaxdm.models.cpu_kernels``).
+  kernels (``jaxdm.models.cpu.build``).
 """
 from __future__ import annotations
 
@@ -30,12 +30,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxdm.models import cpu_kernels
+from jaxdm.models.cpu import build
 
 # One Kernel (FFI target) per operand dtype; one switch (ENV_VAR) for both.
-KERNELS = {jnp.dtype(jnp.bfloat16): cpu_kernels.MATMUL,
-           jnp.dtype(jnp.float32): cpu_kernels.MATMUL_F32}
-KERNEL = cpu_kernels.MATMUL
+KERNELS = {jnp.dtype(jnp.bfloat16): build.MATMUL,
+           jnp.dtype(jnp.float32): build.MATMUL_F32}
+KERNEL = build.MATMUL
 ENV_VAR = KERNEL.env_var
 TARGET = KERNEL.target  # bf16's; fp32's is KERNELS[float32].target
 # Rows (x's leading dims) below which XLA's dot is used. bf16: at 64-128 rows packing w on

@@ -1,9 +1,9 @@
-"""jaxdm's XLA:CPU kernels: C++ called through XLA's FFI (``cpu_attention``, ``cpu_matmul``).
+"""jaxdm's XLA:CPU kernels: C++ called through XLA's FFI (``attention``, ``matmul``).
 
-The sources beside this file (``cpu_attention.cc``, ``cpu_matmul.cc`` and the header they
-share) are compiled on first use into one shared library (``g++`` or ``$CXX``, ``-O3
+The sources beside this file (``attention.cc``, ``matmul.cc`` and the header they share,
+``kernels.h``) are compiled on first use into one shared library (``g++`` or ``$CXX``, ``-O3
 -march=native``) under ``<jaxdm cache>/kernels``, keyed by the sources, the compiler, jax and
-the CPU; ``cpu_kernels.main(["--build"])`` does it ahead of time (``make test`` and ``make
+the CPU; ``build.main(["--build"])`` does it ahead of time (``make test`` and ``make
 demo`` run it). Each kernel is a ``Kernel`` here: its own environment variable
 turns it off, it is off where the CPU lacks what it needs, and a failed build turns it off
 with one warning naming why (XLA's operations are used instead: same results to rounding).
@@ -31,8 +31,8 @@ import jax
 from jaxdm.models.paths import cache_root
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "cpu_attention.cc", HERE / "cpu_matmul.cc")
-HEADERS = (HERE / "cpu_kernels.h",)
+SOURCES = (HERE / "attention.cc", HERE / "matmul.cc")
+HEADERS = (HERE / "kernels.h",)
 CXXFLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
 OFF_VALUES = ("0", "off", "false", "no")
 AMX_ENV_VAR = "JAXDM_CPU_AMX"  # both kernels: off = their AVX-512 BF16 paths on AMX CPUs
@@ -189,7 +189,8 @@ class Kernel:
                                "off: no C++ compiler")) or "x86-64" in why
 
 
-# The library's kernels (their modules, cpu_attention and cpu_matmul, hold the Python sides).
+# The library's kernels (their modules, attention and matmul beside this one, hold the Python
+# sides). The names stay cpu_*: they are the fingerprint's keys of stored programs.
 ATTENTION = Kernel("cpu_attention", "JAXDM_CPU_ATTENTION", "jaxdm_cpu_attention",
                    "JaxdmCpuAttention", ("avx512f", "avx512bw", "avx512vl"),
                    what="fused CPU attention kernel", instead="XLA's attention")
@@ -218,7 +219,7 @@ def fingerprint() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m jaxdm.models.cpu_kernels [--build]``: print each kernel's status and why; with
+    """``python -m jaxdm.models.cpu.build [--build]``: print each kernel's status and why; with
     --build exit 1 when a kernel that could run here is off."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", action="store_true",

@@ -1,4 +1,4 @@
-"""A fused attention kernel for XLA:CPU (``cpu_attention.cc``), called through XLA's FFI.
+"""A fused attention kernel for XLA:CPU (``attention.cc``), called through XLA's FFI.
 
 XLA:CPU has no fused attention: at head dim 64 the packed readout spent ~58 % of its bf16
 time (~36 % fp32) in attention, its fp32 logits crossing memory 3-4 times per block (issue
@@ -21,7 +21,7 @@ callback.
   through ``decoder.attend_segments``' own backward pass (``decoder.segment_attention_vjp``),
   so the kernel runs the forward there too; this function's JVP (``reference``'s) is then
   not used.
-- The kernel is built with jaxdm's other CPU kernels (``jaxdm.models.cpu_kernels``: one
+- The kernel is built with jaxdm's other CPU kernels (``jaxdm.models.cpu.build``: one
   library, compiled on first use or ahead of time by ``make test`` and ``make demo``) and
   registered with XLA.
 - ``JAXDM_CPU_ATTENTION=0`` (or ``off``/``false``/``no``) turns it off (``1``/``on``/``true``/
@@ -44,10 +44,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdm.models import cpu_kernels
+from jaxdm.models.cpu import build
 
-KERNEL = cpu_kernels.ATTENTION
-SEGMENTS_KERNEL = cpu_kernels.ATTENTION_SEGMENTS
+KERNEL = build.ATTENTION
+SEGMENTS_KERNEL = build.ATTENTION_SEGMENTS
 ENV_VAR = KERNEL.env_var
 TARGET = KERNEL.target
 HEAD_DIMS = (32, 64, 128, 256)

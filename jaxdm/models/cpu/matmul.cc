@@ -1,4 +1,4 @@
-// Matmuls for XLA:CPU, called through XLA's FFI (jaxdm.models.cpu_matmul): bf16 on AMX tiles
+// Matmuls for XLA:CPU, called through XLA's FFI (jaxdm.models.cpu.matmul): bf16 on AMX tiles
 // where the CPU has them, else on AVX-512 BF16 pair dot products (vdpbf16ps); fp32 on AVX-512
 // FMAs.
 //
@@ -34,7 +34,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu_kernels.h"
+#include "kernels.h"
 
 namespace ffi = xla::ffi;
 
@@ -448,7 +448,7 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::AnyBuffer
 
 }  // namespace
 
-// Both kernels' AMX switch (cpu_kernels.h), called once after loading the library.
+// Both kernels' AMX switch (kernels.h), called once after loading the library.
 extern "C" void JaxdmSetAmx(int on) { jaxdm::amx_wanted().store(on != 0); }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxdmCpuMatmul, Matmul,
