@@ -152,8 +152,8 @@ def write_json(path: str | Path, value: Any, *, indent: int | None = 1, default=
 
 def write_atomic(path: str | Path, text: str) -> None:
     """Replaces ``path`` with ``redact(text)`` whole: a temporary file of this process next to
-    it, fsync'd, then renamed over it. A failure leaves ``path`` as it was, removes the
-    temporary and raises ``OutputError``."""
+    it, fsync'd, then renamed over it. A failure (a Ctrl-C too) leaves ``path`` as it was and
+    removes the temporary; a failed write raises ``OutputError``."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
@@ -162,6 +162,8 @@ def write_atomic(path: str | Path, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
-        raise _failed(path, e) from e
+        if isinstance(e, OSError):
+            raise _failed(path, e) from e
+        raise

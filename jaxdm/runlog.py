@@ -15,7 +15,6 @@ Generic (used by RL training, screening and benchmarks alike):
 """
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -24,7 +23,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from jaxdm.jsonl import read_records, write_records
+from jaxdm.jsonl import append_records, read_records, write_atomic, write_records
 
 __all__ = ["MetricsWriter", "read_metrics", "truncate_after", "Progress", "plot_curves",
            "jsonable", "format_table", "metric_series", "refuse_overwrite",
@@ -70,30 +69,27 @@ def jsonable(value: Any) -> Any:
 
 
 class MetricsWriter:
-    """Append-only JSONL metrics file; each ``write`` is flushed (a crash loses nothing)."""
+    """Append-only JSONL metrics file; each ``write`` is one fsync'd append
+    (``jaxdm.jsonl.append_records``: a crash loses nothing written)."""
 
     def __init__(self, path: str | Path, *, resume_step: int | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is None:
-            self.path.write_text("", encoding="utf-8")  # a fresh run starts a fresh file
+            write_atomic(self.path, "")  # a fresh run starts a fresh file
         else:
             truncate_after(self.path, resume_step)
-        self._f = open(self.path, "a", encoding="utf-8")
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
-        """Append one JSON line {step, time, metrics} (non-finite numbers refused by json, arrays
-        made plain values) and flush it; returns the record."""
+        """Append one JSON line {step, time, metrics} (arrays made plain values, non-finite
+        numbers null) with an fsync; returns the record."""
         record = {"step": int(step), "time": time.time()}
         record.update(jsonable(dict(metrics)))
-        self._f.write(json.dumps(record, allow_nan=False) + "\n")
-        self._f.flush()
+        append_records(self.path, [record])
         return record
 
     def close(self) -> None:
-        """Close the metrics file (again: nothing)."""
-        if not self._f.closed:
-            self._f.close()
+        """Nothing to close: each write opens, appends and closes the file."""
 
     def __enter__(self):
         return self
@@ -150,7 +146,7 @@ def truncate_after(path: str | Path, step: int) -> int:
     p = Path(path)
     if not p.exists():
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text("", encoding="utf-8")
+        write_atomic(p, "")
         return 0
     keep = [r for r in read_metrics(p, drop_torn_tail=True) if int(r.get("step", -1)) <= step]
     write_records(p, keep)
