@@ -94,7 +94,7 @@ def test_an_interrupted_bench_resumes_unit_by_unit(tmp_path, monkeypatch):
     # a second start without a flag is refused; with other settings, --resume is refused
     with pytest.raises(BenchError, match="already holds a bench run .*--resume.*--overwrite"):
         run(_small(tmp_path / "cut"))
-    with pytest.raises(BenchError, match=r"different settings: l1_tool \(saved 8, now 9\)"):
+    with pytest.raises(BenchError, match=r"different settings: l1_tool: 8 -> 9; "):
         run(_small(tmp_path / "cut", l1_tool=9), resume=True)
     calls.clear()
     resumed = _without_seconds(run(_small(tmp_path / "cut"), resume=True))
