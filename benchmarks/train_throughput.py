@@ -21,8 +21,39 @@ Peak RSS is each child's VmHWM (its own peak). Objectives differ as stated (ours
 Yes/No distribution, TRL's the full vocabulary); the comparison is what each library needs
 to train these questions once.
 
+GRPO (``--workload grpo``, issue 38 goal 2): one iteration (rollout + update) on a
+single-turn task both libraries run, each side in its own process, alternated rounds:
+
+- Task: the first action of a BabyAI text episode (``first_action_env``, room 7, task seeds
+  0, 1, ...). The prompt is the generative policy's (``jaxdm.rl.text.policy_prompt``: goal,
+  observation, the 7 action words; reasoning in <think>, the action in <action>), the same
+  text for both; reward 1 when the completion parses (``parse_action``) to the BabyAI
+  solver's first action, else 0 (``completion_reward``; ours gets it from the env, TRL from
+  its reward function: the same function). ``--prompts`` P prompts x ``--group`` G
+  completions per iteration, at most ``--completion-tokens`` L new tokens, temperature 1.0,
+  top-p 1, full fine-tune on both sides (the jaxdm RL trainer trains every weight), AdamW
+  lr 1e-6, grad-norm clip 1.0, no KL (beta 0), no entropy term, one optimiser step per
+  iteration on the whole P x G batch, token-mean loss (TRL's ``dapo``).
+- jaxdm: ``jaxdm.rl.trainer.Trainer`` on a ``TrainConfig`` (policy generative,
+  ``max_actions: 1``, ``algo.advantage: grpo``, ``mini_batch`` = P x G), one
+  ``iteration_step()`` per iteration (the KV-cache sampler, the GRPO estimator, pi_old
+  recomputed, one PPO step); its ``time/update`` is the update share, the rest of the
+  iteration the rollout (``time/generation``: the sampler alone).
+- TRL: ``GRPOTrainer`` with ``GRPOConfig(use_cpu=True, num_generations=G,
+  per_device_train_batch_size=P*G, gradient_accumulation_steps=1, max_completion_length=L,
+  ...)``; seconds per iteration from ``on_step_end`` intervals; ``model.generate`` is timed
+  for the rollout share.
+- Beside them, ours only: a multi-turn BabyAI iteration (``--turns`` actions per episode,
+  history 2, GRPO on the episode's success, one PPO step per P x G actions), same model,
+  P and G.
+
+Medians of iterations after the first ``--warmup`` (the first compiles on our side).
+
   python benchmarks/train_throughput.py              # full depth, 2 rounds
   python benchmarks/train_throughput.py --quick      # 4 layers, budget 12, 1 round
+  python benchmarks/train_throughput.py --workload grpo           # full depth, 2 rounds
+  python benchmarks/train_throughput.py --workload grpo --quick   # 2 layers, P 1, G 2, L 8,
+                                                                  # 2 iterations, no multi-turn
 """
 from __future__ import annotations
 
@@ -133,6 +164,304 @@ def trl_child(layers: int, rows_file: str, steps: int, dtype: str) -> dict:
             "peak_rss_gb": peak_rss_gb()}
 
 
+# ---------------------------------------------------------------------------------------
+# GRPO: one iteration on the first BabyAI action, jaxdm's RL trainer vs TRL's GRPOTrainer.
+# ---------------------------------------------------------------------------------------
+ROOM_SIZE = 7
+
+
+def action_reward(action: str | None, expert: str | None) -> float:
+    """1.0 when the parsed action is the solver's first action, else 0.0 (an unparsable
+    completion, ``None``, earns 0: the trainer's invalid penalty is set to 0 to match)."""
+    return 1.0 if action is not None and expert is not None and action == expert else 0.0
+
+
+def completion_reward(text: str, expert: str | None) -> float:
+    """The reward of one completion's text: its <action> (``jaxdm.rl.text.parse_action``,
+    the generative policy's parser) scored by ``action_reward``."""
+    from jaxdm.rl.text import parse_action
+    action, valid = parse_action(text)
+    return action_reward(action if valid else None, expert)
+
+
+def expert_first_action(core) -> str | None:
+    """The BabyAI solver's first action word for an episode's initial state (None: no plan)."""
+    from jaxdm.envs.babyai.solver import solve
+    from jaxdm.envs.babyai.text import ACTION_WORDS
+    plan = solve(core)
+    return ACTION_WORDS[int(plan[0])] if plan else None
+
+
+def first_action_env(room_size: int = ROOM_SIZE):
+    """``env.factory`` of the single-turn task (``train_throughput:first_action_env``): a
+    BabyAI text episode cut to its first action, rewarded by ``action_reward`` against the
+    solver's first action. The Environment subclass is defined here so that importing this
+    script for its argument parsing does not import the env stack."""
+    from jaxdm.envs.babyai import make_text_env
+    from jaxdm.envs.babyai.text import ACTION_WORDS
+    from jaxdm.envs.core import Environment
+    from jaxdm.rl.text import INVALID_COMMAND
+
+    class FirstActionEnv(Environment):
+        """One turn of BabyAI text: the episode's first observation, one action, done."""
+
+        name = "babyai_first_action"
+
+        def __init__(self):
+            self.inner = make_text_env("train", room_size, max_steps=1)
+
+        @property
+        def default_params(self):
+            """The inner BabyAI env's params."""
+            return self.inner.default_params
+
+        def reset_env(self, key, params):
+            """(first BabyAI observation, (BabyAI state, the solver's first action))."""
+            obs, state = self.inner.reset_env(key, params)
+            return obs, (state, expert_first_action(state.core))
+
+        def reset_info(self, state, params=None):
+            """The BabyAI reset facts, a budget of one action and the expected action."""
+            return {**self.inner.reset_info(state[0], params), "budget": 1, "expert": state[1]}
+
+        def step_env(self, key, state, action, params):
+            """The one step: reward ``action_reward`` (``INVALID_COMMAND``: None), done."""
+            inner, expert = state
+            r = action_reward(None if action == INVALID_COMMAND else action, expert)
+            info = {"admissible_actions": list(ACTION_WORDS), "valid": action in ACTION_WORDS,
+                    "won": r == 1.0, "milestone": False, "no_op": False,
+                    "goal": self.inner.reset_info(inner)["goal"], "terminated": True,
+                    "truncated": False}
+            return inner.observation, state, r, True, info
+
+    return FirstActionEnv()
+
+
+def first_action_tasks(seeds) -> list[dict]:
+    """Per task seed: the generative policy's prompt text for the first BabyAI observation
+    (what our trainer renders: ``policy_prompt`` with no history) and the solver's action."""
+    from jaxdm.rl.text import policy_prompt
+    env = first_action_env()
+    rows = []
+    for s in seeds:
+        obs, state = env.reset(int(s))
+        info = env.reset_info(state)
+        rows.append({"prompt": policy_prompt(info["goal"], obs, info["admissible_actions"],
+                                             [], 0),
+                     "expert": info["expert"], "seed": int(s)})
+    return rows
+
+
+def grpo_config(args, *, multi_turn: bool, out_dir: str, model_path: str) -> dict:
+    """The jaxdm TrainConfig (as a dict) of one GRPO iteration: the single-turn first-action
+    task, or (``multi_turn``) BabyAI text episodes of ``args.turns`` actions."""
+    pg = args.prompts * args.group
+    env = ({"name": "babyai", "factory": "jaxdm.envs.babyai:make_text_env",
+            "kwargs": {"split": "train", "room_size": ROOM_SIZE, "max_steps": args.turns}}
+           if multi_turn else
+           {"name": "babyai_first_action", "factory": "train_throughput:first_action_env",
+            "kwargs": {"room_size": ROOM_SIZE}})
+    return {
+        "seed": 0, "iterations": args.iterations, "tasks_per_iter": args.prompts,
+        "group_size": args.group, "max_actions": args.turns if multi_turn else 1,
+        "checkpoint_every": 0, "mesh_data": 1, "out_dir": out_dir, "progress": False,
+        "model": {"path": model_path, "dtype": "float32"}, "env": env,
+        "policy": {"form": "generative", "history": 2 if multi_turn else 0,
+                   "max_prompt_tokens": 1024, "max_response_tokens": args.completion_tokens,
+                   "temperature": 1.0, "top_p": 1.0},
+        "teacher": {"kind": "none"},
+        # One optimiser step per iteration over the whole batch (the mini-batch holds every
+        # action of a single-turn iteration); no KL, no entropy: TRL's defaults.
+        # (multi-turn: one step per P x G actions, so several steps per iteration).
+        "algo": {"advantage": "grpo", "mini_batch": pg,
+                 "ppo_epochs": 1, "kl_coef": 0.0, "entropy_coef": 0.0, "invalid_penalty": 0.0,
+                 "clip_eps": 0.2, "aggregation": "token-mean"},
+        "optim": {"lr": 1e-6, "weight_decay": 0.0, "max_grad_norm": 1.0},
+    }
+
+
+def jaxdm_grpo_child(args, model_path: str, multi_turn: bool) -> dict:
+    from jaxdm import config as cfgmod
+    from jaxdm.rl.trainer import TrainConfig, Trainer
+    with tempfile.TemporaryDirectory() as out:
+        cfg = cfgmod.from_dict(TrainConfig, grpo_config(args, multi_turn=multi_turn,
+                                                        out_dir=out, model_path=model_path))
+        trainer = Trainer(cfg, log=False)
+        lengths: list[int] = []
+        sample = trainer.policy.generate_fn
+
+        def counted(*a, **kw):  # the completion lengths (the trainer's metrics omit them)
+            res = sample(*a, **kw)
+            lengths.extend(len(t) for t in res.tokens)
+            return res
+
+        trainer.policy.generate_fn = counted
+        its = []
+        for _ in range(args.iterations):
+            n0 = len(lengths)
+            t0 = time.perf_counter()
+            m = trainer.iteration_step()
+            took = time.perf_counter() - t0
+            its.append({"s": took, "rollout_s": took - m["time/update"],
+                        "generation_s": m["time/generation"], "update_s": m["time/update"], "completions": len(lengths) - n0,
+                        "completion_tokens": sum(lengths[n0:]), "reward": m["train/reward"]})
+        trainer.close()
+    return grpo_summary("jaxdm_multiturn" if multi_turn else "jaxdm", its, args.warmup)
+
+
+def grpo_summary(side: str, its: list[dict], warmup: int) -> dict:
+    """Medians over the iterations after ``warmup`` (all when there are no more)."""
+    kept = its[warmup:] or its
+    med = {k: statistics.median(i[k] for i in kept) for k in its[0]}
+    return {"side": side, "iteration_s": round(med["s"], 3),
+            "first_iteration_s": round(its[0]["s"], 2),
+            "completions_per_s": med["completions"] / med["s"],
+            "completion_tokens_per_s": med["completion_tokens"] / med["s"],
+            "completions": med["completions"],
+            "mean_completion_tokens": round(med["completion_tokens"] / max(med["completions"], 1),
+                                            1),
+            "rollout_s": round(med["rollout_s"], 3), "update_s": round(med["update_s"], 3),
+            "generation_s": round(med["generation_s"], 3),
+            "reward": round(statistics.mean(i["reward"] for i in its), 3),
+            "iterations": [round(i["s"], 2) for i in its], "peak_rss_gb": peak_rss_gb()}
+
+
+def trl_grpo_child(args, model_path: str, tasks_file: str) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+    tasks = json.loads(Path(tasks_file).read_text())
+    model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(model_path)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    gen_s: list[float] = []
+    generate = model.generate
+
+    def timed_generate(*a, **kw):  # the rollout share of each step
+        t0 = time.perf_counter()
+        try:
+            return generate(*a, **kw)
+        finally:
+            gen_s.append(time.perf_counter() - t0)
+
+    model.generate = timed_generate
+    marks: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, a, state, control, **kw):
+            marks.append(time.perf_counter())
+
+    def reward(prompts, completions, expert, **kw):
+        return [completion_reward(c, e) for c, e in zip(completions, expert)]
+
+    out = Path(f"/tmp/jaxdm_trl_grpo_{int(time.time() * 1e6)}")
+    pg = args.prompts * args.group
+    cfg = GRPOConfig(output_dir=str(out), max_steps=args.iterations, use_cpu=True,
+                     num_generations=args.group, per_device_train_batch_size=pg,
+                     gradient_accumulation_steps=1, num_iterations=1,
+                     max_completion_length=args.completion_tokens, temperature=1.0, top_p=1.0,
+                     beta=0.0, epsilon=0.2, loss_type="dapo", learning_rate=1e-6,
+                     lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+                     max_grad_norm=1.0, shuffle_dataset=False, logging_steps=1, report_to=[],
+                     save_strategy="no", dataloader_num_workers=0, disable_tqdm=True, seed=0,
+                     bf16=False)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg,
+                          train_dataset=Dataset.from_list(tasks), processing_class=tok,
+                          callbacks=[Clock()])
+    t0 = time.perf_counter()
+    try:
+        trainer.train()
+    finally:
+        shutil.rmtree(out, ignore_errors=True)  # nothing is saved there (save_strategy "no")
+    logs = [h for h in trainer.state.log_history if "reward" in h]
+    gaps = [b - a for a, b in zip([t0] + marks, marks)]
+    its = [{"s": g, "rollout_s": gs, "generation_s": gs, "update_s": g - gs, "completions": pg,
+            "completion_tokens": h.get("completions/mean_length", 0.0) * pg,
+            "reward": h["reward"]} for g, gs, h in zip(gaps, gen_s, logs)]
+    got = grpo_summary("trl", its, args.warmup)
+    got["torch_threads"] = torch.get_num_threads()
+    return got
+
+
+def cut_model_folder(layers: int, into: str) -> str:
+    """The packaged SmolLM2 HF folder, or (``layers`` < 30) a copy cut to its first layers
+    (``save_pretrained``), which both sides load."""
+    from jaxdm.models.loading import save_pretrained
+    from jaxdm.models.smollm2 import smollm2, smollm2_path
+    path = smollm2_path()
+    pre = smollm2()
+    if layers >= pre.config.num_layers:
+        return str(path)
+    cut = first_layers(pre, layers)
+    return str(save_pretrained(Path(into) / f"smollm2_{layers}_layers", cut.params, cut.config,
+                               source=path))
+
+
+def run_grpo_child(args, side: str, model_path: str, tasks_file: str) -> dict:
+    cmd = [sys.executable, __file__, "--workload", "grpo", "--child", side, "--model-path",
+           model_path, "--rows", tasks_file, *grpo_argv(args)]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    line = [x for x in p.stdout.splitlines() if x.startswith("CHILD ")]
+    got = (json.loads(line[0][6:]) if line and not p.returncode else
+           {"side": side, "error": f"exit {p.returncode}: {p.stderr.strip()[-900:]}"})
+    print(json.dumps(got), flush=True)
+    return got
+
+
+def grpo_argv(args) -> list[str]:
+    """The GRPO settings as child-process arguments."""
+    return ["--prompts", str(args.prompts), "--group", str(args.group), "--completion-tokens",
+            str(args.completion_tokens), "--iterations", str(args.iterations), "--warmup",
+            str(args.warmup), "--turns", str(args.turns)]
+
+
+def grpo_main(args) -> None:
+    sides = ("trl", "jaxdm") + (("jaxdm_multiturn",) if args.turns else ())
+    runs: dict[str, list[dict]] = {s: [] for s in sides}
+    n_tasks = args.prompts * args.iterations
+    with tempfile.TemporaryDirectory() as tmp:
+        model_path = cut_model_folder(args.layers, tmp)
+        tasks_file = str(Path(tmp) / "tasks.json")
+        Path(tasks_file).write_text(json.dumps(first_action_tasks(range(n_tasks))))
+        for _ in range(args.rounds):
+            for side in sides:  # alternated: the machine's load hits every side alike
+                runs[side].append(run_grpo_child(args, side, model_path, tasks_file))
+    ok = {s: [r for r in rs if "iteration_s" in r] for s, rs in runs.items()}
+    if not (ok["trl"] and ok["jaxdm"]):
+        print("RESULT grpo_iteration_s: a side failed; see the lines above")
+        return
+    keys = ("iteration_s", "completions_per_s", "completion_tokens_per_s", "peak_rss_gb",
+            "rollout_s", "update_s", "mean_completion_tokens")
+    med = {s: {k: statistics.median(r[k] for r in rs) for k in keys} for s, rs in ok.items()
+           if rs}
+    t, j = med["trl"], med["jaxdm"]
+    what = (f"{args.layers} layers fp32 full fine-tune, first BabyAI action, {args.prompts} "
+            f"prompts x G {args.group}, <= {args.completion_tokens} new tokens (mean "
+            f"{t['mean_completion_tokens']:.1f} TRL, {j['mean_completion_tokens']:.1f} jaxdm); "
+            f"rollout/update s TRL {t['rollout_s']:.2f}/{t['update_s']:.2f}, jaxdm "
+            f"{j['rollout_s']:.2f}/{j['update_s']:.2f}")
+    print(f"RESULT grpo_iteration_s: baseline {t['iteration_s']:.3f} s, jaxdm "
+          f"{j['iteration_s']:.3f} s, ratio {t['iteration_s'] / j['iteration_s']:.2f}x "
+          f"(TRL GRPOTrainer vs jaxdm Trainer, {what})")
+    print(f"RESULT grpo_completions_per_s: baseline {t['completions_per_s']:.3f}, jaxdm "
+          f"{j['completions_per_s']:.3f}, ratio {j['completions_per_s'] / t['completions_per_s']:.2f}x"
+          f" (completion tokens/s {t['completion_tokens_per_s']:.1f} vs "
+          f"{j['completion_tokens_per_s']:.1f})")
+    print(f"RESULT grpo_peak_rss: baseline {t['peak_rss_gb']:.2f} GiB, jaxdm "
+          f"{j['peak_rss_gb']:.2f} GiB, ratio {t['peak_rss_gb'] / j['peak_rss_gb']:.2f}x "
+          "(each side's own process)")
+    if med.get("jaxdm_multiturn"):
+        m = med["jaxdm_multiturn"]
+        print(f"RESULT grpo_multiturn_iteration_s: baseline {j['iteration_s']:.3f} s, jaxdm "
+              f"{m['iteration_s']:.3f} s, ratio {m['iteration_s'] / j['iteration_s']:.2f}x "
+              f"(ours only: single-turn iteration vs a multi-turn BabyAI iteration of "
+              f"{args.turns} turns, history 2, same P and G; {m['completions_per_s']:.3f} "
+              f"completions/s, rollout/update s {m['rollout_s']:.2f}/{m['update_s']:.2f}, "
+              f"peak RSS {m['peak_rss_gb']:.2f} GiB)")
+
+
 def run_child(args, side: str, rows_file: str) -> dict:
     cmd = [sys.executable, __file__, "--child", side, "--layers", str(args.layers), "--budget",
            str(args.budget), "--steps", str(args.steps), "--dtype", args.dtype,
@@ -145,19 +474,59 @@ def run_child(args, side: str, rows_file: str) -> dict:
     return got
 
 
-def main(argv=None):
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, with ``--quick``'s reduced settings applied per workload."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--child", choices=("jaxdm", "trl"), help=argparse.SUPPRESS)
+    ap.add_argument("--workload", default="sft", choices=("sft", "grpo"))
+    ap.add_argument("--child", choices=("jaxdm", "trl", "jaxdm_multiturn"),
+                    help=argparse.SUPPRESS)
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--budget", type=int, default=30)
-    ap.add_argument("--steps", type=int, default=8, help="steps per side and round")
+    ap.add_argument("--steps", type=int, default=8, help="SFT steps per side and round")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--prompts", type=int, default=2, help="GRPO: prompts per iteration")
+    ap.add_argument("--group", type=int, default=4, help="GRPO: completions per prompt (G)")
+    ap.add_argument("--completion-tokens", type=int, default=32,
+                    help="GRPO: max new tokens per completion")
+    ap.add_argument("--iterations", type=int, default=5, help="GRPO: iterations per side, round")
+    ap.add_argument("--warmup", type=int, default=1, help="GRPO: iterations left out of medians")
+    ap.add_argument("--turns", type=int, default=3,
+                    help="GRPO: actions per multi-turn episode (0: no multi-turn side)")
     ap.add_argument("--rows", help=argparse.SUPPRESS)
+    ap.add_argument("--model-path", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.quick:
+    if args.workload == "grpo" and args.dtype != "float32":
+        ap.error("--workload grpo runs fp32 only (the RL trainer has no mixed-precision mode)")
+    if args.turns < 0:
+        ap.error("--turns must be >= 0")
+    for name in ("prompts", "group", "completion_tokens", "iterations", "rounds"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.group < 2:
+        ap.error("--group must be >= 2 (GRPO normalises within a group)")
+    if args.warmup < 0:
+        ap.error("--warmup must be >= 0")
+    if args.quick and args.workload == "sft":
         args.layers, args.budget, args.steps, args.rounds = 4, 12, 5, 1
+    elif args.quick:
+        args.layers, args.prompts, args.group, args.completion_tokens = 2, 1, 2, 8
+        args.iterations, args.warmup, args.turns, args.rounds = 2, 1, 0, 1
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.workload == "grpo":
+        if args.child == "trl":
+            got = trl_grpo_child(args, args.model_path, args.rows)
+        elif args.child:
+            got = jaxdm_grpo_child(args, args.model_path, args.child == "jaxdm_multiturn")
+        else:
+            return grpo_main(args)
+        print("CHILD " + json.dumps(got), flush=True)
+        return
     if args.child:
         got = (jaxdm_child(args.layers, args.budget, args.steps, args.dtype)
                if args.child == "jaxdm" else
