@@ -7,7 +7,9 @@
    Progress; an engine milestone -> "yes", a no-op -> "no"; the other actions get the
    0.5 target ``["yes", "no"]`` (``--other either``, the default: the judge learns that a
    no-op ranks below every state-changing action) or are left out (``--other skip``, the
-   v3 judge's recipe); counted in data.json.
+   v3 judge's recipe); counted in data.json. ``--class-weights balanced`` weighs each label
+   kind's questions by n / (3 n_kind) in the loss (no-ops are ~1 in 9 labels; the v5 recipe),
+   ``none`` (the default, v3 / v4) leaves every weight 1.
 3. ``jaxdm train-dm`` (readout mode: the Yes/No label logits the judge reads; LoRA on every
    projection, per-layer remat, orbax checkpoints every few steps, so a rerun resumes). The
    adapter folder it exports (``train/adapter``) is what ``jaxdm screen --judge`` loads.
@@ -48,9 +50,11 @@ def write_data(out: Path, args) -> dict:
     if done.is_file():
         info = json.loads(done.read_text())
         made = {"other": info.get("other", "skip"), "train_trajectories":
-                info["train_trajectories"], "test_trajectories": info["test_trajectories"]}
+                info["train_trajectories"], "test_trajectories": info["test_trajectories"],
+                "class_weights": info.get("class_weights", "none")}
         asked = {"other": args.other, "train_trajectories": args.train_trajectories,
-                 "test_trajectories": args.test_trajectories}
+                 "test_trajectories": args.test_trajectories,
+                 "class_weights": args.class_weights}
         if made != asked:
             raise SystemExit(f"{out}: its data was made with {made}, this run asks {asked}; "
                              "use another --out")
@@ -63,13 +67,14 @@ def write_data(out: Path, args) -> dict:
     write_jsonl(out / "train_trajectories.jsonl", train)
     write_jsonl(out / "test_trajectories.jsonl", test)
     lines, stats = judge_lines(train, question="progress", context="hindsight",
-                               other=args.other)
+                               other=args.other, class_weights=None
+                               if args.class_weights == "none" else args.class_weights)
     write_states(out / "judge_train.jsonl", lines)
     info = {"train_trajectories": len(train), "train_types": train_types,
             "held_out_type": args.held_out_type, "test_trajectories": len(test),
             "test_split": "valid_unseen", "budget": args.budget,
             "test_budget": args.test_budget, "labels": stats, "other": args.other,
-            "lines": len(lines)}
+            "class_weights": args.class_weights, "lines": len(lines)}
     write_json(done, info, indent=2)
     return info
 
@@ -199,6 +204,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--other", choices=OTHER_LABELS, default="either",
                     help="labels of actions that are neither milestone nor no-op: either "
                          "(a 0.5 target) or skip (left out of training)")
+    ap.add_argument("--class-weights", choices=("none", "balanced"), default="none",
+                    help="loss weight per label kind (balanced: n / (kinds * n_kind))")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--max-steps", type=int, default=None)
     ap.add_argument("--lr", type=float, default=2e-3)

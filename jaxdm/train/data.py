@@ -7,7 +7,8 @@ Line format (DECISION GYM states from ``experiments/decision_gym_data.py`` fit i
         {"question": "Which tool ...?", "options": ["a", "b", ...], "answer": [0],
          "teacher": [0.7, 0.3, ...]},              # optional teacher probabilities
         {"question": "Did action 3 make progress?", "answer": "yes"},  # Yes/No: no options
-        {"context": "...", "question": "...", "answer": 0.62}  # its own context, graded label
+        {"context": "...", "question": "...", "answer": 0.62},  # its own context, graded label
+        {"question": "Did action 5 make progress?", "answer": "no", "weight": 3.0}  # loss weight
      ],
      "split": "train", ...}                          # other keys are kept in meta
 
@@ -17,7 +18,8 @@ action that is neither progress nor a no-op, ``jaxdm.train.judge_data``; or a nu
 a graded label that is the target P(Yes) itself: a value model's label from returns,
 ``jaxdm.train.value_data``). A question may carry its own ``context`` (the states of one
 trajectory, each asked about over its own prefix: they still pack into one shared row, as
-prefixes of one another). A malformed line raises ``ValueError`` naming the file and line (and the question index).
+prefixes of one another). ``weight`` (optional, a finite number > 0, default 1) is the
+question's weight in the batch loss. A malformed line raises ``ValueError`` naming the file and line (and the question index).
 """
 from __future__ import annotations
 
@@ -43,7 +45,12 @@ def _item(q: Any, context: str, where: str, extra: dict[str, Any]) -> SFTItem:
         if not isinstance(context, str) or not context:
             raise ValueError(f"{where}: a question's own 'context' must be a non-empty string")
     meta = dict(extra) | {k: v for k, v in q.items() if k not in ("question", "options",
-                                                                  "teacher", "context")}
+                                                                  "teacher", "context", "weight")}
+    weight = q.get("weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or \
+            not math.isfinite(weight) or weight <= 0:
+        raise ValueError(f"{where}: 'weight' must be a finite number > 0, got {weight!r}")
+    weight = float(weight)
     teacher = q.get("teacher")
     if teacher is not None:
         if not isinstance(teacher, list) or not all(
@@ -63,7 +70,8 @@ def _item(q: Any, context: str, where: str, extra: dict[str, Any]) -> SFTItem:
                              "give one")
         p = float(answer)
         return SFTItem(YesNo(context=context, question=text, meta=meta),
-                       (0,) if p >= 0.5 else (1,), None, where, target=(p, 1.0 - p))
+                       (0,) if p >= 0.5 else (1,), None, where, target=(p, 1.0 - p),
+                       weight=weight)
     if "options" not in q:
         labels = answer if isinstance(answer, list) else [answer]
         if not labels or not all(isinstance(a, str) and a in ANSWERS_YES_NO for a in labels) \
@@ -72,7 +80,8 @@ def _item(q: Any, context: str, where: str, extra: dict[str, Any]) -> SFTItem:
                              f"'answer' \"yes\", \"no\" or a list of both (either is "
                              f"acceptable: a 0.5 target), got {answer!r}")
         return SFTItem(YesNo(context=context, question=text, meta=meta),
-                       tuple(sorted(ANSWERS_YES_NO[a] for a in labels)), teacher, where)
+                       tuple(sorted(ANSWERS_YES_NO[a] for a in labels)), teacher, where,
+                       weight=weight)
     options = q["options"]
     if not isinstance(options, list) or len(options) < 2 or not all(
             isinstance(o, str) for o in options):
@@ -89,7 +98,7 @@ def _item(q: Any, context: str, where: str, extra: dict[str, Any]) -> SFTItem:
         # For a privileged teacher (jaxdm.decision.Oracle); meta is never shown to a model.
         meta["oracle_answer"] = options[answer[0]]
     mc = MultipleChoice(context=context, question=text, options=tuple(options), meta=meta)
-    return SFTItem(mc, tuple(answer), teacher, where)
+    return SFTItem(mc, tuple(answer), teacher, where, weight=weight)
 
 
 def read_states(path: str | Path, *, require_split: str | None = None

@@ -88,11 +88,19 @@ def sft_loss_terms(option_logits: jax.Array, targets: jax.Array, option_mask: ja
 
 
 def sft_loss(option_logits: jax.Array, targets: jax.Array, option_mask: jax.Array, *,
-             mu: float = MU) -> jax.Array:
-    """Scalar loss: mean over real questions of CE + μ·SE (module docstring)."""
+             mu: float = MU, question_weight: jax.Array | None = None) -> jax.Array:
+    """Scalar loss: mean over real questions of CE + μ·SE (module docstring), weighted by
+    ``question_weight`` [Q] when given (Σ w·loss / Σ w over the real questions)."""
     ce, se, valid = sft_loss_terms(option_logits, targets, option_mask)
+    if question_weight is None:
+        w = valid.astype(jnp.float32)
+    else:
+        if question_weight.shape != valid.shape:
+            raise ValueError(f"question_weight must be [Q]={valid.shape}, got "
+                             f"{question_weight.shape}")
+        w = jnp.where(valid, question_weight.astype(jnp.float32), 0.0)
     per = jnp.where(valid, ce + mu * se, 0.0)
-    return per.sum() / jnp.maximum(valid.sum(), 1)
+    return (w * per).sum() / jnp.maximum(w.sum(), 1e-30)
 
 
 def sft_metrics(option_logits: jax.Array, targets: jax.Array, option_mask: jax.Array,

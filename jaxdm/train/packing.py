@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, NamedTuple, Sequence
 
 import jax
@@ -53,13 +54,17 @@ class SFTItem:
     ``target``: a graded label, the target distribution itself (e.g. a value model's
     (V, 1 - V) from a Monte-Carlo return); it replaces the answer-and-teacher target, so an
     item has a teacher or a target, never both. ``answer`` still names the most likely
-    option(s) for the accuracy metric."""
+    option(s) for the accuracy metric.
+
+    ``weight``: the question's weight in the batch loss (a finite number > 0; default 1), e.g.
+    class-balancing weights for a judge whose labels are mostly one kind."""
 
     question: MultipleChoice | YesNo
     answer: tuple[int, ...]
     teacher: tuple[float, ...] | None = None
     source: str = "?"
     target: tuple[float, ...] | None = None
+    weight: float = 1.0
 
     @property
     def n_options(self) -> int:
@@ -81,6 +86,11 @@ class SFTItem:
             if t.shape != (n,) or not np.all(np.isfinite(t)) or np.any(t < 0) or t.sum() <= 0:
                 raise ValueError(f"{self.source}: teacher probabilities must be {n} finite, "
                                  f"non-negative numbers with a positive sum, got {self.teacher}")
+        w = self.weight
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) \
+                or w <= 0:
+            raise ValueError(f"{self.source}: a question's weight must be a finite number > 0, "
+                             f"got {w!r}")
         if self.target is not None:
             t = np.asarray(self.target, float)
             if t.shape != (n,) or not np.all(np.isfinite(t)) or np.any(t < 0) or \
@@ -115,6 +125,7 @@ class SFTBatch(NamedTuple):
     weight    [Q, O, A] float32    answer-slot weights (readout: 1 at slot 0; likelihood:
                                    1/len over the option's tokens; 0 = unused)
     option_mask [Q, O] bool; answer_mask [Q, O] bool; targets [Q, O] float32 (mixed target)
+    question_weight [Q] float32    each question's loss weight (``SFTItem.weight``; 0 = padding)
     """
 
     scoring: Any
@@ -125,6 +136,7 @@ class SFTBatch(NamedTuple):
     option_mask: Any
     answer_mask: Any
     targets: Any
+    question_weight: Any
 
 
 @dataclasses.dataclass
@@ -239,6 +251,7 @@ def pack_items(encoder: Encoder, items: Sequence[SFTItem], *, q_bucket: int = 1,
     answer_mask = np.zeros((q, o), bool)
     teacher = np.zeros((q, o), np.float32)
     has_teacher = np.zeros((q,), bool)
+    question_weight = np.zeros((q,), np.float32)
     full_vocab = False
     for rid, (qi, j, how) in enumerate(owners):
         gi, m0 = packed.slots[rid]
@@ -255,6 +268,7 @@ def pack_items(encoder: Encoder, items: Sequence[SFTItem], *, q_bucket: int = 1,
     for qi, it in enumerate(items):
         option_mask[qi, :it.n_options] = True
         answer_mask[qi, list(it.answer)] = True
+        question_weight[qi] = it.weight
         if it.teacher is not None:
             teacher[qi, :it.n_options] = it.teacher
             has_teacher[qi] = True
@@ -266,7 +280,7 @@ def pack_items(encoder: Encoder, items: Sequence[SFTItem], *, q_bucket: int = 1,
             targets[qi] = 0.0
             targets[qi, :it.n_options] = it.target
     batch = SFTBatch(packed.batch, group, answer_slot, slot, weight, option_mask, answer_mask,
-                     targets)
+                     targets, question_weight)
     stats = {"unique_tokens": packed.unique_tokens,
              "request_tokens": sum(len(r.tokens) for r in reqs),
              "questions": len(items), "requests": len(reqs), "groups": len(groups)}
@@ -294,8 +308,10 @@ def option_scores(params, config: ModelConfig, batch: SFTBatch, *, window: int,
 
 def batch_loss(params, config: ModelConfig, batch: SFTBatch, *, window: int, full_vocab: bool,
                mu: float = losses.MU) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """(scalar SFT loss, metrics) of a packed batch."""
+    """(scalar SFT loss, the questions' weighted mean; metrics, unweighted sums) of a packed
+    batch."""
     scores = option_scores(params, config, batch, window=window, full_vocab=full_vocab)
-    loss = losses.sft_loss(scores, batch.targets, batch.option_mask, mu=mu)
+    loss = losses.sft_loss(scores, batch.targets, batch.option_mask, mu=mu,
+                           question_weight=batch.question_weight)
     return loss, losses.sft_metrics(scores, batch.targets, batch.option_mask,
                                     batch.answer_mask, mu=mu)

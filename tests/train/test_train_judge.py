@@ -104,3 +104,58 @@ def test_bad_yes_no_answers_are_named(tmp_path, answer):
     with pytest.raises(ValueError, match=r"bad.jsonl:1: questions\[0\]: a question without "
                                          r"'options' is Yes/No"):
         read_states(tmp_path / "bad.jsonl")
+
+
+def test_balanced_class_weights_average_one_and_reach_the_loss(tmp_path):
+    """class_weights="balanced": weight n / (kinds * n_kind) per label kind, written on each
+    question, read into SFTItem.weight and the batch's question_weight; the batch loss is the
+    weighted mean of the per-question losses."""
+    trajs = [alfworld_like_trajectory(seed=s, n_actions=12) for s in (3, 5)]
+    lines, stats = judge_lines(trajs, context="hindsight", other="either",
+                               class_weights="balanced")
+    # 4 milestones, 4 no-ops, 16 others: 24 / (3 * n)
+    assert stats["weights"] == {"milestone": 2.0, "no_op": 2.0, "other": 0.5}
+    got = [(q["answer"], q["weight"]) for line in lines for q in line["questions"]]
+    assert sorted({(str(a), w) for a, w in got}) == [("['yes', 'no']", 0.5), ("no", 2.0),
+                                                     ("yes", 2.0)]
+    assert np.mean([w for _, w in got]) == pytest.approx(1.0)
+    items = [it for s in read_states(write_states(tmp_path / "w.jsonl", lines)) for it in s]
+    assert sorted({it.weight for it in items}) == [0.5, 2.0]
+    pre = tiny(seed=2)
+    b, w, fv, _ = packing.pack_items(packing.Encoder(pre, "readout"), items)
+    assert np.asarray(b.question_weight)[:len(items)].tolist() == [it.weight for it in items]
+    assert np.all(np.asarray(b.question_weight)[len(items):] == 0)
+    batch = jax.tree.map(jnp.asarray, b)
+    loss, _ = packing.batch_loss(pre.params, pre.config, batch, window=w, full_vocab=fv)
+    from jaxdm.train import losses
+    sc = packing.option_scores(pre.params, pre.config, batch, window=w, full_vocab=fv)
+    ce, se, valid = (np.asarray(x) for x in losses.sft_loss_terms(sc, batch.targets,
+                                                                   batch.option_mask))
+    qw = np.asarray(b.question_weight)
+    per = np.where(valid, ce + losses.MU * se, 0.0)
+    assert float(loss) == pytest.approx(float((qw * per).sum() / qw[valid].sum()), rel=1e-5)
+    # unweighted lines give the plain mean, exactly as before weights existed
+    plain = [it for s in read_states(write_states(tmp_path / "p.jsonl", judge_lines(
+        trajs, context="hindsight", other="either")[0])) for it in s]
+    b2, w2, fv2, _ = packing.pack_items(packing.Encoder(pre, "readout"), plain)
+    loss2, _ = packing.batch_loss(pre.params, pre.config, jax.tree.map(jnp.asarray, b2),
+                                  window=w2, full_vocab=fv2)
+    assert float(loss2) == pytest.approx(float(per[valid].mean()), rel=1e-6)
+
+
+def test_class_weights_and_question_weights_are_checked(tmp_path):
+    traj = [alfworld_like_trajectory(seed=3, n_actions=6)]
+    with pytest.raises(ValueError, match=r"unknown label kind\(s\) \['noop'\]"):
+        judge_lines(traj, class_weights={"noop": 2.0})
+    with pytest.raises(ValueError, match=r"class_weights\['no_op'\] must be a finite number > 0"):
+        judge_lines(traj, class_weights={"no_op": float("nan")})
+    with pytest.raises(ValueError, match="class_weights must be None, 'balanced' or a mapping"):
+        judge_lines(traj, class_weights="inverse")
+    lines, stats = judge_lines(traj, class_weights={"no_op": 3.0})
+    assert stats["weights"] == {"milestone": 1.0, "no_op": 3.0, "other": 1.0}
+    for bad in (0, -1.0, True, "2", float("inf")):
+        write_states(tmp_path / "bad.jsonl", [{"context": "c", "questions": [
+            {"question": "Did it help?", "answer": "no", "weight": bad}]}])
+        with pytest.raises(ValueError, match=r"bad.jsonl:1: questions\[0\]: 'weight' must be "
+                                             r"a finite number > 0"):
+            read_states(tmp_path / "bad.jsonl")
