@@ -373,6 +373,33 @@ class RecordedPool:
             obs[i], infos[i] = self.recorder.start(i, task_seed, results[i])
         return obs, infos
 
+    def start_tasks(self, seeds: Mapping[int, int]) -> dict[int, tuple[Any, dict]]:
+        """Start a new episode of task ``seeds[slot]`` in each slot of ``seeds`` (slot -> task
+        seed), leaving the other slots' episodes as they are: a scheduler that hands tasks to
+        slots as they free up (the harness's episodes over a pool). Returns slot ->
+        (observation, info); a failed reset ends that slot's episode with ``info["error"]``.
+        The first call must start every slot (``step`` needs an episode in each)."""
+        self._check_open()
+        if self._in_flight is not None:
+            raise RuntimeError("start_tasks called while a step_async is in flight; call "
+                               "step_wait")
+        bad = [s for s in seeds if isinstance(s, bool) or not isinstance(s, (int, np.integer))
+               or not 0 <= s < self.num_envs]
+        if bad:
+            raise ValueError(f"start_tasks: slots must be ints in [0, {self.num_envs}), got "
+                             f"{bad}")
+        missing = [i for i, ep in enumerate(self.recorder.episodes)
+                   if ep is None and i not in seeds]
+        if missing:
+            raise ValueError(f"start_tasks: slots {missing} have no episode yet; the first "
+                             f"call must start every slot")
+        for s in seeds.values():
+            if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
+                raise TypeError(f"start_tasks: task seeds must be ints, got {s!r}")
+        seeds = {int(i): int(s) for i, s in seeds.items()}
+        results = self._run_resets(seeds)
+        return {i: self.recorder.start(i, s, results[i]) for i, s in seeds.items()}
+
     def step(self, actions: Sequence[Any]) -> BatchStep:
         """Apply one action per slot. Slots whose episode already ended (no auto-reset) are
         skipped: their action is ignored and they report ``done=True``, ``inactive=True``.

@@ -15,6 +15,10 @@ choices all fail: reported, not hidden), and the step-level accuracy of the mode
 choices against the answer keys (keyed steps only: ALFWorld keys every state by re-planning;
 DECISION GYM leaves a state without a key once the task cannot be completed any more).
 
+The episodes' env steps run where ``workers`` says (the bench's ``env:`` section: inline,
+worker processes or Ray actors, ``jaxdm.harness.pool``); the decision model and the agent LLM
+stay in this process, so every backend gives the same rows.
+
 Stated choice: an episode's irreversible error ends it (DECISION GYM strict mode), so its
 ``irreversible_errors`` is 0 or 1.
 
@@ -29,6 +33,7 @@ counted (``flagged``), and a resumed bench runs it again. A question the model r
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -37,7 +42,9 @@ from jaxdm.envs.decision_gym import DecisionGym, GymParams
 from jaxdm.harness.agent import AgentConfig, Harness
 from jaxdm.harness.llm import make_llm
 from jaxdm.harness.modes import Delegation
+from jaxdm.harness.pool import EnvWorkersConfig, EpisodeRunner
 from jaxdm.harness.textenv import TextEnvHarness
+from jaxdm.runlog import MAX_FAILED_SHARE
 
 L3_ENVS = ("base", "shift", "hard", "alfworld")
 GYM_VARIANTS = ("base", "shift", "hard")
@@ -84,13 +91,14 @@ def takeover_harness(env_name: str, llm: Any, dm: Any, *, dm_price_per_call: flo
 
 
 def make_env(env_name: str, cfg: L3Config) -> tuple[Any, Any, list[int]]:
-    """(env, params, task seeds) of one L3 environment."""
+    """(env factory, params, task seeds) of one L3 environment; the factory is picklable (env
+    workers build their env with it)."""
     if env_name == "alfworld":
         params = AlfWorldParams(split=cfg.alfworld_split, max_steps=cfg.alfworld_max_steps)
-        return AlfWorldEnv(params), params, list(range(cfg.tasks))
+        return functools.partial(AlfWorldEnv, params), params, list(range(cfg.tasks))
     params = GymParams(variant=env_name, strict=True, max_steps=cfg.gym_max_steps,
                        split=cfg.gym_split)
-    return DecisionGym(), params, list(range(cfg.tasks))
+    return DecisionGym, params, list(range(cfg.tasks))
 
 
 def irreversible_errors(ep: Any) -> int:
@@ -183,26 +191,35 @@ def step_records(env_name: str, ep: Any, flagged: bool = False) -> list[dict[str
 
 def run_l3(dm: Any, cfg: L3Config, *, llm_factory: Callable[[], Any] | None = None,
            on_episode: Callable[[dict], None] | None = None,
-           only: Sequence[int] | None = None) -> tuple[list[dict], list[dict]]:
+           only: Sequence[int] | None = None,
+           workers: EnvWorkersConfig = EnvWorkersConfig(),
+           max_failed_share: float = MAX_FAILED_SHARE) -> tuple[list[dict], list[dict]]:
     """Run every L3 env with ``dm`` taking over; (step records, episode rows). ``only``: the
-    task seeds to run (a resumed bench re-running its flagged episodes), default all."""
+    task seeds to run (a resumed bench re-running its flagged episodes), default all.
+    ``workers``: where the env steps run (``jaxdm.harness.pool``; the model and the agent LLM
+    stay in this process, and the rows are the same on every backend); more than
+    ``max_failed_share`` of the episodes lost to env workers (each run again) raises
+    ``EnvWorkersFailed``."""
     if llm_factory is None:
         spec = dict(cfg.llm)
         llm_factory = lambda: make_llm(spec)  # noqa: E731
     records, rows = [], []
-    watched = WatchedModel(dm)
     for env_name in cfg.envs:
-        env, params, seeds = make_env(env_name, cfg)
+        factory, params, seeds = make_env(env_name, cfg)
         if only is not None:
             seeds = [s for s in seeds if s in set(only)]
-        h = takeover_harness(env_name, llm_factory(), watched,
-                             dm_price_per_call=cfg.dm_price_per_call,
-                             dm_latency_s=cfg.dm_latency_s)
-        for seed in seeds:
-            before, used = watched.lost, watched.usage()
-            ep = h.run_task(env, seed, params)
-            row = episode_row(env_name, ep, watched.lost - before,
-                              tuple(b - a for a, b in zip(used, watched.usage())))
+        llm = llm_factory()
+
+        def harness_for(seed: int, env_name=env_name, llm=llm):
+            # its own WatchedModel: an episode's counts are its own while others run with it
+            return takeover_harness(env_name, llm, WatchedModel(dm),
+                                    dm_price_per_call=cfg.dm_price_per_call,
+                                    dm_latency_s=cfg.dm_latency_s)
+
+        runner = EpisodeRunner(workers, factory, params, env_name=env_name,
+                               max_failed_share=max_failed_share)
+        for seed, h, ep in runner.play(seeds, harness_for):
+            row = episode_row(env_name, ep, h.dm.lost, h.dm.usage())
             rows.append(row)
             records.extend(step_records(env_name, ep, row["flagged"]))
             if on_episode is not None:

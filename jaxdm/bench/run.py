@@ -53,6 +53,7 @@ from jaxdm.decision.types import choice_failed
 from jaxdm.harness.dm import make_dm
 from jaxdm.harness.errors import HarnessError
 from jaxdm.harness.llm import make_llm
+from jaxdm.harness.pool import EnvWorkersConfig, EnvWorkersFailed
 from jaxdm.jsonl import write_atomic, write_json, write_records
 from jaxdm.runlog import MAX_FAILED_SHARE, check_failed_share, pyplot
 from jaxdm.screen.figures import save_figure
@@ -69,7 +70,9 @@ class BenchError(ValueError):
 class BenchConfig:
     """levels: which of "l1", "l2"; l1_tool / l1_param: seeded subset sizes (None = all);
     l2_*: see ``jaxdm.bench.l2.L2Config``; l3_*: see ``jaxdm.bench.l3.L3Config`` (l3_llm: the
-    agent LLM spec of ``jaxdm.harness.llm.make_llm``); batch: questions per backend call;
+    agent LLM spec of ``jaxdm.harness.llm.make_llm``); env: where L3's env steps run
+    (``jaxdm.harness.pool.EnvWorkersConfig``: ``env.backend`` inline | process | ray,
+    ``env.num_workers``, ``env.ray.address`` ...); batch: questions per backend call;
     max_failed_share: a unit (backend x level, or L3 env) in which a larger share of answers
     failed (in L3: of agent-LLM calls, or of decision-model answers) fails the job after the
     rest is written; one in which every answer failed always does (1.0: only then). A unit
@@ -89,6 +92,9 @@ class BenchConfig:
     l3_tasks: int = 20
     l3_llm: dict = dataclasses.field(default_factory=lambda: dict(l3_lib.DEFAULT_LLM))
     l3_max_steps: int = 30
+    # where L3's env steps run (``env.backend`` inline | process | ray, ``env.num_workers``,
+    # ``env.ray``: jaxdm.harness.pool.EnvWorkersConfig); L1 / L2 need no env workers
+    env: EnvWorkersConfig = EnvWorkersConfig()
     seed: int = 0
     batch: int = 32
     ece_bins: int = metrics.ECE_BINS
@@ -157,8 +163,9 @@ def answer_all(backend: Any, questions: Sequence[Any], batch: int, bar=None,
     return out
 
 
-# Config keys that do not shape a unit's answers (a resumed run may change them).
-UNRECORDED_KEYS = ("out_dir", "progress", "ece_bins", "max_failed_share")
+# Config keys that do not shape a unit's answers (a resumed run may change them; ``env``: where
+# L3's env steps run, the same episodes on every backend).
+UNRECORDED_KEYS = ("out_dir", "progress", "ece_bins", "max_failed_share", "env")
 
 
 # Harness controls a bench may rank beside the decision models (``jaxdm.harness.dm``).
@@ -408,10 +415,15 @@ def _run_l3(backend: Any, cfg: BenchConfig, name: str, env: str,
     if cfg.progress:
         bar = tqdm(total=l3cfg.tasks if only is None else len(only), desc=f"L3 {name} {env}",
                    unit="task")
-    recs, rows = l3_lib.run_l3(backend, l3cfg, only=only,
-                               on_episode=(lambda r: bar.update(1)) if bar is not None else None)
-    if bar is not None:
-        bar.close()
+    try:
+        recs, rows = l3_lib.run_l3(
+            backend, l3cfg, only=only, workers=cfg.env, max_failed_share=cfg.max_failed_share,
+            on_episode=(lambda r: bar.update(1)) if bar is not None else None)
+    except EnvWorkersFailed as e:
+        raise BenchError(f"L3 {name} on {env}: {e}") from None
+    finally:
+        if bar is not None:
+            bar.close()
     return recs, rows
 
 

@@ -38,10 +38,11 @@ the decision model. Shadow mode: the model answers every listed question but nev
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Generator, Mapping, Sequence
 
 from jaxdm.decision.types import ChoiceResult, MultipleChoice
 from jaxdm.envs.decision_gym import (format_action, option_value, param_questions, render_context,
@@ -56,6 +57,12 @@ from jaxdm.harness.modes import Delegation, Plan, plan_after, plan_before
 from jaxdm.roles import harness as hq
 
 _SCHEMAS: dict[tuple[str, bool], dict] = {}
+# An episode as a generator of its env transitions (``Harness.episode``): it yields
+# ("reset", seed) and receives (obs, state), then per action ("step", key, state, action) and
+# receives (obs, state, reward, done, info), and returns the Episode. The agent's logic lives
+# in the generator; whoever drives it runs the env: ``play_locally`` in this process, or
+# ``jaxdm.harness.pool`` on an env pool's workers (the LLM and the decision model stay here).
+EpisodeSteps = Generator[tuple, Any, "Episode"]
 READ_TOOLS = ("find_customer", "get_order", "get_product", "ask_customer")
 EASY_TOOLS = frozenset({"find_customer", "get_order", "get_product", "finish"})
 
@@ -372,15 +379,28 @@ class Harness:
 
     # ---- one episode -----------------------------------------------------------------------
     def run_task(self, env: Any, seed: int, params: Any) -> Episode:
-        """Runs one DECISION GYM task (``seed``, ``params``: ``GymParams``) to its end or
-        ``max_steps``: each step asks the decision points, lets the delegated ones go to the
-        decision model and the rest to the agent LLM, and acts; returns the Episode with every
-        decision and call."""
+        """Runs one task (``seed``, ``params``) to its end in this process, its env transitions
+        on ``env`` itself (``play_locally`` over ``episode``); returns the Episode."""
+        return play_locally(self.episode(env, seed, params), env, params)
+
+    def for_episode(self) -> "Harness":
+        """A copy of this harness for one more episode played at the same time (an env pool's
+        slots, ``jaxdm.harness.pool``): the LLMs, the decision model, the delegations and the
+        settings are shared; the per-episode scratch an episode keeps on its harness is not."""
+        return copy.copy(self)
+
+    def episode(self, env: Any, seed: int, params: Any) -> EpisodeSteps:
+        """One DECISION GYM task (``seed``, ``params``: ``GymParams``) to its end or
+        ``max_steps`` as a generator of its env transitions (``EpisodeSteps``): each step asks
+        the decision points, lets the delegated ones go to the decision model and the rest to
+        the agent LLM, and acts; returns the Episode with every decision and call. ``env``
+        answers the pure questions about a state (answer keys); whoever drives the generator
+        runs the transitions (``play_locally``, or an env pool's workers)."""
         t_start = time.perf_counter()
         model_time = 0.0
         self._extra: list[DecisionRecord] = []
         self._last_dm_share = (0.0, 0.0)
-        obs, state = env.reset(seed, params)
+        obs, state = yield ("reset", seed)
         shift = params.variant == SHIFT or state.task.variant == SHIFT
         ep = Episode(state.task.task_id, int(seed), False, 0, [], [])
         notes: list[str] = []
@@ -574,7 +594,7 @@ class Harness:
                     args.setdefault(k, v)
                 args = {k: v for k, v in args.items() if tool_canon.param(k) is not None}
             action = format_action(tool_name, args)
-            obs, state, reward, done, info = env.step(seed, state, action, params)
+            obs, state, reward, done, info = yield ("step", seed, state, action)
             last_info, last_tool, last_obs = info, (tool_canon.name if tool_canon else None), obs
             for rec in st.rec.values():
                 self._finish(rec)
@@ -803,6 +823,22 @@ class _RequestFailures:
         return 0 if self.stats is None else max(0, int(self.stats["failures"]) - self.start)
 
 
+def play_locally(steps: EpisodeSteps, env: Any, params: Any) -> "Episode":
+    """Drive an episode generator (``Harness.episode``) with ``env``'s own ``reset`` / ``step``
+    under ``params`` in this process; returns its Episode."""
+    try:
+        request = next(steps)
+        while True:
+            if request[0] == "reset":
+                result = env.reset(request[1], params)
+            else:
+                _, key, state, action = request
+                result = env.step(key, state, action, params)
+            request = steps.send(result)
+    except StopIteration as stop:
+        return stop.value
+
+
 def _set_arg(args: dict[str, Any], q: MultipleChoice, index: int) -> None:
     """Set the parameter a parameter question is about to option ``index`` ("(omit)" removes
     it)."""
@@ -823,4 +859,4 @@ def _option_of(q: MultipleChoice, value: Any) -> int | None:
 
 
 __all__ = ["AgentConfig", "BACKEND_COST_ONLY", "DecisionRecord", "CallRecord", "Episode", "Harness",
-           "openai_tool", "READ_TOOLS", "EASY_TOOLS"]
+           "EpisodeSteps", "play_locally", "openai_tool", "READ_TOOLS", "EASY_TOOLS"]

@@ -21,15 +21,18 @@ from jaxdm.harness.agent import AgentConfig
 from jaxdm.harness.errors import HarnessError
 from jaxdm.harness.fit import CALIBRATIONS
 from jaxdm.harness.modes import Delegation
+from jaxdm.harness.pool import EnvWorkersConfig
 from jaxdm.roles.harness import POINTS
 from jaxdm.runlog import MAX_FAILED_SHARE, check_failed_share
 from jaxdm.stats import check_settings
 
 
 @dataclasses.dataclass(frozen=True)
-class EnvConfig:
+class EnvConfig(EnvWorkersConfig):
     """The DECISION GYM tasks: ``variant`` (base | shift | hard), ``strict`` (an unplanned write
-    ends the episode as an irreversible error) and ``max_steps`` per episode."""
+    ends the episode as an irreversible error) and ``max_steps`` per episode; and where their
+    env steps run (``backend`` inline | process | ray, ``num_workers``, ``ray``, ...:
+    ``jaxdm.harness.pool.EnvWorkersConfig``)."""
 
     variant: str = "base"
     strict: bool = True

@@ -10,6 +10,11 @@ more than ``max_failed_share`` of the LLM's calls or of the model's answers got 
 stops its command with ``HarnessError`` after journaling what finished, and ``resume`` runs
 the flagged and the missing episodes again. Every pass prints its episodes, calls, failures
 and the episodes run again.
+
+The episodes' env steps run where ``env.backend`` says (``jaxdm.harness.pool``: inline, or on
+worker processes / Ray actors, the agent LLM and the decision model staying here); an episode
+lost to an env worker (dead, hung) is run again and counted (``env_failures``), and more lost
+than ``max_failed_share`` of the episodes started stops the pass with ``HarnessError``.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from jaxdm.harness.errors import HarnessError
 from jaxdm.harness.journal import Journal, make_dir, note_pass
 from jaxdm.harness.llm import make_llm
 from jaxdm.harness.modes import Delegation
+from jaxdm.harness.pool import EnvWorkersFailed, EpisodeRunner
 from jaxdm.jsonl import read_records
 
 # A pass stops before its end only once this many calls (or answers) failed: one failed
@@ -61,8 +67,11 @@ def run_episodes(cfg: HarnessConfig, harness: Harness, split: str, indices: Sequ
     the journal) when more than ``cfg.max_failed_share`` of the agent LLM's calls, or of the
     decision model's answers, got no answer (checked after every episode once
     ``EARLY_STOP_MIN_FAILED`` did, and at the end), or when every call failed (then nothing of
-    the pass is kept). Its summary line gives calls, failures and the episodes run again."""
-    env, params = DecisionGym(), _gym_params(cfg, split)
+    the pass is kept), or when more than that share of its episodes were lost to env workers
+    (``jaxdm.harness.pool.EpisodeRunner``: each lost one is run again). Its summary line gives
+    calls, failures and the episodes run again. The episodes' env steps run on ``cfg.env``'s
+    backend; the results are the same on every backend."""
+    params = _gym_params(cfg, split)
     path = None if journal is None else journal.path(desc)
     kept: dict[int, Episode] = {}
     if path is not None and path.is_file():
@@ -78,31 +87,46 @@ def run_episodes(cfg: HarnessConfig, harness: Harness, split: str, indices: Sequ
     bar = _progress(cfg, len(indices), desc)
     eps: list[Episode] = []
     rerun = 0
-    for i in indices:
-        ep = kept.get(i)
-        if ep is not None and not ep.incomplete:
-            eps.append(ep)
-        else:
-            rerun += ep is not None
-            eps.append(harness.run_task(env, i, params))
-            if journal is not None:
-                journal.append(desc, i, eps[-1])
-            _check_pass(cfg, eps, desc, path, early=True)
+    todo = [i for i in indices if kept.get(i) is None or kept[i].incomplete]
+    runner = EpisodeRunner(cfg.env, DecisionGym, params, env_name="decision_gym",
+                           max_failed_share=cfg.max_failed_share,
+                           early_min=EARLY_STOP_MIN_FAILED)
+    played = runner.play(todo, lambda i: harness.for_episode())
+    try:
+        for i in indices:
+            ep = kept.get(i)
+            if ep is not None and not ep.incomplete:
+                eps.append(ep)
+            else:
+                rerun += ep is not None
+                _, _, new = next(played)
+                eps.append(new)
+                if journal is not None:
+                    journal.append(desc, i, eps[-1])
+                _check_pass(cfg, eps, desc, path, early=True)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(success=f"{np.mean([e.success for e in eps]):.3f}")
+        next(played, None)   # the pool's end-of-pass check, then it closes
+    except EnvWorkersFailed as e:
+        raise HarnessError(f"{desc}: {e}; the finished episodes are kept: run the command "
+                           f"again with --resume") from None
+    finally:
+        played.close()
         if bar is not None:
-            bar.update(1)
-            bar.set_postfix(success=f"{np.mean([e.success for e in eps]):.3f}")
-    if bar is not None:
-        bar.close()
+            bar.close()
     _check_pass(cfg, eps, desc, path, early=False)
-    tally = _tally(desc, eps, rerun)
+    tally = _tally(desc, eps, rerun, runner.env_failures)
     note_pass(tally)
     print(f"{desc}: {_accounting(tally)}", flush=True)
     return eps
 
 
-def _tally(desc: str, eps: Sequence[Episode], rerun: int = 0) -> dict[str, Any]:
+def _tally(desc: str, eps: Sequence[Episode], rerun: int = 0,
+           env_failures: int = 0) -> dict[str, Any]:
     return {"desc": desc, "episodes": len(eps),
             "incomplete": sum(e.incomplete for e in eps), "rerun": rerun,
+            "env_failures": env_failures,
             "llm_calls": sum(e.llm_calls for e in eps),
             "llm_failures": sum(e.llm_failures for e in eps),
             "llm_unanswered": sum(e.llm_unanswered for e in eps),
@@ -115,7 +139,9 @@ def _accounting(t: Mapping[str, Any]) -> str:
     return (f"{t['episodes']} episodes ({t['incomplete']} incomplete, not counted; "
             f"{t['rerun']} run again); agent LLM {t['llm_calls']} calls ({t['llm_failures']} "
             f"failed, {t['llm_unanswered']} unanswered); decision model {t['dm_questions']} "
-            f"questions ({t['dm_failures']} failed, {t['dm_unanswered']} unanswered)")
+            f"questions ({t['dm_failures']} failed, {t['dm_unanswered']} unanswered)"
+            + (f"; {t['env_failures']} episode(s) lost to env workers and run again"
+               if t.get("env_failures") else ""))
 
 
 def _check_pass(cfg: HarnessConfig, eps: Sequence[Episode], desc: str, journal: Path | None,

@@ -24,7 +24,7 @@ from typing import Any, Mapping, Protocol, Sequence
 from jaxdm.envs.alfworld import command_table, plan_from
 from jaxdm.envs.webshop.agents import expert_actions, goal_query
 from jaxdm.envs.webshop.env import SEARCH_PLACEHOLDER
-from jaxdm.harness.agent import BACKEND_COST_ONLY, AgentConfig, Episode, Harness
+from jaxdm.harness.agent import BACKEND_COST_ONLY, AgentConfig, Episode, EpisodeSteps, Harness
 from jaxdm.harness.llm_call import AgentLLM, HeldQuestion, LLMRequest
 from jaxdm.harness.modes import Delegation, Plan, plan_after, plan_before
 from jaxdm.roles.actor import actor_request
@@ -158,13 +158,14 @@ class TextEnvHarness(Harness):
         if self.deleg and dm is None:
             raise ValueError("delegations need a decision model (dm)")
 
-    def run_task(self, env: Any, seed: int, params: Any) -> Episode:
-        """Runs one text-env task (``seed``, ``params``) to its end or its step limit: each step the
-        ``next_action`` question goes to the decision model when delegated, else to the agent
-        LLM; returns the Episode."""
+    def episode(self, env: Any, seed: int, params: Any) -> EpisodeSteps:
+        """One text-env task (``seed``, ``params``) to its end or its step limit, as a generator
+        of its env transitions (``jaxdm.harness.agent.EpisodeSteps``; ``run_task`` plays it in
+        this process): each step the ``next_action`` question goes to the decision model when
+        delegated, else to the agent LLM; returns the Episode."""
         ad = self.adapter
         t_start, model_time = time.perf_counter(), 0.0
-        obs, state = env.reset(seed, params)
+        obs, state = yield ("reset", seed)
         data = ad.start(env, state, params)
         goal = ad.goal(env, state, data)
         budget = getattr(params, "max_steps", None) or getattr(params, "budget")
@@ -221,7 +222,7 @@ class TextEnvHarness(Harness):
             ad.update(data, options[rec.choice])
             action = ad.action(options[rec.choice], env, state, data)
             history.append((obs, action))
-            obs, state, reward, done, info = env.step(seed, state, action, params)
+            obs, state, reward, done, info = yield ("step", seed, state, action)
             won = bool(info.get("won", False))
             t += 1
             ep.decisions.append(rec)
