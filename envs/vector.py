@@ -64,6 +64,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from jaxdm.envs.recorder import (  # noqa: F401 - BatchStep, ANNOTATION_KEYS re-exported
     ANNOTATION_KEYS, BatchStep, EpisodeRecorder, RecordedPool, check_actions, reset_info_of)
+from jaxdm.registry import Registry
 
 
 # ---------------------------------------------------------------------------------------
@@ -274,10 +275,9 @@ class _Worker(WorkerHandle):
 # (``request_close``, ``close``) and offers ``conn`` (send/poll/recv of the job protocol of
 # ``run_job``), ``proc`` (sentinel, is_alive, join, exitcode), ``pid``, ``wait_ready`` and
 # ``kill``.
-WORKER_BACKENDS: dict[str, str] = {
-    "process": "jaxdm.envs.vector:_Worker",
-    "ray": "jaxdm.envs.ray_workers:RayWorker",
-}
+WORKER_BACKENDS: Registry[str] = Registry("worker backend")
+WORKER_BACKENDS.register("process", "jaxdm.envs.vector:_Worker")
+WORKER_BACKENDS.register("ray", "jaxdm.envs.ray_workers:RayWorker")
 
 
 # The backend_options of backend "ray" (``jaxdm.envs.ray_workers.RayWorker``), the keys of a
@@ -287,9 +287,7 @@ RAY_BACKEND_OPTIONS = ("address", "num_cpus", "resources", "actor_options")
 
 def worker_backend(name: str) -> type:
     """The worker handle class of backend ``name`` (see ``WORKER_BACKENDS``)."""
-    if name not in WORKER_BACKENDS:
-        raise ValueError(f"backend must be one of {sorted(WORKER_BACKENDS)}, got {name!r}")
-    module_name, attr = WORKER_BACKENDS[name].split(":")
+    module_name, attr = WORKER_BACKENDS.get(name, field="backend").split(":")
     return getattr(importlib.import_module(module_name), attr)
 
 

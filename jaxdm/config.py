@@ -33,6 +33,7 @@ from typing import Any, Mapping, Sequence, TypeVar
 import yaml
 
 from jaxdm.jsonl import write_atomic
+from jaxdm.registry import Registry
 from jaxdm.secrets import is_secret_key
 
 __all__ = ["ConfigError", "from_dict", "load_config", "apply_overrides", "parse_override",
@@ -72,21 +73,21 @@ def check_finite(value: Any, key: str) -> None:
             check_finite(v, f"{key}[{i}]")
 
 
-def kind_and_options(spec: Any, allowed: Mapping[str, Any], what: str
-                     ) -> tuple[str, dict[str, Any]]:
+def kind_and_options(spec: Any, kinds: Registry, what: str) -> tuple[str, dict[str, Any]]:
     """(kind, the other keys) of a ``{"kind": ..., <options>}`` spec whose allowed option keys
-    depend on its kind (``allowed``: kind -> its option keys). Raises TypeError for a spec
-    that is not a mapping, ValueError naming ``what`` and the unknown kind or keys."""
+    depend on its kind (``kinds``: a ``jaxdm.registry.Registry`` of kind -> its option keys).
+    Raises TypeError for a spec that is not a mapping, the registry's ``UnknownNameError`` (a
+    ValueError listing the known kinds) for an unknown kind, and ValueError naming ``what``,
+    the kind and the unknown keys."""
     if not isinstance(spec, Mapping):
         raise TypeError(f"{what} spec must be a mapping, got {type(spec).__name__}")
     kind = spec.get("kind")
-    if kind not in allowed:
-        raise ValueError(f"unknown {what} kind {kind!r}; known kinds: {list(allowed)}")
+    allowed = kinds.get(kind)
     opts = {k: v for k, v in spec.items() if k != "kind"}
-    unknown = sorted(set(opts) - set(allowed[kind]))
+    unknown = sorted(set(opts) - set(allowed))
     if unknown:
         raise ValueError(f"{what} kind {kind!r}: unknown key(s) {unknown}; allowed: "
-                         f"{sorted(allowed[kind])}")
+                         f"{sorted(allowed)}")
     return kind, opts
 
 

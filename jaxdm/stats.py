@@ -66,6 +66,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from jaxdm.registry import Registry
 
 def _sps():
     """scipy.stats, imported on first use: configs import this module to check their
@@ -202,10 +203,10 @@ def _tango_bound(n: int, n10: int, n01: int, alpha: float) -> float:
 
 
 # One name, one place: method -> (z statistic, lower confidence bound).
-NONINFERIORITY_METHODS: dict[str, tuple[Callable[..., float], Callable[..., float]]] = {
-    "tango": (_tango_z, _tango_bound),
-    "wald": (_wald_z, _wald_bound),
-}
+NONINFERIORITY_METHODS: Registry[tuple[Callable[..., float], Callable[..., float]]] = Registry(
+    "non-inferiority method")
+NONINFERIORITY_METHODS.register("tango", (_tango_z, _tango_bound))
+NONINFERIORITY_METHODS.register("wald", (_wald_z, _wald_bound))
 
 
 def noninferiority(success_a: Any, success_b: Any, *, margin: float = 0.03,
@@ -221,14 +222,11 @@ def noninferiority(success_a: Any, success_b: Any, *, margin: float = 0.03,
       ``NonInferiority``; ``noninferior`` is True when H0: δ ≤ −margin is rejected.
     """
     _check_level(margin, alpha)
-    if method not in NONINFERIORITY_METHODS:
-        raise ValueError(f"unknown non-inferiority method {method!r}; known: "
-                         f"{sorted(NONINFERIORITY_METHODS)}")
+    zfun, bound = NONINFERIORITY_METHODS.get(method, field="method")
     a = _as_binary(success_a, "success_a")
     b = _as_binary(success_b, "success_b")
     _same_length(a, b, "success_a", "success_b")
     n, n10, n01 = a.size, int(np.sum((a == 1) & (b == 0))), int(np.sum((a == 0) & (b == 1)))
-    zfun, bound = NONINFERIORITY_METHODS[method]
     z = float(zfun(n, n10, n01, -float(margin)))
     p = float(_sps().norm.sf(z))
     return NonInferiority(method=method, n=n, p_a=float(a.mean()), p_b=float(b.mean()),
@@ -289,22 +287,20 @@ def _cost_wilcoxon(d: np.ndarray) -> tuple[float, float]:
     return float(r.statistic), float(r.pvalue)
 
 
-COST_METHODS: dict[str, Callable[[np.ndarray], tuple[float, float]]] = {
-    "t": _cost_t,
-    "wilcoxon": _cost_wilcoxon,
-}
+COST_METHODS: Registry[Callable[[np.ndarray], tuple[float, float]]] = Registry("cost method")
+COST_METHODS.register("t", _cost_t)
+COST_METHODS.register("wilcoxon", _cost_wilcoxon)
 
 
 def cost_lower(cost_a: Any, cost_b: Any, *, alpha: float = 0.05, method: str = "t") -> CostTest:
     """Paired one-sided test that arm b costs less per task than arm a (see module doc)."""
     _check_level(0.0, alpha)
-    if method not in COST_METHODS:
-        raise ValueError(f"unknown cost method {method!r}; known: {sorted(COST_METHODS)}")
+    test = COST_METHODS.get(method, field="method")
     a = _as_cost(cost_a, "cost_a")
     b = _as_cost(cost_b, "cost_b")
     _same_length(a, b, "cost_a", "cost_b")
     d = b - a
-    stat, p = COST_METHODS[method](d)
+    stat, p = test(d)
     mean_a, mean_b = float(a.mean()), float(b.mean())
     return CostTest(method=method, n=a.size, mean_a=mean_a, mean_b=mean_b,
                     mean_diff=float(d.mean()),
@@ -469,11 +465,8 @@ def check_settings(*, margin: float, alpha: float, ni_method: str, cost_method: 
     """Raise ValueError naming the setting of a registration that cannot be used (configs
     check theirs with this before any episode runs)."""
     _check_level(margin, alpha)
-    if ni_method not in NONINFERIORITY_METHODS:
-        raise ValueError(f"unknown ni_method {ni_method!r}; known: "
-                         f"{sorted(NONINFERIORITY_METHODS)}")
-    if cost_method not in COST_METHODS:
-        raise ValueError(f"unknown cost_method {cost_method!r}; known: {sorted(COST_METHODS)}")
+    NONINFERIORITY_METHODS.validate(ni_method, field="ni_method")
+    COST_METHODS.validate(cost_method, field="cost_method")
 
 
 def register(candidates: Sequence[tuple[str, str] | Candidate], *, margin: float = 0.03,

@@ -129,13 +129,18 @@ def test_secret_key_names():
 
 def test_kind_and_options_names_the_kind_and_the_keys():
     from jaxdm.config import kind_and_options
-    allowed = {"a": {"x", "y"}, "b": set()}
+    from jaxdm.registry import Registry, UnknownNameError
+    allowed = Registry("thing kind")
+    allowed.register("b", frozenset())
+    allowed.register("a", frozenset({"x", "y"}))
     assert kind_and_options({"kind": "a", "x": 1}, allowed, "thing") == ("a", {"x": 1})
     assert kind_and_options({"kind": "b"}, allowed, "thing") == ("b", {})
     with pytest.raises(TypeError, match="thing spec must be a mapping, got list"):
         kind_and_options(["a"], allowed, "thing")
-    with pytest.raises(ValueError, match=r"unknown thing kind 'c'; known kinds: \['a', 'b'\]"):
+    with pytest.raises(UnknownNameError, match=r"^unknown thing kind 'c'; known: \['a', 'b'\]$"):
         kind_and_options({"kind": "c"}, allowed, "thing")
+    with pytest.raises(ValueError, match=r"unknown thing kind None"):  # no kind key
+        kind_and_options({"x": 1}, allowed, "thing")
     with pytest.raises(ValueError, match=r"thing kind 'a': unknown key\(s\) \['z'\]; allowed: "
                                          r"\['x', 'y'\]"):
         kind_and_options({"kind": "a", "z": 0}, allowed, "thing")

@@ -111,7 +111,8 @@ def test_jaxdm_has_no_import_circles():
 # The layers, lowest first (README, "Architecture"): a module may import its own layer and the
 # ones below it. Named by the first part under jaxdm ("jaxdm" itself: the package's __init__).
 LAYERS = (
-    ("jaxdm", "secrets", "jsonl", "config", "rundir", "runlog", "stats", "trajectory"),
+    ("jaxdm", "secrets", "jsonl", "config", "registry", "rundir", "runlog", "stats",
+     "trajectory"),
     ("models", "kernels"),
     ("decision", "judges", "client"),
     ("roles", "envs"),

@@ -47,8 +47,8 @@ class GymParams:
     def __post_init__(self):
         if self.variant not in VARIANTS:
             raise ValueError(f"GymParams.variant {self.variant!r} not in {list(VARIANTS)}")
-        if self.split is not None and self.split not in SPLIT_RANGES:
-            raise ValueError(f"GymParams.split {self.split!r} not in {list(SPLIT_RANGES)}")
+        if self.split is not None:
+            SPLIT_RANGES.validate(self.split, field="GymParams.split")
         if not isinstance(self.max_steps, int) or self.max_steps < 1:
             raise ValueError(f"GymParams.max_steps must be a positive int, got {self.max_steps!r}")
 

@@ -12,6 +12,8 @@ import datetime as dt
 import random
 from typing import Mapping
 
+from jaxdm.registry import Registry
+
 BASE, SHIFT, HARD = "base", "shift", "hard"
 VARIANTS = (BASE, SHIFT, HARD)
 
@@ -23,11 +25,10 @@ REQUESTS = BASE_REQUESTS + SHIFT_ONLY_REQUESTS
 # Disjoint seed ranges per split (training, threshold fitting, testing); a task's seed fixes
 # everything about it. The ranges start far from 0 so a small int is never mistaken for a
 # seed of some split: ``DecisionGym.reset`` reads small ints as task indices within a split.
-SPLIT_RANGES: Mapping[str, tuple[int, int]] = {
-    "train": (1_000_000_000, 1_100_000_000),
-    "fit": (1_100_000_000, 1_200_000_000),
-    "test": (1_200_000_000, 1_300_000_000),
-}
+SPLIT_RANGES: Registry[tuple[int, int]] = Registry("split")
+SPLIT_RANGES.register("train", (1_000_000_000, 1_100_000_000))
+SPLIT_RANGES.register("fit", (1_100_000_000, 1_200_000_000))
+SPLIT_RANGES.register("test", (1_200_000_000, 1_300_000_000))
 SPLITS = tuple(SPLIT_RANGES)
 
 CANCELLABLE = ("pending", "processing")
@@ -40,9 +41,7 @@ FEE_RATE = 0.10
 
 def split_seed(split: str, index: int) -> int:
     """The seed of task ``index`` of ``split`` (train / fit / test)."""
-    if split not in SPLIT_RANGES:
-        raise ValueError(f"unknown split {split!r}; expected one of {list(SPLIT_RANGES)}")
-    lo, hi = SPLIT_RANGES[split]
+    lo, hi = SPLIT_RANGES.get(split)
     if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < hi - lo:
         raise ValueError(f"task index {index!r} outside [0, {hi - lo}) for split {split!r}")
     return lo + index
@@ -53,7 +52,7 @@ def split_of(seed: int) -> str:
     for name, (lo, hi) in SPLIT_RANGES.items():
         if lo <= seed < hi:
             return name
-    raise ValueError(f"seed {seed} is outside every split range {dict(SPLIT_RANGES)}")
+    raise ValueError(f"seed {seed} is outside every split range {dict(SPLIT_RANGES.items())}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,16 +23,16 @@ from typing import Any
 import numpy as np
 
 from jaxdm.envs.core import Environment, seed_of
+from jaxdm.registry import Registry
 
 __all__ = ["OrderingParams", "OrderingState", "OrderingEnv", "PickTargetParams",
            "PickTargetState", "PickTargetEnv", "TASK_TYPES"]
 
 # task type -> (prerequisite verb, goal adjective, state word after it)
-TASK_TYPES = {
-    "clean": ("clean", "clean", "clean"),
-    "heat": ("heat", "hot", "hot"),
-    "cool": ("cool", "cool", "cold"),
-}
+TASK_TYPES: Registry[tuple[str, str, str]] = Registry("task type")
+TASK_TYPES.register("clean", ("clean", "clean", "clean"))
+TASK_TYPES.register("heat", ("heat", "hot", "hot"))
+TASK_TYPES.register("cool", ("cool", "cool", "cold"))
 _OBJECTS = ("mug", "apple", "plate", "cup", "potato", "bowl", "egg", "pan", "tomato", "fork")
 _RECEPTACLES = ("cabinet", "fridge", "drawer", "shelf", "countertop", "table")
 _PLACES = ("sinkbasin", "microwave", "fridge", "countertop", "stoveburner")
@@ -64,8 +64,7 @@ class OrderingParams:
         if not 0 <= self.num_distractors <= 6:
             raise ValueError(f"num_distractors must be in [0, 6], got {self.num_distractors}")
         for t in self.task_types:
-            if t not in TASK_TYPES:
-                raise ValueError(f"unknown task type {t!r}; known: {sorted(TASK_TYPES)}")
+            TASK_TYPES.validate(t, field="OrderingParams.task_types")
         _split_objects(self.split)
 
 

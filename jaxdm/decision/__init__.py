@@ -21,6 +21,7 @@ from jaxdm.decision.remote import Remote
 from jaxdm.decision.specs import BACKEND_ALIASES, BackendSpecError, parse_backend_spec
 from jaxdm.decision.types import (ChoiceResult, Cost, DecisionModel, MultipleChoice, ScoreResult,
                                   YesNo, choice_failed, choice_ok, score_failed, score_ok)
+from jaxdm.registry import Registry
 
 _LOCAL = ("LocalReadout", "LocalLikelihood", "encode_messages", "single_token_id")
 _SHARED_PREFIX = ("MASKED_LOGPROB", "Request", "ScoringBatch", "pack_groups", "plan_groups",
@@ -39,17 +40,18 @@ def __getattr__(name: str):
 
 _COMMON_LOCAL = {"path", "dtype", "max_groups_per_call", "min_shared_frac", "progress", "name",
                  "prefix_cache_mb", "prefix_cache_block"}
-_SPEC_KEYS: dict[str, set[str]] = {
-    "local_readout": _COMMON_LOCAL,
-    "local_likelihood": _COMMON_LOCAL | {"reduction", "append_end"},
-    "prompted": {"path", "dtype", "max_new_tokens", "progress", "name", "batch_size"},
-    "remote": {"base_url", "model", "interface", "endpoint", "api_key_env", "price_per_1k_in",
-               "price_per_1k_out", "concurrency", "timeout", "max_retries", "backoff",
-               "max_backoff", "top_logprobs", "max_tokens", "label_match", "progress",
-               "down_after", "probe_after", "tokenizer"},
-    "oracle": {"noise", "seed", "levels"},
-}
-BACKEND_KINDS = tuple(_SPEC_KEYS)
+# make_backend's kinds -> the spec keys each takes besides "kind".
+BACKEND_KINDS: Registry[frozenset[str]] = Registry("backend kind")
+BACKEND_KINDS.register("local_readout", frozenset(_COMMON_LOCAL))
+BACKEND_KINDS.register("local_likelihood", frozenset(_COMMON_LOCAL | {"reduction", "append_end"}))
+BACKEND_KINDS.register("prompted", frozenset(
+    {"path", "dtype", "max_new_tokens", "progress", "name", "batch_size"}))
+BACKEND_KINDS.register("remote", frozenset(
+    {"base_url", "model", "interface", "endpoint", "api_key_env", "price_per_1k_in",
+     "price_per_1k_out", "concurrency", "timeout", "max_retries", "backoff", "max_backoff",
+     "top_logprobs", "max_tokens", "label_match", "progress", "down_after", "probe_after",
+     "tokenizer"}))
+BACKEND_KINDS.register("oracle", frozenset({"noise", "seed", "levels"}))
 
 
 def _load_pretrained(path: str, dtype: Any):
@@ -70,7 +72,7 @@ def make_backend(spec: Mapping[str, Any], *, pretrained: Any = None) -> Decision
     already loaded jaxdm.models.Pretrained) overrides ``path``. Unknown kinds or keys raise
     ValueError naming them.
     """
-    kind, opts = kind_and_options(spec, _SPEC_KEYS, "backend")
+    kind, opts = kind_and_options(spec, BACKEND_KINDS, "backend")
     if kind == "oracle":
         return Oracle(**opts)
     if kind == "remote":

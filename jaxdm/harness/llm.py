@@ -35,6 +35,7 @@ from jaxdm.harness.errors import HarnessError
 from jaxdm.harness.llm_call import (ANSWER_TOOL, LLMReply, LLMRequest, answer_tool_schema,
                                     count_tokens, parse_tool_calls, questions_text, request_text)
 from jaxdm.harness.local import LocalLLM
+from jaxdm.registry import Registry, UnknownNameError
 
 # ---------------------------------------------------------------------------------------------
 # SimulatedLLM
@@ -82,7 +83,9 @@ STRONG = LLMProfile("sim-strong", {"tool": 0.97, "params": 0.98, "stop": 0.98},
 WEAK = LLMProfile("sim-weak", {"tool": 0.86, "params": 0.92, "stop": 0.93},
                   default_accuracy=0.85, price_per_1k_in=0.0001, price_per_1k_out=0.0004,
                   latency_s=0.4)
-PROFILES = {"strong": STRONG, "weak": WEAK}
+PROFILES: Registry[LLMProfile] = Registry("llm profile")
+PROFILES.register("strong", STRONG)
+PROFILES.register("weak", WEAK)
 
 
 class SimulatedLLM:
@@ -322,15 +325,15 @@ class RemoteLLM:
 # ---------------------------------------------------------------------------------------------
 # make_llm
 
-_LLM_KEYS = {
-    "simulated": {"profile", "seed", "accuracy", "default_accuracy", "price_per_1k_in",
-                  "price_per_1k_out", "latency_s", "latency_per_1k_out_s", "fail_rate",
-                  "reflect_gain", "name"},
-    "remote": {"base_url", "model", "api_key_env", "price_per_1k_in", "price_per_1k_out",
-               "timeout", "max_retries", "backoff", "max_backoff", "max_tokens", "name"},
-    "local": {"path", "dtype", "max_new_tokens", "name"},
-}
-LLM_KINDS = tuple(_LLM_KEYS)
+# make_llm's kinds -> the spec keys each takes besides "kind".
+LLM_KINDS: Registry[frozenset[str]] = Registry("llm kind")
+LLM_KINDS.register("simulated", frozenset(
+    {"profile", "seed", "accuracy", "default_accuracy", "price_per_1k_in", "price_per_1k_out",
+     "latency_s", "latency_per_1k_out_s", "fail_rate", "reflect_gain", "name"}))
+LLM_KINDS.register("remote", frozenset(
+    {"base_url", "model", "api_key_env", "price_per_1k_in", "price_per_1k_out", "timeout",
+     "max_retries", "backoff", "max_backoff", "max_tokens", "name"}))
+LLM_KINDS.register("local", frozenset({"path", "dtype", "max_new_tokens", "name"}))
 
 
 def make_llm(spec: Mapping[str, Any]):
@@ -339,16 +342,18 @@ def make_llm(spec: Mapping[str, Any]):
     {"kind": "local", "path": "smollm2"}. Unknown kinds / keys raise ``HarnessError`` naming
     them."""
     try:
-        kind, opts = kind_and_options(spec, _LLM_KEYS, "llm")
+        kind, opts = kind_and_options(spec, LLM_KINDS, "llm")
     except (TypeError, ValueError) as e:
         raise HarnessError(str(e)) from None
     if kind == "simulated":
         name = opts.pop("profile", "strong")
-        if name not in PROFILES:
-            raise HarnessError(f"llm.profile {name!r} not in {sorted(PROFILES)}")
+        try:
+            base = PROFILES.get(name, field="llm.profile")
+        except UnknownNameError as e:
+            raise HarnessError(str(e)) from None
         seed = opts.pop("seed", 0)
         try:
-            profile = dataclasses.replace(PROFILES[name], **opts)
+            profile = dataclasses.replace(base, **opts)
         except (TypeError, ValueError) as e:
             raise HarnessError(f"llm (simulated): {e}") from None
         return SimulatedLLM(profile, seed)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Mapping, NamedTuple, Sequence
 
+from jaxdm.registry import Registry
 from jaxdm.roles.harness import ACTION_POINTS, NO_NOTE, POINTS, RUN
 
 
@@ -56,8 +57,7 @@ class Delegation:
     def __post_init__(self):
         if self.point not in POINTS:
             raise ValueError(f"delegation point {self.point!r} not in {list(POINTS)}")
-        if self.mode not in MODE_RULES:
-            raise ValueError(f"delegation mode {self.mode!r} not in {list(MODES)}")
+        MODE_RULES.validate(self.mode, field="Delegation.mode")
         t = self.threshold
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))
                               or not 0.0 <= t <= 1.0):
@@ -143,13 +143,12 @@ class ModeRule(NamedTuple):
     after: Callable[[Delegation, Sequence[float], int, Sequence[str]], Plan | None]
 
 
-MODE_RULES: Mapping[str, ModeRule] = {
-    "replace": ModeRule(_replace, _keep),
-    "cascade": ModeRule(_cascade, _keep),
-    "assist": ModeRule(_assist, _keep),
-    "guard": ModeRule(_llm_first, _guard_after),
-    "trigger": ModeRule(_trigger, _trigger_after),
-}
+MODE_RULES: Registry[ModeRule] = Registry("delegation mode")
+MODE_RULES.register("replace", ModeRule(_replace, _keep))
+MODE_RULES.register("cascade", ModeRule(_cascade, _keep))
+MODE_RULES.register("assist", ModeRule(_assist, _keep))
+MODE_RULES.register("guard", ModeRule(_llm_first, _guard_after))
+MODE_RULES.register("trigger", ModeRule(_trigger, _trigger_after))
 MODES = tuple(MODE_RULES)
 DEFAULT_THRESHOLD: Mapping[str, float] = {"replace": 0.0, "cascade": 0.5, "assist": 0.0,
                                           "guard": 0.5, "trigger": 0.5}

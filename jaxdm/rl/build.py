@@ -24,9 +24,10 @@ from jaxdm.envs.vector import EnvFactory
 from jaxdm.models import decoder
 from jaxdm.models.config import ModelConfig
 from jaxdm.models.lora import load_model
+from jaxdm.registry import DuplicateNameError, Registry
 from jaxdm.rl import text as rltext
 from jaxdm.rl.collect import ROLLOUT_KINDS, RolloutKind, check_rollout
-from jaxdm.rl.critic import critic_kind
+from jaxdm.rl.critic import CRITIC_KINDS
 from jaxdm.rl.env_factories import ENV_FACTORIES
 from jaxdm.rl.jax_envs import make_jax_env
 from jaxdm.rl.policy import GenerativePolicy, OptionScoringPolicy
@@ -41,10 +42,7 @@ def env_factory(section: Any, split_kwargs: Mapping[str, Any]):
     """The EnvFactory of an env config section: its factory ('module:callable') or the registered
     ENV_FACTORIES entry of its name, called with the section's kwargs and the split's; an unknown
     name is a ValueError listing the known ones."""
-    target = section.factory or ENV_FACTORIES.get(section.name)
-    if target is None:
-        raise ValueError(f"env.name: unknown env {section.name!r}: give env.factory="
-                         f"'module:callable' or one of {sorted(ENV_FACTORIES)}")
+    target = section.factory or ENV_FACTORIES.get(section.name, field="env.name")
     return EnvFactory(target, dict(section.kwargs) | dict(split_kwargs))
 
 
@@ -128,10 +126,12 @@ class PolicyKind:
     env_factories: bool = True                         # plays host env factories
 
 
-POLICY_KINDS: dict[str, PolicyKind] = {
-    "text": PolicyKind(_text_policy, "host", ("decoder",)),
-    "symbolic_mlp": PolicyKind(_symbolic_policy, "jax", ("mlp",), env_factories=False),
-}
+POLICY_KINDS: Registry[PolicyKind] = Registry(
+    "policy kind", hint="a kind of a higher layer registers when its module is imported: "
+    "harness by jaxdm.train.harness_rollout")
+POLICY_KINDS.register("text", PolicyKind(_text_policy, "host", ("decoder",)))
+POLICY_KINDS.register("symbolic_mlp", PolicyKind(_symbolic_policy, "jax", ("mlp",),
+                                                 env_factories=False))
 
 
 def register_rollout_kind(name: str, rollout: RolloutKind, *, policy: Callable,
@@ -140,20 +140,16 @@ def register_rollout_kind(name: str, rollout: RolloutKind, *, policy: Callable,
     ``name`` playing it: ``policy(cfg, train_factory, eval_factory)`` returns what
     ``build_policy`` does, ``critics`` the critic kinds that read its states; host env
     factories only if the rollout takes ``env.factory``. ``policy.kind: name`` selects it."""
-    if name in ROLLOUT_KINDS or name in POLICY_KINDS:
-        raise ValueError(f"rollout / policy kind {name!r} is already registered")
-    ROLLOUT_KINDS[name] = rollout
-    POLICY_KINDS[name] = PolicyKind(policy, name, tuple(critics),
-                                    env_factories=rollout.env_factory)
+    if name in POLICY_KINDS:  # checked first: neither registry keeps half of a pair
+        raise DuplicateNameError(f"policy kind {name!r} is already registered")
+    ROLLOUT_KINDS.register(name, rollout)
+    POLICY_KINDS.register(name, PolicyKind(policy, name, tuple(critics),
+                                           env_factories=rollout.env_factory))
 
 
 def check_policy_kind(cfg) -> None:
     """``policy.kind`` is registered and its rollout can serve ``cfg`` (errors name the key)."""
-    kind = POLICY_KINDS.get(cfg.policy.kind)
-    if kind is None:
-        raise ValueError(f"policy.kind: unknown policy kind {cfg.policy.kind!r}; registered: "
-                         f"{sorted(POLICY_KINDS)} (a kind of a higher layer registers when its "
-                         f"module is imported: harness by jaxdm.train.harness_rollout)")
+    kind = POLICY_KINDS.get(cfg.policy.kind, field="policy.kind")
     if cfg.critic.kind != "none" and cfg.critic.kind not in kind.critics:
         raise ValueError(f"critic.kind: {cfg.critic.kind!r} cannot read policy.kind="
                          f"{cfg.policy.kind!r} states; use one of "
@@ -190,7 +186,7 @@ def build_critic(cfg, policy):
     if cfg.critic.kind == "none":
         return None, None
 
-    critic = critic_kind(cfg.critic.kind)(cfg, policy)
+    critic = CRITIC_KINDS.get(cfg.critic.kind, field="critic.kind")(cfg, policy)
     return critic, critic.init(jax.random.key(cfg.critic.init_seed))
 
 

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from jaxdm.registry import Registry
 from jaxdm.rl.env_factories import ENV_FACTORIES, make_venv
 from jaxdm.rl.estimators import episode_batch
 from jaxdm.rl.evaluation import evaluate
@@ -119,12 +120,11 @@ class RolloutKind:
     check: Callable[[Any], None] | None = None
 
 
-ROLLOUT_KINDS: dict[str, RolloutKind] = {
-    "host": RolloutKind(_host_make, _host_envs),
-    # Text-reading estimators (teacher, gigpo) and text value models need rendered text.
-    "jax": RolloutKind(_jax_make, _jax_envs, estimators=("grpo", "gae", "lvrl"),
-                       value_kinds=("oracle",), env_factory=False),
-}
+ROLLOUT_KINDS: Registry[RolloutKind] = Registry("rollout kind")
+ROLLOUT_KINDS.register("host", RolloutKind(_host_make, _host_envs))
+# Text-reading estimators (teacher, gigpo) and text value models need rendered text.
+ROLLOUT_KINDS.register("jax", RolloutKind(_jax_make, _jax_envs, estimators=("grpo", "gae", "lvrl"),
+                                          value_kinds=("oracle",), env_factory=False))
 
 
 def check_rollout(cfg, kind_name: str) -> None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -37,10 +36,10 @@ import numpy as np
 
 from jaxdm.models import decoder
 from jaxdm.models.config import ModelConfig
+from jaxdm.registry import Registry
 
 __all__ = ["CriticBatch", "init_critic", "critic_values", "critic_batch", "state_tokens",
-           "critic_model_config", "DecoderCritic", "CRITIC_KINDS", "register_critic",
-           "critic_kind"]
+           "critic_model_config", "DecoderCritic", "CRITIC_KINDS", "register_critic"]
 
 
 class CriticBatch(NamedTuple):
@@ -143,26 +142,16 @@ def _decoder_critic(cfg, policy) -> DecoderCritic:
                          policy.tokenizer.pad_id, cfg.policy.max_prompt_tokens)
 
 
-CRITIC_KINDS: dict[str, Callable[[Any, Any], Any]] = {}
-_PROVIDERS = ("jaxdm.rl.symbolic",)  # modules registering more kinds (imported on lookup)
+# critic.kind -> build(cfg, policy) -> critic; "mlp" is registered by jaxdm.rl.symbolic,
+# imported on the first lookup that misses.
+CRITIC_KINDS: Registry[Callable[[Any, Any], Any]] = Registry(
+    "critic", providers=("jaxdm.rl.symbolic",))
 
 
-def register_critic(name: str, build: Callable[[Any, Any], Any]) -> None:
-    """Register ``build(cfg, policy) -> critic`` (see module docstring) as ``name``."""
-    if name in CRITIC_KINDS:
-        raise ValueError(f"critic kind {name!r} is already registered")
-    CRITIC_KINDS[name] = build
-
-
-def critic_kind(name: str) -> Callable[[Any, Any], Any]:
-    """The registered kind ``name``; ValueError naming ``critic.kind`` when unknown."""
-    if name not in CRITIC_KINDS:
-        for module in _PROVIDERS:
-            importlib.import_module(module)
-    if name not in CRITIC_KINDS:
-        raise ValueError(f"critic.kind: unknown critic {name!r}; registered: "
-                         f"{['none', *sorted(CRITIC_KINDS)]}")
-    return CRITIC_KINDS[name]
+def register_critic(name: str, build: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """Register ``build(cfg, policy) -> critic`` (see module docstring) as ``name`` (a name
+    registered twice is a ``jaxdm.registry.DuplicateNameError``)."""
+    return CRITIC_KINDS.register(name, build)
 
 
 register_critic("decoder", _decoder_critic)

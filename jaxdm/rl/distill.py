@@ -42,6 +42,7 @@ import numpy as np
 from jaxdm.kernels import (DEFAULT_FLOOR_MIN, fused_linear_topk_reverse_kl, topk_reverse_kl,
                            weighted_kl_loss)
 from jaxdm.kernels.topk_reverse_kl import REDUCTIONS
+from jaxdm.registry import Registry
 from jaxdm.rl.advantages import broadcast_to_tokens
 
 __all__ = ["GATES", "GATE_NORMALIZATIONS", "REDUCTIONS", "register_gate", "gate_weights",
@@ -107,14 +108,13 @@ def _lvopd_gate(step_advantages, step_mask, *, success=None, normalize="std"):
     return lvopd_gate(step_advantages, step_mask, normalize=normalize)
 
 
-GATES: dict[str, Callable[..., np.ndarray]] = {}
+GATES: Registry[Callable[..., np.ndarray]] = Registry("gate")
 
 
-def register_gate(name: str, fn: Callable[..., np.ndarray]) -> None:
-    """Register ``fn(step_advantages, step_mask, *, success, normalize) -> [B, T]`` weights."""
-    if name in GATES:
-        raise ValueError(f"gate {name!r} is already registered")
-    GATES[name] = fn
+def register_gate(name: str, fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+    """Register ``fn(step_advantages, step_mask, *, success, normalize) -> [B, T]`` weights (a
+    name registered twice is a ``jaxdm.registry.DuplicateNameError``)."""
+    return GATES.register(name, fn)
 
 
 register_gate("lvopd", _lvopd_gate)
@@ -125,11 +125,10 @@ register_gate("trajectory", _trajectory_gate)
 def gate_weights(mode: str, step_advantages, step_mask, *, success=None,
                  normalize: str = "std") -> np.ndarray:
     """The registered gate ``mode`` over the whole batch: [B, T] float32, 0 off the mask."""
-    if mode not in GATES:
-        raise ValueError(f"unknown gate {mode!r}; registered: {sorted(GATES)}")
+    gate = GATES.get(mode)
     if normalize not in GATE_NORMALIZATIONS:
         raise ValueError(f"normalize must be one of {GATE_NORMALIZATIONS}, got {normalize!r}")
-    return GATES[mode](step_advantages, step_mask, success=success, normalize=normalize)
+    return gate(step_advantages, step_mask, success=success, normalize=normalize)
 
 
 def lvopd_distill_loss(

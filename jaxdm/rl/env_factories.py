@@ -11,13 +11,14 @@ from jaxdm.envs.alfworld import AlfWorldEnv, AlfWorldParams
 from jaxdm.envs.local import LocalVectorEnv
 from jaxdm.envs.vector import VectorEnv
 from jaxdm.envs.webshop.env import make_webshop_env
+from jaxdm.registry import Registry
 
-ENV_FACTORIES = {
-    "toy_ordering": "jaxdm.envs.toy:make_ordering_env",
-    "toy_pick": "jaxdm.envs.toy:make_pick_env",
-    "alfworld": "jaxdm.rl.env_factories:alfworld_env",
-    "webshop": "jaxdm.rl.env_factories:webshop_env",
-}
+# env.name -> the "module:callable" a worker imports (a string, so a factory pickles cheaply).
+ENV_FACTORIES: Registry[str] = Registry("env", hint="or give env.factory='module:callable'")
+ENV_FACTORIES.register("toy_ordering", "jaxdm.envs.toy:make_ordering_env")
+ENV_FACTORIES.register("toy_pick", "jaxdm.envs.toy:make_pick_env")
+ENV_FACTORIES.register("alfworld", "jaxdm.rl.env_factories:alfworld_env")
+ENV_FACTORIES.register("webshop", "jaxdm.rl.env_factories:webshop_env")
 
 
 def alfworld_env(**params: Any):

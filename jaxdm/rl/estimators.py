@@ -28,6 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from jaxdm.envs.recorder import RecordedBatch
+from jaxdm.registry import Registry
 from jaxdm.rl import advantages as advmod
 from jaxdm.rl.values.estimator import lvrl_step_advantages
 
@@ -114,14 +115,13 @@ class Estimator:
     fn: Callable[[EpisodeBatch, Mapping[str, Any], Any, int], Advantages]
 
 
-ESTIMATORS: dict[str, Estimator] = {}
+ESTIMATORS: Registry[Estimator] = Registry("estimator")
 
 
-def register_estimator(name: str, fn: Callable, *, needs: Sequence[str] = ()) -> None:
-    """Register ``fn(episodes, signals, algo, num_groups) -> Advantages`` needing ``needs``."""
-    if name in ESTIMATORS:
-        raise ValueError(f"estimator {name!r} is already registered")
-    ESTIMATORS[name] = Estimator(tuple(needs), fn)
+def register_estimator(name: str, fn: Callable, *, needs: Sequence[str] = ()) -> Estimator:
+    """Register ``fn(episodes, signals, algo, num_groups) -> Advantages`` needing ``needs``
+    (a name registered twice is a ``jaxdm.registry.DuplicateNameError``)."""
+    return ESTIMATORS.register(name, Estimator(tuple(needs), fn))
 
 
 def bucket_int(n: int) -> int:

@@ -38,6 +38,7 @@ from jaxdm.envs.babyai import BabyAIEnv, BabyAIParams
 from jaxdm.envs.babyai import env as E
 from jaxdm.envs.babyai import layout as L
 from jaxdm.envs.babyai.value import distance_field, plan_length_from_field, value_from_length
+from jaxdm.registry import Registry
 
 __all__ = ["JaxEnvSpec", "JAX_ENVS", "register_jax_env", "make_jax_env",
            "babyai_features", "babyai_features_compass"]
@@ -62,23 +63,20 @@ class JaxEnvSpec:
     static_key: tuple = ()  # what the compiled rollout depends on (params are traced)
 
 
-JAX_ENVS: dict[str, Callable[..., JaxEnvSpec]] = {}
+JAX_ENVS: Registry[Callable[..., JaxEnvSpec]] = Registry("JAX env")
 
 
-def register_jax_env(name: str, make: Callable[..., JaxEnvSpec]) -> None:
+def register_jax_env(name: str, make: Callable[..., JaxEnvSpec]) -> Callable[..., JaxEnvSpec]:
     """Register ``make(**env.kwargs) -> JaxEnvSpec`` under env.name ``name``; a name registered
-    twice is a ValueError."""
-    if name in JAX_ENVS:
-        raise ValueError(f"jax env {name!r} is already registered")
-    JAX_ENVS[name] = make
+    twice is a ``jaxdm.registry.DuplicateNameError``."""
+    return JAX_ENVS.register(name, make)
 
 
 def make_jax_env(name: str, kwargs: Mapping[str, Any], max_steps: int) -> JaxEnvSpec:
     """The spec of ``name`` built from ``kwargs`` (errors name ``env.name``/``env.kwargs``)."""
-    if name not in JAX_ENVS:
-        raise ValueError(f"env.name: {name!r} is not a JAX env; registered: {sorted(JAX_ENVS)}")
+    make = JAX_ENVS.get(name, field="env.name")
     try:
-        return JAX_ENVS[name](max_steps=max_steps, **dict(kwargs))
+        return make(max_steps=max_steps, **dict(kwargs))
     except TypeError as e:
         raise ValueError(f"env.kwargs: bad settings for {name!r}: {e}") from None
 

@@ -165,8 +165,7 @@ def _reads_env_states(cfg) -> bool:
     if "teacher_topk" not in signals_needed(cfg):
         return False
 
-    tp = TEACHER_POLICIES.get(cfg.teacher.kind)
-    return bool(tp is not None and tp.reads_states)
+    return TEACHER_POLICIES.get(cfg.teacher.kind, field="teacher.kind").reads_states
 
 
 class JaxCollector:

@@ -74,6 +74,7 @@ from jaxdm.kernels.topk_reverse_kl import DEFAULT_FLOOR_MIN
 from jaxdm.models import decoder
 from jaxdm.models.config import ModelConfig
 from jaxdm.models.loading import load_params, read_config
+from jaxdm.registry import Registry
 from jaxdm.rl import losses
 from jaxdm.rl.babyai_teacher import build_topk_teacher
 from jaxdm.rl.distill import gate_weights, lvopd_distill_loss
@@ -85,7 +86,7 @@ __all__ = ["STUDENT_TOP_K", "TEACHER_TOP_K", "DEFAULT_DISTILL_COEF", "LVOPD_KEYS
            "lvopd_objective", "unit_gate_weights", "lvopd_unit_arrays",
            "TeacherTopK", "LocalTeacher", "RemoteTeacher", "teacher_topk_signal",
            "pack_trajectory", "unit_teacher_lists", "LVOPDBatcher", "DistillForm",
-           "DISTILL_FORMS", "distill_form", "TeacherPolicy", "TEACHER_POLICIES",
+           "DISTILL_FORMS", "TeacherPolicy", "TEACHER_POLICIES",
            "register_teacher_policy"]
 
 STUDENT_TOP_K = 16
@@ -258,28 +259,20 @@ def _symbolic_student(policy, params, batch):
     return _gather(policy.with_bias_input(hidden), batch), policy.linear_head(params)
 
 
-DISTILL_FORMS: dict[str, DistillForm] = {
-    "generative": DistillForm(_generative_student,
-                              lambda u: (len(u["prompt"]), len(u["response"]))),
-    "symbolic": DistillForm(_symbolic_student, lambda u: (1, 1), min_r=1),
-}
-
-
-def distill_form(form: str | None) -> DistillForm:
-    """The DistillForm of policy form ``form``; a form without a distillation path is a ValueError
-    listing the ones that have one."""
-    if form not in DISTILL_FORMS:
-        raise ValueError(f"algo.terms.lvopd: policy form {form!r} has no distillation path: "
-                         "it needs the generative policy (policy.form 'generative') or the "
-                         f"symbolic one (policy.kind 'symbolic_mlp'); forms "
-                         f"{sorted(DISTILL_FORMS)}")
-    return DISTILL_FORMS[form]
+# policy form -> how the lvopd term reads its student (errors name the term's config key).
+DISTILL_FORMS: Registry[DistillForm] = Registry(
+    "policy form for distillation", hint="the lvopd term needs the generative policy "
+    "(policy.form 'generative') or the symbolic one (policy.kind 'symbolic_mlp')")
+DISTILL_FORMS.register("generative", DistillForm(
+    _generative_student, lambda u: (len(u["prompt"]), len(u["response"]))))
+DISTILL_FORMS.register("symbolic", DistillForm(_symbolic_student, lambda u: (1, 1), min_r=1))
+_FORM_FIELD = "algo.terms.lvopd"
 
 
 def _lvopd_term(params, batch, aux):
     """Registered ``lvopd`` term: the gated distillation (the trainer's ``ppo`` term is the
     surrogate; the term's weight in ``algo.terms`` is the distillation coefficient)."""
-    form = distill_form(getattr(aux.policy, "form", None))
+    form = DISTILL_FORMS.get(getattr(aux.policy, "form", None), field=_FORM_FIELD)
     missing = [k for k in LVOPD_KEYS if k not in batch]
     if missing:
         raise ValueError(f"algo.terms.lvopd: the mini-batch lacks {missing}; the trainer must "
@@ -329,7 +322,7 @@ def lvopd_unit_arrays(units: Sequence[Any], weights: Sequence[float],
 
     ``teacher[i]`` None (failed teacher) gives unit i no distillation (mask False).
     """
-    spec = distill_form(form)
+    spec = DISTILL_FORMS.get(form, field=_FORM_FIELD)
     if not len(units) == len(weights) == len(teacher):
         raise ValueError(f"{len(units)} units, {len(weights)} weights, {len(teacher)} teacher "
                          "lists: one each")
@@ -374,7 +367,7 @@ class LVOPDBatcher:
 
     def __init__(self, episodes, adv: np.ndarray, signal: Signal, *, gate: str = "lvopd",
                  normalize: str = "std", form: str = "generative"):
-        distill_form(form)  # ValueError naming the unsupported form
+        DISTILL_FORMS.validate(form, field=_FORM_FIELD)
         self.form = form
         self.k_t = int(signal.arrays["ids"].shape[1])
         success = np.asarray(episodes.outcome) > 0
@@ -630,19 +623,17 @@ class TeacherPolicy:
     reads_states: bool = False   # reads EpisodeBatch.recorded.states (the jax rollout records)
 
 
-TEACHER_POLICIES: dict[str, TeacherPolicy] = {}
+TEACHER_POLICIES: Registry[TeacherPolicy] = Registry("teacher policy")
 
 
 def register_teacher_policy(kind: str, build: Callable, produce: Callable,
                             policy_kinds: tuple[str, ...], *, reads_states: bool = False
-                            ) -> None:
+                            ) -> TeacherPolicy:
     """Register a teacher.kind: ``build(cfg, trainer)`` once at start, ``produce(episodes, backend)
     -> Signal`` per iteration, the policy kinds it can teach, and whether it reads the rollout's
-    recorded env states; a kind registered twice is a ValueError."""
-    if kind in TEACHER_POLICIES:
-        raise ValueError(f"teacher policy {kind!r} is already registered")
-    TEACHER_POLICIES[kind] = TeacherPolicy(build, produce, tuple(policy_kinds),
-                                           bool(reads_states))
+    recorded env states; a kind registered twice is a ``jaxdm.registry.DuplicateNameError``."""
+    return TEACHER_POLICIES.register(kind, TeacherPolicy(build, produce, tuple(policy_kinds),
+                                                         bool(reads_states)))
 
 
 def _build_remote(cfg, trainer):
@@ -673,11 +664,7 @@ register_teacher_policy("babyai_privileged", _build_privileged,
 
 
 def _check(cfg) -> None:
-    tp = TEACHER_POLICIES.get(cfg.teacher.kind)
-    if tp is None:
-        raise ValueError(f"teacher.kind: the 'teacher_topk' signal needs a teacher policy "
-                         f"{sorted(TEACHER_POLICIES)} ('remote': base_url, model; a local "
-                         f"checkpoint: teacher.path), got {cfg.teacher.kind!r}")
+    tp = TEACHER_POLICIES.get(cfg.teacher.kind, field="teacher.kind")
     if cfg.policy.kind not in tp.policy_kinds:
         raise ValueError(f"teacher.kind: {cfg.teacher.kind!r} teaches policy.kind "
                          f"{list(tp.policy_kinds)}, not {cfg.policy.kind!r}")

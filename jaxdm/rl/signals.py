@@ -19,7 +19,7 @@ score per executed action through ``jaxdm.roles.jobs.score_trajectories``) and
 V(s_t) for every visited state, 0 and False at the terminal slot).
 ``values`` (``jaxdm.rl.values``) and ``teacher_topk`` (the LVOPD teacher's top-K_T lists,
 needed by the ``lvopd`` term; ``jaxdm.rl.lvopd``) are registered by their modules, imported
-on first use (``signal_spec``).
+on the first lookup of a name not registered yet (``SIGNALS``' providers).
 
 Contract for ``values`` (the LVRL value model, registered from ``jaxdm.rl.values`` with
 ``register_signal("values", produce, build=..., check=...)``): ``arrays["values"]`` is
@@ -33,20 +33,16 @@ naming the config key (e.g. ``value.kind``) when the signal cannot be produced.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from typing import Any, Callable
 
 import numpy as np
 
 from jaxdm.decision import make_backend
+from jaxdm.registry import Registry
 from jaxdm.roles.jobs import score_trajectories
 
 __all__ = ["Signal", "SignalSpec", "SIGNALS", "register_signal", "signal_spec",
            "teacher_backend_spec"]
-
-# Signals registered by modules imported on first use: name -> (module, its config key).
-_PROVIDERS = {"values": ("jaxdm.rl.values", "value"),
-              "teacher_topk": ("jaxdm.rl.lvopd", "teacher")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,33 +64,24 @@ class SignalSpec:
     check: Callable[[Any], None]                # raises ValueError naming the missing key
 
 
-SIGNALS: dict[str, SignalSpec] = {}
+# ``values`` and ``teacher_topk`` are registered by their modules (a signal needs them only
+# when configured), imported on the first lookup of a name not registered yet.
+SIGNALS: Registry[SignalSpec] = Registry("signal",
+                                         providers=("jaxdm.rl.values", "jaxdm.rl.lvopd"))
 
 
 def register_signal(name: str, produce: Callable, *, build: Callable | None = None,
-                    check: Callable | None = None) -> None:
-    """Register a signal producer (see the module docstring for the contract)."""
-    if name in SIGNALS:
-        raise ValueError(f"signal {name!r} is already registered")
-    SIGNALS[name] = SignalSpec(produce, build or (lambda cfg, trainer: None),
-                               check or (lambda cfg: None))
+                    check: Callable | None = None) -> SignalSpec:
+    """Register a signal producer (see the module docstring for the contract); a name
+    registered twice is a ``jaxdm.registry.DuplicateNameError``."""
+    return SIGNALS.register(name, SignalSpec(produce, build or (lambda cfg, trainer: None),
+                                             check or (lambda cfg: None)))
 
 
 def signal_spec(name: str) -> SignalSpec:
-    """The registered signal ``name`` (importing its provider module on first use)."""
-    if name not in SIGNALS and name in _PROVIDERS:
-        module, key = _PROVIDERS[name]
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            raise ValueError(f"{key}: the {name!r} signal comes from {module}, which is not "
-                             f"available ({e})") from None
-        if name not in SIGNALS:
-            raise ValueError(f"{key}: no producer of the {name!r} signal is registered "
-                             f"({module} does not register one yet)")
-    if name not in SIGNALS:
-        raise ValueError(f"signal {name!r} is not registered; registered: {sorted(SIGNALS)}")
-    return SIGNALS[name]
+    """``SIGNALS.get(name)``, the registered signal (its provider module imported on first
+    use), as ``jaxdm.rl.trainer`` looks it up; new code calls ``SIGNALS.get``."""
+    return SIGNALS.get(name)
 
 
 # ---- teacher_scores ---------------------------------------------------------------------

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdm.rl.critic import CRITIC_KINDS, register_critic
+from jaxdm.rl.critic import register_critic
 
 __all__ = ["init_mlp", "mlp", "RowBatch", "SymbolicMLPPolicy", "MLPCritic", "rows_batch"]
 
@@ -194,9 +194,4 @@ def _mlp_critic(cfg, policy) -> MLPCritic:
     return MLPCritic(policy.features, policy.row_width, policy.feature_dim, policy.hidden)
 
 
-def _register() -> None:
-    if "mlp" not in CRITIC_KINDS:
-        register_critic("mlp", _mlp_critic)
-
-
-_register()
+register_critic("mlp", _mlp_critic)

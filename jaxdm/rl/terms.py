@@ -19,26 +19,27 @@ function depends on), so trainers built in one process share one compilation.
 Registered terms: ``ppo`` (seed 000's clipped/dual-clipped surrogate + k3 KL + entropy,
 needs nothing else) and ``value`` (clipped value loss, needs a critic); ``lvopd`` (gated
 top-k distillation, ``jaxdm.rl.lvopd``) is registered by its module, imported on the first
-lookup of a name not registered yet (``loss_term``), so this module imports no provider.
+lookup of a name not registered yet (``LOSS_TERMS``' providers), so this module imports no
+provider.
 Register more with ``register_loss_term(name, fn, needs_critic=...)``. Every term's
 unweighted loss is logged as ``loss/<name>`` (unless the term logs that key itself).
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from jaxdm.registry import Registry
 from jaxdm.rl import advantages as advmod
 from jaxdm.rl import losses
 from jaxdm.rl.estimators import ESTIMATORS
 
 __all__ = ["LossConfig", "StepSpec", "TermContext", "LossTerm", "LOSS_TERMS",
-           "register_loss_term", "loss_term", "registered_terms", "make_optimizers",
+           "register_loss_term", "make_optimizers",
            "make_train_step", "cached_train_step"]
 
 
@@ -57,9 +58,7 @@ class LossConfig:
 
     def __post_init__(self):
         for name, w in self.terms:
-            if loss_term(name) is None:
-                raise ValueError(f"unknown loss term {name!r}; registered: "
-                                 f"{registered_terms()}")
+            LOSS_TERMS.validate(name, field="LossConfig.terms")
             if not isinstance(w, (int, float)) or not jnp.isfinite(w):
                 raise ValueError(f"loss term {name!r}: weight must be a finite number, got {w!r}")
 
@@ -87,39 +86,19 @@ class LossTerm:
     reads_policy_hidden: bool = False
 
 
-LOSS_TERMS: dict[str, LossTerm] = {}
-
-# Modules that register terms when imported (on the first lookup of an unknown name).
-_PROVIDERS = ("jaxdm.rl.lvopd",)
-
-
-def _import_providers() -> None:
-    for module in _PROVIDERS:
-        importlib.import_module(module)
-
-
-def loss_term(name: str) -> LossTerm | None:
-    """The registered term ``name`` (importing the provider modules first if it is not
-    registered yet), or None."""
-    if name not in LOSS_TERMS:
-        _import_providers()
-    return LOSS_TERMS.get(name)
-
-
-def registered_terms() -> list[str]:
-    """Every registered term name, the providers' included (for error messages)."""
-    _import_providers()
-    return sorted(LOSS_TERMS)
+# ``lvopd`` is registered by jaxdm.rl.lvopd, imported on the first lookup that misses.
+LOSS_TERMS: Registry[LossTerm] = Registry("loss term", providers=("jaxdm.rl.lvopd",))
 
 
 def register_loss_term(name: str, fn: Callable, *, needs_critic: bool = False,
-                       needs: tuple[str, ...] = (), reads_policy_hidden: bool = False) -> None:
+                       needs: tuple[str, ...] = (), reads_policy_hidden: bool = False
+                       ) -> LossTerm:
     """Register ``fn(params, batch, aux) -> (loss, metrics)`` under ``name`` (see module doc);
     ``needs``: the signals the trainer must produce for it each iteration;
-    ``reads_policy_hidden``: see ``LossTerm``."""
-    if name in LOSS_TERMS:
-        raise ValueError(f"loss term {name!r} is already registered")
-    LOSS_TERMS[name] = LossTerm(fn, needs_critic, tuple(needs), bool(reads_policy_hidden))
+    ``reads_policy_hidden``: see ``LossTerm``; a name registered twice is a
+    ``jaxdm.registry.DuplicateNameError``."""
+    return LOSS_TERMS.register(name, LossTerm(fn, needs_critic, tuple(needs),
+                                              bool(reads_policy_hidden)))
 
 
 def _ppo_term(params, batch, aux: TermContext):
@@ -179,7 +158,7 @@ def make_train_step(aux: TermContext, txs: Mapping[str, optax.GradientTransforma
     ``optim/grad_norm`` (the policy's gradient norm; ``optim/<name>_grad_norm`` for other
     trainables).
     """
-    terms = [(name, loss_term(name), float(w)) for name, w in aux.loss.terms]
+    terms = [(name, LOSS_TERMS.get(name), float(w)) for name, w in aux.loss.terms]
     share_forward = (any(t.reads_policy_hidden for _, t, _ in terms)
                      and hasattr(aux.policy, "hidden_states"))
 
@@ -225,8 +204,7 @@ def cached_train_step(policy, spec: StepSpec):
 def signals_needed(cfg) -> tuple[str, ...]:
     """The signals a ``TrainConfig`` needs: the estimator's, then those of its ``algo.terms``
     (each once; ``LossTerm.needs``, e.g. ``lvopd`` needs ``teacher_topk``)."""
-    out = list(ESTIMATORS[cfg.algo.advantage].needs)
+    out = list(ESTIMATORS.get(cfg.algo.advantage, field="algo.advantage").needs)
     for name in cfg.algo.terms:
-        term = loss_term(name)
-        out += [s for s in (term.needs if term else ()) if s not in out]
+        out += [s for s in LOSS_TERMS.get(name, field="algo.terms").needs if s not in out]
     return tuple(out)

@@ -18,12 +18,12 @@ from jaxdm.decision import BACKEND_KINDS
 from jaxdm.envs.vector import RAY_BACKEND_OPTIONS, WORKER_BACKENDS
 from jaxdm.rl.advantages import LVRL_NORMALIZATIONS
 from jaxdm.rl.build import check_policy_kind
-from jaxdm.rl.critic import critic_kind
+from jaxdm.rl.critic import CRITIC_KINDS
 from jaxdm.rl.distill import GATES
 from jaxdm.rl.estimators import ESTIMATORS
 from jaxdm.rl.lvopd import TEACHER_POLICIES
-from jaxdm.rl.signals import signal_spec
-from jaxdm.rl.terms import LossConfig, loss_term, registered_terms, signals_needed
+from jaxdm.rl.signals import SIGNALS
+from jaxdm.rl.terms import LOSS_TERMS, LossConfig, signals_needed
 from jaxdm.runlog import MAX_FAILED_SHARE, check_failed_share
 
 __all__ = ["ModelSection", "EnvSection", "check_env_pool", "PolicySection", "TeacherSection",
@@ -69,9 +69,7 @@ class EnvSection:
 def check_env_pool(backend: str, num_workers: int, ray: Any, where: str) -> None:
     """The env worker pool keys of a config section ``where`` (``backend``, ``num_workers``,
     ``ray``): named errors, checked on load without importing Ray."""
-    if backend not in WORKER_BACKENDS:
-        raise ValueError(f"{where}.backend must be one of {sorted(WORKER_BACKENDS)}, got "
-                         f"{backend!r}")
+    WORKER_BACKENDS.validate(backend, field=f"{where}.backend")
     if not isinstance(ray, dict):
         raise ValueError(f"{where}.ray must be a mapping, got {type(ray).__name__}")
     unknown = sorted(set(ray) - set(RAY_BACKEND_OPTIONS))
@@ -132,12 +130,10 @@ class TeacherSection:
     retries: int = 1
 
     def __post_init__(self):
-        if self.kind != "none" and self.kind not in BACKEND_KINDS:
-            # [LVOPD] or a teacher policy only the teacher_topk signal uses (jaxdm.rl.lvopd)
-            if self.kind not in TEACHER_POLICIES:
-                raise ValueError(f"teacher.kind must be 'none', a backend kind "
-                                 f"{list(BACKEND_KINDS)} or a teacher policy "
-                                 f"{sorted(TEACHER_POLICIES)}, got {self.kind!r}")
+        # 'none', a decision backend kind, or [LVOPD] a teacher policy only the teacher_topk
+        # signal uses (jaxdm.rl.lvopd)
+        TEACHER_POLICIES.validate(self.kind, field="teacher.kind", also=("none", *BACKEND_KINDS),
+                                  what="teacher kind")
         if self.max_failed_share is not None:  # None: never stop
             check_failed_share(self.max_failed_share, "teacher.max_failed_share")
         if self.retries < 0:
@@ -257,17 +253,10 @@ class TrainConfig:
     optim: OptimSection = OptimSection()
 
     def __post_init__(self):
-        if self.critic.kind != "none":
-            critic_kind(self.critic.kind)  # ValueError naming critic.kind
-        est = ESTIMATORS.get(self.algo.advantage)
-        if est is None:
-            raise ValueError(f"algo.advantage: unknown estimator {self.algo.advantage!r}; "
-                             f"registered: {sorted(ESTIMATORS)}")
+        CRITIC_KINDS.validate(self.critic.kind, field="critic.kind", also=("none",))
+        ESTIMATORS.validate(self.algo.advantage, field="algo.advantage")
         for name, w in self.algo.terms.items():
-            term = loss_term(name)
-            if term is None:
-                raise ValueError(f"algo.terms: unknown loss term {name!r}; registered: "
-                                 f"{registered_terms()}")
+            term = LOSS_TERMS.get(name, field="algo.terms")
             if name in ("ppo", "value"):
                 raise ValueError(f"algo.terms.{name}: set by the config (ppo: 1; value: "
                                  f"critic.value_coef), not in algo.terms")
@@ -276,11 +265,9 @@ class TrainConfig:
             if term.needs_critic and self.critic.kind == "none":
                 raise ValueError(f"algo.terms.{name} needs a critic: set critic.kind")
         for need in signals_needed(self):
-            signal_spec(need).check(self)
+            SIGNALS.get(need).check(self)
         check_policy_kind(self)  # the policy kind's rollout serves env / estimator / value
-        if self.algo.lvopd_gate not in GATES:
-            raise ValueError(f"algo.lvopd_gate: unknown gate {self.algo.lvopd_gate!r}; "
-                             f"registered: {sorted(GATES)}")
+        GATES.validate(self.algo.lvopd_gate, field="algo.lvopd_gate")
         if self.algo.lvrl_normalize not in LVRL_NORMALIZATIONS:
             raise ValueError(f"algo.lvrl_normalize must be one of {LVRL_NORMALIZATIONS}, got "
                              f"{self.algo.lvrl_normalize!r}")

@@ -93,9 +93,7 @@ def harness_settings(cfg) -> dict[str, Any]:
                    ("env.eval_kwargs.variant", out["eval_variant"])):
         if v not in GYM_VARIANTS:
             raise ValueError(f"{key}: {v!r} is not a DECISION GYM variant {list(GYM_VARIANTS)}")
-    if out["eval_split"] not in SPLIT_RANGES:
-        raise ValueError(f"env.eval_kwargs.split: {out['eval_split']!r} is not a split "
-                         f"{list(SPLIT_RANGES)}")
+    SPLIT_RANGES.validate(out["eval_split"], field="env.eval_kwargs.split")
     for k in ("lam", "eta"):
         v = out[k]
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) \
@@ -104,9 +102,9 @@ def harness_settings(cfg) -> dict[str, Any]:
     if not isinstance(out["n0"], int) or isinstance(out["n0"], bool) or out["n0"] < 1:
         raise ValueError(f"env.kwargs.n0: must be a positive int, got {out['n0']!r}")
     llm = out["llm"]
-    if not isinstance(llm, Mapping) or llm.get("kind") not in LLM_KINDS:
-        raise ValueError(f"env.kwargs.llm: a make_llm spec with kind in {list(LLM_KINDS)}, "
-                         f"got {llm!r}")
+    if not isinstance(llm, Mapping):
+        raise ValueError(f"env.kwargs.llm: a make_llm spec (a mapping with a kind), got {llm!r}")
+    LLM_KINDS.validate(llm.get("kind"), field="env.kwargs.llm.kind")
     if llm["kind"] == "simulated":  # cheap to build: its keys are checked now
         try:
             make_llm(dict(llm))

@@ -366,7 +366,7 @@ def test_hard_has_10_or_12_customers_and_enforces_its_rules():
 
 # ---- seeds and determinism -------------------------------------------------------------------
 def test_split_seed_ranges_are_disjoint_and_reset_maps_keys_into_its_split():
-    ranges = sorted(SPLIT_RANGES.values())
+    ranges = sorted(r for _, r in SPLIT_RANGES.items())
     for (lo1, hi1), (lo2, hi2) in zip(ranges, ranges[1:]):
         assert hi1 <= lo2
     seeds = {s: {split_seed(s, i) for i in range(200)} for s in SPLIT_RANGES}

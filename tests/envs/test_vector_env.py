@@ -339,7 +339,8 @@ def test_ray_build_errors_and_bad_options(local_ray):
 
 
 def test_backend_names_are_checked():
-    with pytest.raises(ValueError, match=r"backend must be one of \['process', 'ray'\]"):
+    with pytest.raises(ValueError, match=r"backend: unknown worker backend 'threads'; known: "
+                                         r"\['process', 'ray'\]"):
         VectorEnv(CounterEnv, num_envs=1, backend="threads")
     with pytest.raises(ValueError, match="'process' takes no backend_options"):
         VectorEnv(CounterEnv, num_envs=1, backend_options={"num_cpus": 1})

@@ -78,7 +78,7 @@ def test_fit_before_shadow_names_the_missing_file(tmp_path, capsys):
     ("agent.window=0", "agent: AgentConfig.window must be a positive int"),
     ("arms=[{name: a, delegations: [{point: tool, mode: cascade, threshold: 0.5, fitted: true}]}]",
      "give either a threshold or fitted: true"),
-    ("arms=[{name: a, delegations: [{point: tool, mode: nope}]}]", "delegation mode 'nope'"),
+    ("arms=[{name: a, delegations: [{point: tool, mode: nope}]}]", "unknown delegation mode 'nope'"),
 ])
 def test_bad_values_fail_before_any_episode(tmp_path, capsys, override, match):
     # each of these used to surface only after the shadow pass (or as a traceback at the end)

@@ -409,8 +409,8 @@ def test_train_step_runs_one_policy_forward_for_ppo_and_lvopd(tiny, monkeypatch)
     terms.make_train_step(terms.TermContext(bare, None, loss), {"policy": optax.sgd(0.0)})(
         {"policy": params}, opt, batch)
     assert len(calls) == 2
-    ppo_alone = float(terms.loss_term("ppo").fn({"policy": params}, batch, aux)[0])
-    lvopd_alone = float(terms.loss_term("lvopd").fn({"policy": params}, batch, aux)[0])
+    ppo_alone = float(terms.LOSS_TERMS.get("ppo").fn({"policy": params}, batch, aux)[0])
+    lvopd_alone = float(terms.LOSS_TERMS.get("lvopd").fn({"policy": params}, batch, aux)[0])
     np.testing.assert_allclose(float(met["loss/ppo"]), ppo_alone, rtol=1e-5)
     np.testing.assert_allclose(float(met["loss/lvopd"]), lvopd_alone, rtol=1e-5)
     np.testing.assert_allclose(float(met["loss/total"]), ppo_alone + 0.5 * lvopd_alone,

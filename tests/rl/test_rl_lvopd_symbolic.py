@@ -11,9 +11,9 @@ from jaxdm import config as cfgmod
 from jaxdm.envs.babyai.value import distance_field
 from jaxdm.rl import babyai_teacher as bt
 from jaxdm.rl import lvopd
-from jaxdm.rl.signals import signal_spec
+from jaxdm.rl.signals import SIGNALS
 from jaxdm.rl.symbolic import SymbolicMLPPolicy
-from jaxdm.rl.terms import LossConfig, TermContext, loss_term
+from jaxdm.rl.terms import LOSS_TERMS, LossConfig, TermContext
 from jaxdm.rl.trainer import TrainConfig, Trainer
 from tests.rl.test_rl_jax_trainer import _leaves_equal, tiny
 
@@ -35,7 +35,7 @@ def test_teacher_topk_is_the_teachers_log_probs_at_the_rollout_states(teacher_fi
     cfg = tiny(tmp_path / "r", *LVOPD, f"teacher.path={teacher_file}")
     tr = Trainer(cfg, log=False)
     eb, _ = tr.collector.collect(tr.params, jax.random.key(3), 0)
-    sig = signal_spec("teacher_topk").produce(eb, tr.signal_backends["teacher_topk"], cfg)
+    sig = SIGNALS.get("teacher_topk").produce(eb, tr.signal_backends["teacher_topk"], cfg)
     tr.close()
     n = len(eb.units)
     assert sig.arrays["logprobs"].shape == sig.arrays["ids"].shape == (n, 6)   # K_T = 6
@@ -110,7 +110,7 @@ def test_symbolic_lvopd_term_matches_numpy_and_is_zero_where_the_gate_is_zero():
     batch = _term_batch(policy, rows, chosen, w, teacher_lp)
     assert batch["lvopd/positions"].shape == (n, 1)                  # one "token" per unit
     aux = TermContext(policy, None, LossConfig(terms=(("ppo", 1.0), ("lvopd", 1.0))))
-    term = loss_term("lvopd").fn
+    term = LOSS_TERMS.get("lvopd").fn
 
     def f(p, b):
         return term({"policy": p}, b, aux)[0]
@@ -205,7 +205,7 @@ def test_tail_bucket_config_reaches_the_term(teacher_file, tmp_path):
     batch = _term_batch(policy, rows, rng.integers(0, 6, 5).astype(np.int32),
                         np.ones(5, np.float32),
                         np.asarray(jax.nn.log_softmax(jnp.asarray(rng.normal(0, 2, (5, 6))))))
-    vals = [float(loss_term("lvopd").fn({"policy": params}, batch, TermContext(
+    vals = [float(LOSS_TERMS.get("lvopd").fn({"policy": params}, batch, TermContext(
         policy, None, LossConfig(terms=(("ppo", 1.0), ("lvopd", 1.0)), distill_tail=t)))[0])
         for t in (False, True)]
     np.testing.assert_allclose(vals[1], vals[0], rtol=1e-6)

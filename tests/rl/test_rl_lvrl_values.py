@@ -283,7 +283,7 @@ def test_registry_values_signal_and_lvrl_estimator():
 
     from jaxdm.config import from_dict
     from jaxdm.rl.estimators import ESTIMATORS
-    from jaxdm.rl.signals import signal_spec
+    from jaxdm.rl.signals import SIGNALS
     from jaxdm.rl.train_config import TrainConfig
 
     with pytest.raises(ValueError, match=r"value\.kind"):
@@ -298,7 +298,7 @@ def test_registry_values_signal_and_lvrl_estimator():
     cfg = from_dict(TrainConfig, {"algo": {"advantage": "lvrl", "lvrl_normalize": "none"},
                                   "value": {"kind": "oracle", "noise": 0.0}, "max_actions": 5})
     assert ESTIMATORS["lvrl"].needs == ("values",)
-    spec = signal_spec("values")
+    spec = SIGNALS.get("values")
     backend = spec.build(cfg, None)
     trajs = [Trajectory(t.goal, t.steps, t.final_observation, t.reward, t.success, t.budget,
                         metadata={"oracle_values": vals})

@@ -10,7 +10,7 @@ from jaxdm.decision import make_backend
 from jaxdm.roles.jobs import score_trajectories
 from jaxdm.decision.local import LocalReadout
 from jaxdm.decision.synthetic import alfworld_like_trajectory
-from jaxdm.rl.signals import signal_spec
+from jaxdm.rl.signals import SIGNALS
 from jaxdm.rl.train_config import TeacherSection, TrainConfig
 from jaxdm.models import lora
 from tests.train.train_fixtures import adapter_folder as make_adapter_folder
@@ -29,7 +29,7 @@ def test_teacher_signal_builds_the_adapter_judge(adapter_folder):
     pre, hf, folder, merged = adapter_folder
     trajs = [alfworld_like_trajectory(seed=s, n_actions=4) for s in (1, 2)]
     cfg = TrainConfig(teacher=TeacherSection(kind="local_readout", path=str(folder)))
-    teacher = signal_spec("teacher_scores").build(cfg, None)     # what the trainer builds
+    teacher = SIGNALS.get("teacher_scores").build(cfg, None)     # what the trainer builds
     got = score_trajectories(teacher, trajs, question="progress", context="hindsight")
     want = score_trajectories(LocalReadout(dataclasses.replace(pre, params=merged)), trajs,
                               question="progress", context="hindsight")

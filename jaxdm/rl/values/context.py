@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 from jaxdm.decision.types import Cost
+from jaxdm.registry import Registry
 from jaxdm.rl.values import prompts
 from jaxdm.trajectory import Trajectory
 
@@ -129,11 +130,11 @@ def summarize_llm(trajs: Sequence[Trajectory], generator, *, digest_chars: int =
 
 
 # name -> summariser(trajs, generator, **kw) -> (summaries, cost)
-SUMMARISERS: Mapping[str, Callable] = {
-    "deterministic": lambda trajs, generator=None, **kw: (
-        [summarize_deterministic(t, **kw) for t in trajs], Cost()),
-    "llm": lambda trajs, generator=None, **kw: summarize_llm(trajs, _need(generator), **kw),
-}
+SUMMARISERS: Registry[Callable] = Registry("summariser")
+SUMMARISERS.register("deterministic", lambda trajs, generator=None, **kw: (
+    [summarize_deterministic(t, **kw) for t in trajs], Cost()))
+SUMMARISERS.register("llm", lambda trajs, generator=None, **kw: summarize_llm(
+    trajs, _need(generator), **kw))
 
 
 def _need(generator):
@@ -145,9 +146,7 @@ def _need(generator):
 def summarize_group(trajs: Sequence[Trajectory], summariser: str = "deterministic",
                     generator=None, **kwargs) -> tuple[list[RolloutSummary], Cost]:
     """Summaries of every rollout by the registered ``summariser`` (unknown name: error)."""
-    if summariser not in SUMMARISERS:
-        raise ValueError(f"unknown summariser {summariser!r}; known: {sorted(SUMMARISERS)}")
-    return SUMMARISERS[summariser](trajs, generator, **kwargs)
+    return SUMMARISERS.get(summariser)(trajs, generator, **kwargs)
 
 
 def _attempt_lines(name: str, summary: RolloutSummary, max_steps: int) -> list[str]:

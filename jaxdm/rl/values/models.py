@@ -27,7 +27,7 @@ import functools
 import hashlib
 import math
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -35,6 +35,7 @@ from jaxdm.decision.types import Cost, YesNo
 from jaxdm.envs.alfworld.value import trajectory_oracle_values as alfworld_oracle_values
 from jaxdm.envs.babyai.text import make_text_env
 from jaxdm.envs.babyai.value import trajectory_oracle_values
+from jaxdm.registry import Registry
 from jaxdm.rl.values import prompts
 from jaxdm.trajectory import Trajectory
 
@@ -241,10 +242,10 @@ def _alfworld_oracle(traj: Trajectory) -> np.ndarray:
 
 
 # env name -> fn(trajectory) -> float [T + 1] oracle values of its states
-ORACLE_VALUES: Mapping[str, Callable[[Trajectory], np.ndarray]] = {
-    "babyai": _babyai_oracle,
-    "alfworld": _alfworld_oracle,
-}
+ORACLE_VALUES: Registry[Callable[[Trajectory], np.ndarray]] = Registry(
+    "env with oracle values", hint="or record metadata['oracle_values'] in the trajectory")
+ORACLE_VALUES.register("babyai", _babyai_oracle)
+ORACLE_VALUES.register("alfworld", _alfworld_oracle)
 
 
 def _stable_seed(*parts: Any) -> int:
@@ -274,11 +275,8 @@ class OracleValueModel:
         env's ORACLE_VALUES function; a missing oracle or a wrong shape is a ValueError."""
         if "oracle_values" in traj.metadata:
             v = np.asarray(traj.metadata["oracle_values"], np.float32)
-        elif traj.env in ORACLE_VALUES:
-            v = ORACLE_VALUES[traj.env](traj)
         else:
-            raise ValueError(f"no oracle value for env {traj.env!r}: known "
-                             f"{sorted(ORACLE_VALUES)} or metadata['oracle_values']")
+            v = ORACLE_VALUES.get(traj.env)(traj)
         if v.shape != (len(traj.steps) + 1,):
             raise ValueError(f"oracle values have shape {v.shape}, expected "
                              f"[T + 1] = [{len(traj.steps) + 1}]")
@@ -304,9 +302,8 @@ class OracleValueModel:
         return out
 
 
-# config name -> constructor
-VALUE_MODELS: Mapping[str, Callable[..., Any]] = {
-    "readout": ReadoutValueModel,
-    "list": ListValueModel,
-    "oracle": OracleValueModel,
-}
+# value.kind -> constructor
+VALUE_MODELS: Registry[Callable[..., Any]] = Registry("value model")
+VALUE_MODELS.register("readout", ReadoutValueModel)
+VALUE_MODELS.register("list", ListValueModel)
+VALUE_MODELS.register("oracle", OracleValueModel)

@@ -53,18 +53,14 @@ def check_value_spec(spec: Mapping[str, Any]) -> None:
         raise ValueError("value.kind: the 'values' signal (estimator 'lvrl') needs a value "
                          f"model; set value.kind to one of {sorted(VALUE_MODELS)}")
     kind = spec.get("kind")
-    if kind not in VALUE_MODELS:
-        raise ValueError(f"value.kind: unknown value model {kind!r}; known: "
-                         f"{sorted(VALUE_MODELS)}")
+    VALUE_MODELS.validate(kind, field="value.kind")
     unknown = sorted(set(spec) - _COMMON - _KIND_KEYS[kind])
     if unknown:
         raise ValueError(f"value.{unknown[0]}: unknown key for value.kind={kind!r}; allowed: "
                          f"{sorted(_COMMON | _KIND_KEYS[kind])}")
     eval_trajectory_count(spec)
     summariser = spec.get("summariser", "deterministic")
-    if summariser not in SUMMARISERS:
-        raise ValueError(f"value.summariser: unknown summariser {summariser!r}; known: "
-                         f"{sorted(SUMMARISERS)}")
+    SUMMARISERS.validate(summariser, field="value.summariser")
     if summariser == "llm" and not spec.get("summary_generator"):
         raise ValueError("value.summary_generator: summariser 'llm' needs a generator")
     if kind == "readout" and not isinstance(spec.get("backend"), Mapping):
