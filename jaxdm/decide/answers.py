@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import time
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable
 
 from jaxdm.decide.protocol import Limits, Request, check_context_tokens, parse_payload
 from jaxdm.decide.scheduler import BackendError, MicroBatcher
@@ -51,11 +51,44 @@ def submit(batcher: MicroBatcher, payload: Any, limits: Limits, client: Hashable
     return reqs, is_batch, batcher.submit([r.question for r in reqs], client)
 
 
+# How often a waiting request checks that its client is still connected (seconds).
+DISCONNECT_POLL_S = 0.05
+
+
+class ClientGone(Exception):
+    """The client closed its connection while its questions waited: they were cancelled
+    (``cancelled`` of them never reached the backend); there is no one to answer."""
+
+    def __init__(self, cancelled: int):
+        super().__init__(f"client disconnected; {cancelled} queued question(s) dropped")
+        self.cancelled = cancelled
+
+
+def _wait_unless_gone(futures: list[cf.Future], deadline: float,
+                      gone: Callable[[], bool]) -> None:
+    """Waits for the futures until the deadline; raises ClientGone (after cancelling the
+    ones still queued) as soon as ``gone()`` says the client has left."""
+    pending = set(futures)
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        _, pending = cf.wait(pending, timeout=min(DISCONNECT_POLL_S, left))
+        if pending and gone():
+            raise ClientGone(sum(f.cancel() for f in futures))
+
+
 def collect(reqs: list[Request], is_batch: bool, futures: list[cf.Future], model: str,
-            t0: float, timeout: float) -> tuple[dict, int]:
+            t0: float, timeout: float, gone: Callable[[], bool] | None = None
+            ) -> tuple[dict, int]:
     """The answers of submitted requests -> (response JSON, HTTP status). All of a request's
-    questions share one deadline; at the deadline the ones still queued are cancelled."""
+    questions share one deadline; at the deadline the ones still queued are cancelled.
+    ``gone`` (e.g. "the client's socket reached EOF"), polled every ``DISCONNECT_POLL_S``
+    while questions wait: when it turns true the queued questions are cancelled (they never
+    reach the backend) and ClientGone is raised."""
     deadline = time.monotonic() + timeout
+    if gone is not None:
+        _wait_unless_gone(futures, deadline, gone)
     answers = [_answer_json(r, f, model, t0, deadline) for r, f in zip(reqs, futures)]
     for f in futures:
         f.cancel()     # a no-op for answered ones
@@ -66,11 +99,12 @@ def collect(reqs: list[Request], is_batch: bool, futures: list[cf.Future], model
 
 
 def answer(batcher: MicroBatcher, model: str, payload: Any, t0: float,
-           timeout: float = 300.0, limits: Limits = Limits(), client: Hashable = None
-           ) -> tuple[dict, int]:
-    """A decoded payload -> (response JSON, HTTP status); RequestError for bad requests."""
+           timeout: float = 300.0, limits: Limits = Limits(), client: Hashable = None,
+           gone: Callable[[], bool] | None = None) -> tuple[dict, int]:
+    """A decoded payload -> (response JSON, HTTP status); RequestError for bad requests,
+    ClientGone when ``gone()`` turned true while it waited (``collect``)."""
     reqs, is_batch, futures = submit(batcher, payload, limits, client)
-    return collect(reqs, is_batch, futures, model, t0, timeout)
+    return collect(reqs, is_batch, futures, model, t0, timeout, gone)
 
 
 def backend_state(backend: Any) -> dict:

@@ -12,6 +12,10 @@ Safety on a network:
 - Every request body is read whole or its connection closed after the answer: a chunked or
   oversized body, or a body without a valid Content-Length, is never parsed as a next
   request. Routes match the path without its query string.
+- A client that closes its connection while its questions wait has them dropped: the
+  waiting handler polls its socket (``peer_closed``, every ``answers.DISCONNECT_POLL_S``) and
+  cancels the questions still queued, so they never reach the backend
+  (``disconnected_requests`` / ``disconnected_questions`` in ``/stats``).
 - One write per response (status line, headers and body together) on a TCP_NODELAY socket:
   a keep-alive client does not wait for Nagle plus delayed ACK (~40 ms) on each request.
 
@@ -25,6 +29,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import math
+import select
 import socket
 import threading
 import time
@@ -34,7 +39,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from jaxdm.decide.answers import answer, backend_state
+from jaxdm.decide.answers import ClientGone, answer, backend_state
 from jaxdm.decide.openai_routes import OpenAIError, Routes
 from jaxdm.decide.protocol import Limits, RequestError, decode_body, encode_json
 from jaxdm.decide.scheduler import MicroBatcher
@@ -63,6 +68,22 @@ class _BodyError(Exception):
     def __init__(self, status: int, field: str, message: str):
         super().__init__(message)
         self.status, self.field, self.message = status, field, message
+
+
+def peer_closed(sock: socket.socket) -> bool:
+    """Whether the other end of a connected socket has closed it (EOF or an error pending),
+    without consuming a byte a pipelining client sent. A client that half-closes its side
+    after its request counts as gone, as in the ASGI servers' ``http.disconnect``."""
+    try:
+        poller = select.poll()
+        poller.register(sock, select.POLLIN | select.POLLPRI)
+        if not poller.poll(0):
+            return False
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except (OSError, ValueError):   # reset, or already closed here
+        return True
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -205,9 +226,16 @@ class _Handler(BaseHTTPRequestHandler):
         if route == "/decide":
             try:
                 out, status = answer(srv.batcher, srv.model, decode_body(raw), t0,
-                                     srv.answer_timeout, srv.limits, self.client_address)
+                                     srv.answer_timeout, srv.limits, self.client_address,
+                                     gone=lambda: peer_closed(self.connection))
             except RequestError as e:
                 out, status = e.to_json(), e.status
+            except ClientGone as e:
+                # its queued questions were dropped; nobody is left to answer
+                srv.count("disconnected_requests")
+                srv.count("disconnected_questions", e.cancelled)
+                self.close_connection = True
+                return
             self._send(status, out)
             return
         try:
@@ -290,7 +318,8 @@ class DecideServer(ThreadingHTTPServer):
                              lambda fn: batcher.run(fn).result(timeout=self.answer_timeout),
                              limits=limits, max_logprobs=max_logprobs)
         self._open = 0
-        self._counts = {"connections": 0, "refused_connections": 0}
+        self._counts = {"connections": 0, "refused_connections": 0,
+                        "disconnected_requests": 0, "disconnected_questions": 0}
         self._lock = threading.Lock()
         super().__init__((host, port), _Handler)
 
@@ -311,6 +340,11 @@ class DecideServer(ThreadingHTTPServer):
         if callable(cache_stats):
             out["prefix_cache"] = cache_stats()
         return out
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Adds ``n`` to the connection counter ``name`` (reported by ``stats``)."""
+        with self._lock:
+            self._counts[name] += n
 
     def process_request(self, request: socket.socket, client_address: Any) -> None:
         """Accept a connection if fewer than max_connections are open (served on its own thread,
