@@ -20,8 +20,9 @@ its good scores, so that only its failed questions are asked again (``replace`` 
 merged pass in place of the old one, both files rewritten atomically). Rows without a record
 and a torn last line are dropped, with a message, and those passes run again.
 
-The folder is locked for the job's life (``jaxdm.rundir.lock_run_dir``): a second job on it
-fails at once naming the folder and the other process; ``close`` releases it.
+The folder rules (refuse, resume, overwrite, the settings diff, the lock held for the job's
+life) are ``jaxdm.rundir``'s; passes.jsonl is its ``UnitLog`` (a pass's done marker); ``close``
+releases the lock.
 """
 from __future__ import annotations
 
@@ -34,9 +35,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from jaxdm.jsonl import append_records, read_records, write_atomic, write_records
-from jaxdm.rundir import listed_files, lock_run_dir
-from jaxdm.secrets import redact
+from jaxdm.jsonl import append_records, write_atomic, write_records
+from jaxdm.rundir import Layout, RunDir, UnitLog, open_run, read_saved
 from jaxdm.trajectory import Trajectory, read_jsonl, write_jsonl
 
 __all__ = ["PassResult", "ScreenError", "ScreenStore", "OUTPUT_FILES"]
@@ -90,20 +90,34 @@ class PassResult:
                 "status": self.status, "reason": self.reason, "stats": stats}
 
 
+def _flat(identity: Mapping[str, Any]) -> dict[str, Any]:
+    """{"settings": {"seed": 0}, "levels": [...]} -> {"seed": 0, "levels": [...]}: the view a
+    resume compares."""
+    out = {k: v for k, v in identity.items() if k != "settings"}
+    out.update(identity.get("settings") or {})
+    return out
+
+
+LAYOUT = Layout("screen.json", OUTPUT_FILES, kind="a screening run", view=_flat)
+PASS_FIELDS = ("judge", "question", "context")
+
+
 class ScreenStore:
     """Opens (fresh, overwrite or resume) and appends to one run's output folder."""
 
     def __init__(self, out_dir: str | Path):
         self.out = Path(out_dir)
         self.scores = self.out / "scores.jsonl"
-        self.passes = self.out / "passes.jsonl"
-        self.identity = self.out / "screen.json"
+        self.pass_log = UnitLog(self.out / "passes.jsonl", PASS_FIELDS, what="screen pass")
+        self.passes = self.pass_log.path
+        self.identity = self.out / LAYOUT.record
         self.trajectories = self.out / "trajectories.jsonl"
+        self.run: RunDir | None = None
 
     # ---- opening ---------------------------------------------------------------------
     def holds_run(self) -> bool:
         """Whether the folder holds a screen run (its screen.json identity)."""
-        return self.identity.is_file()
+        return LAYOUT.holds_run(self.out)
 
     def saved_identity(self) -> dict | None:
         """The saved run identity (screen.json: settings and trajectories' digest), None when there
@@ -113,114 +127,75 @@ class ScreenStore:
         try:
             return json.loads(self.identity.read_text(encoding="utf-8"))
         except ValueError as e:
-            raise _error(f"{self.identity}: unreadable ({e}); use --overwrite to start again")
+            raise ScreenError(f"{self.identity}: unreadable ({e}); use --overwrite to start "
+                              f"again") from None
 
     def open(self, identity: Mapping[str, Any], trajs: Sequence[Trajectory], *,
              resume: bool, overwrite: bool) -> dict[tuple[str, str], PassResult]:
-        """Prepare the folder; returns the saved passes (resume) keyed (judge, "q/c"):
-        finished ones (``complete``) and incomplete / failed ones with their good scores."""
-        if resume and overwrite:
-            raise _error("--resume and --overwrite exclude each other")
-        if self.out.exists() and not self.out.is_dir():
-            raise _error(f"output folder {self.out} is a file")
-        # the folder is this job's until it ends (a second job on it fails here, at once)
-        self.lock = lock_run_dir(self.out)
+        """Prepare the folder (``jaxdm.rundir.open_run``: the lock is this job's until
+        ``close``); returns the saved passes (resume) keyed (judge, "q/c"): finished ones
+        (``complete``) and incomplete / failed ones with their good scores."""
+        self.run = open_run(self.out, LAYOUT, dict(identity), resume=resume,
+                            overwrite=overwrite)
         try:
-            return self._open(identity, trajs, resume=resume, overwrite=overwrite)
+            if self.run.resumed:
+                return self._resume(trajs)
+            write_jsonl(self.trajectories, trajs)
+            write_atomic(self.scores, "")
+            self.pass_log.start()
+            return {}
         except BaseException:
-            self.lock.abandon()
+            self.run.abandon()
             raise
 
     def close(self) -> None:
         """Releases the folder's lock (idempotent)."""
-        lock = getattr(self, "lock", None)
-        if lock is not None:
-            lock.release()
+        if self.run is not None:
+            self.run.release()
 
-    def _open(self, identity, trajs, *, resume: bool, overwrite: bool):
-        # compare in its saved form: JSON, with URL credentials redacted as the writer does
-        identity = json.loads(redact(json.dumps(dict(identity))))
-        existing = listed_files(self.out)
-        if resume and self.holds_run():
-            return self._resume(identity, trajs)
-        if existing and not overwrite:
-            if resume:
-                raise _error(f"--resume: {self.out} holds no screening run (no screen.json) but "
-                             f"is not empty ({', '.join(existing[:5])}); choose another --out")
-            what = "a screening run" if self.holds_run() else "files"
-            raise _error(f"output folder {self.out} already holds {what} "
-                         f"({', '.join(existing[:5])}{', ...' if len(existing) > 5 else ''}); "
-                         "pass --resume to continue it or --overwrite to replace it")
-        if overwrite:
-            for name in OUTPUT_FILES:  # only our own files: never a user's folder wholesale
-                (self.out / name).unlink(missing_ok=True)
-        write_jsonl(self.trajectories, trajs)
-        write_atomic(self.identity, json.dumps(dict(identity), indent=1))
-        write_atomic(self.scores, "")
-        write_atomic(self.passes, "")
-        return {}
-
-    def _resume(self, identity, trajs) -> dict[tuple[str, str], PassResult]:
-        saved = self.saved_identity()
-        flat_saved, flat_now = _flat(saved), _flat(identity)
-        changed = [k for k in sorted(set(flat_saved) | set(flat_now))
-                   if flat_saved.get(k) != flat_now.get(k)]
-        if changed:
-            parts = [f"{k} (saved {_short(flat_saved.get(k))}, now {_short(flat_now.get(k))})"
-                     for k in changed]
-            raise _error(f"--resume: {self.out} holds a run with different settings: "
-                         f"{'; '.join(parts)}; resume with the same settings, or use "
-                         "--overwrite / another --out")
+    def _resume(self, trajs) -> dict[tuple[str, str], PassResult]:
         if self.trajectories.is_file():
             saved_trajs = read_jsonl(self.trajectories)
             if [t.to_dict() for t in saved_trajs] != [t.to_dict() for t in trajs]:
-                raise _error(f"--resume: the trajectories differ from those in {self.trajectories}")
-        else:
+                raise ScreenError(f"--resume: the trajectories differ from those in "
+                                  f"{self.trajectories}")
+        else:   # killed between its identity and its trajectories
             write_jsonl(self.trajectories, trajs)
         lengths = [len(t.steps) for t in trajs]
-        records = _read_lines(self.passes)
-        rows = _read_lines(self.scores)
-        by_pass: dict[tuple[str, str], list[dict]] = {}
+        rows = [r for _, r in read_saved(self.scores)]
+        by_pass: dict[tuple, list[dict]] = {}
         for r in rows:
-            by_pass.setdefault((r.get("judge"), f"{r.get('question')}/{r.get('context')}"),
-                               []).append(r)
-        done: dict[tuple[str, str], PassResult] = {}
-        dropped = 0
-        for rec in records:
-            key = (rec.get("judge"), f"{rec.get('question')}/{rec.get('context')}")
+            by_pass.setdefault(tuple(r.get(f) for f in PASS_FIELDS), []).append(r)
+        done: dict[tuple, PassResult] = {}
+        for key, rec in self.pass_log.load().items():
             got = _restore(rec, by_pass.get(key, []), lengths)
-            if got is None:
-                dropped += 1
-                continue
-            if key in done:   # a record written twice: the later one holds
-                dropped += 1
-            done[key] = got
+            if got is not None:
+                done[key] = got
+        dropped = self.pass_log.lines - len(done)   # unfinished, or a record written twice
         n_rows = sum(len(v) for k, v in by_pass.items() if k in done)
         if dropped or n_rows != len(rows):
             _say(f"resume: keeping {len(done)} passes; dropping {dropped} pass record(s) "
                  f"without all their rows and {len(rows) - n_rows} score row(s) of unfinished "
                  "passes (they run again)")
-        write_records(self.passes, (done[k].record() for k in done))
+        self.pass_log.keep(p.record() for p in done.values())
         write_records(self.scores, (r for k in done for r in by_pass[k]))
-        return done
+        return {(p.judge, p.key): p for p in done.values()}
 
     # ---- appending -------------------------------------------------------------------
     def append(self, p: PassResult, trajs: Sequence[Trajectory]) -> None:
-        """The pass's rows, then its record; each file flushed and fsync'd."""
+        """The pass's rows, then its record (its done marker); each file flushed and fsync'd."""
         append_records(self.scores, pass_rows(p, trajs))
-        append_records(self.passes, [p.record()])
+        self.pass_log.mark(p.record())
 
     def replace(self, p: PassResult, trajs: Sequence[Trajectory]) -> None:
         """Puts pass ``p`` (a saved pass whose failed questions were asked again) in place of
         its saved rows and record: both files rewritten whole (atomically), rows first, so a
         crash in between leaves the merged rows, which a resume reads as they are."""
-        def other(r):
-            return (r.get("judge"), r.get("question"), r.get("context")) != (
-                p.judge, p.question, p.context)
-        rows = [r for r in _read_lines(self.scores) if other(r)]
+        key = (p.judge, p.question, p.context)
+        rows = [r for _, r in read_saved(self.scores)
+                if tuple(r.get(f) for f in PASS_FIELDS) != key]
         write_records(self.scores, rows + list(pass_rows(p, trajs)))
-        recs = [r for r in _read_lines(self.passes) if other(r)]
-        write_records(self.passes, recs + [p.record()])
+        self.pass_log.put(p.record())
 
 
 def pass_rows(p: PassResult, trajs: Sequence[Trajectory]) -> Iterable[dict]:
@@ -263,37 +238,5 @@ def _restore(rec: dict, rows: list[dict], lengths: list[int]) -> PassResult | No
     return p
 
 
-def _read_lines(path: Path) -> list[dict]:
-    """JSON objects of ``path``'s lines; a torn last line (a write cut short) is dropped with a
-    message, a bad line elsewhere is an error naming it."""
-    if not path.is_file():
-        return []
-    try:
-        records = read_records(path, drop_torn_tail=True)
-    except ValueError as e:
-        raise _error(f"{e}; use --overwrite to start again") from None
-    for where, rec in records:
-        if not isinstance(rec, dict):
-            raise _error(f"{where}: expected a JSON object, got {type(rec).__name__}; use "
-                         f"--overwrite to start again")
-    return [rec for _, rec in records]
-
-
-def _flat(identity: Mapping[str, Any]) -> dict[str, Any]:
-    """{"settings": {"seed": 0}, "levels": [...]} -> {"seed": 0, "levels": [...]}."""
-    out = {k: v for k, v in identity.items() if k != "settings"}
-    out.update(identity.get("settings") or {})
-    return out
-
-
-def _short(v: Any) -> str:
-    s = json.dumps(v)
-    return s if len(s) <= 80 else s[:77] + "..."
-
-
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def _error(msg: str) -> ScreenError:
-    return ScreenError(msg)

@@ -4,6 +4,7 @@ import json
 import numpy as np
 import pytest
 
+from jaxdm.rundir import ResumeMismatchError, RunExistsError, RunFolderError
 from jaxdm.screen.store import PassResult, ScreenError, ScreenStore
 from jaxdm.trajectory import Step, Trajectory
 
@@ -74,7 +75,7 @@ def test_torn_last_line_is_dropped_but_a_corrupt_middle_line_is_an_error(tmp_pat
     assert "torn last line" in capsys.readouterr().err
     text = store.passes.read_text()
     store.passes.write_text("{not json\n" + text)
-    with pytest.raises(ScreenError, match=r"passes.jsonl:1: invalid JSON"):
+    with pytest.raises(RunFolderError, match=r"passes.jsonl:1: invalid JSON .*; use --overwrite"):
         ScreenStore(tmp_path / "out").open(IDENTITY, TRAJS, resume=True, overwrite=False)
 
 
@@ -88,19 +89,19 @@ def test_a_pass_with_missing_rows_runs_again(tmp_path):
 
 def test_opening_rules(tmp_path):
     _fresh(tmp_path)
-    with pytest.raises(ScreenError, match="already holds a screening run"):
+    with pytest.raises(RunExistsError, match="already holds a screening run"):
         ScreenStore(tmp_path / "out").open(IDENTITY, TRAJS, resume=False, overwrite=False)
-    with pytest.raises(ScreenError, match=r"different settings: seed \(saved 0, now 1\)"):
+    with pytest.raises(ResumeMismatchError, match=r"different settings: seed: 0 -> 1; "):
         ScreenStore(tmp_path / "out").open({**IDENTITY, "settings": {"seed": 1}}, TRAJS,
                                            resume=True, overwrite=False)
     with pytest.raises(ScreenError, match="trajectories differ"):
         ScreenStore(tmp_path / "out").open(IDENTITY, TRAJS[:1], resume=True, overwrite=False)
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "x.txt").write_text("x")
-    with pytest.raises(ScreenError, match="holds no screening run"):
+    with pytest.raises(RunExistsError, match="holds no screening run"):
         ScreenStore(tmp_path / "other").open(IDENTITY, TRAJS, resume=True, overwrite=False)
     # --resume into a folder that does not exist yet starts a fresh run.
     assert ScreenStore(tmp_path / "new").open(IDENTITY, TRAJS, resume=True, overwrite=False) == {}
     (tmp_path / "file").write_text("x")
-    with pytest.raises(ScreenError, match="is a file"):
+    with pytest.raises(RunFolderError, match="is a file"):
         ScreenStore(tmp_path / "file").open(IDENTITY, TRAJS, resume=False, overwrite=True)
