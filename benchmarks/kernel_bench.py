@@ -8,6 +8,11 @@ top-k reverse KL (k = 16, K_T = 32) w.r.t. the final hidden states [T, d] and th
 - jaxdm:    ``impl="xla"``: vocabulary streamed in blocks, logits recomputed in the backward.
 - on a GPU also ``impl="pallas"`` (compiled kernels) against both.
 
+Gate section: the LVOPD gate max(0, -A) is zero on most tokens (share > 0 about 0.24 in the
+BabyAI LVOPD run): the same step with a gate on ``--gate-share`` of the rows, ungated (every
+row through the streaming head, the gate applied to the per-row KL) vs the gate inside the
+kernel (``gate=`` / ``capacity=``: only the gated-on rows are computed), memory and time.
+
 Peak memory comes from XLA's compiled memory analysis (compile only, nothing allocated, so
 T = 8,192 is measured even where it would not fit): ``peak = arguments + outputs + temporaries
 - aliased``; ``temp`` is the working memory beyond the inputs and the returned gradients
@@ -29,7 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdm.kernels import fused_linear_topk_reverse_kl, topk_reverse_kl
+from jaxdm.kernels import (fused_linear_topk_reverse_kl, gate_capacity, topk_reverse_kl,
+                           weighted_kl_loss)
 
 VOCAB = 151_936
 DIM = 1_536
@@ -48,6 +54,23 @@ def _fused_loss(impl: str, block_v: int | None):
         return jnp.mean(kl)
 
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+
+
+def _gated_loss(block_v: int | None, capacity: int | None):
+    """value_and_grad of the gate-weighted token-mean KL; ``capacity`` None: ungated kernel."""
+    def loss(hidden, head, ids, logprobs, gate):
+        kw = {} if capacity is None else {"gate": gate, "capacity": capacity}
+        kl = fused_linear_topk_reverse_kl(hidden, head, ids, logprobs, k=K, impl="xla",
+                                          block_v=block_v, **kw)
+        return weighted_kl_loss(kl, gate)[0]
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+
+
+def _gate(n_rows: int, share: float, seed: int = 1) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    on = rng.random(n_rows) < share
+    return np.where(on, rng.random(n_rows) + 0.05, 0.0).astype(np.float32)
 
 
 def _logits_loss(impl: str, block_v: int | None):
@@ -134,6 +157,8 @@ def main() -> None:
                         help="T values for timing")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--block-v", type=int, default=None, help="vocabulary block (xla)")
+    parser.add_argument("--gate-share", type=float, default=0.25,
+                        help="share of rows with a positive gate in the gate section")
     args = parser.parse_args()
     mem_t = args.mem_t or ([8192] if args.quick else [1024, 2048, 4096, 8192])
     time_t = args.time_t or ([32] if args.quick else [512, 2048])
@@ -214,6 +239,31 @@ def main() -> None:
                                    medians["reference"] * 1e3, medians["pallas"] * 1e3, "ms"))
             results.append(_result(f"fused_topk_kl_pallas_vs_xla_T{n_rows}",
                                    medians["xla"] * 1e3, medians["pallas"] * 1e3, "ms"))
+    # ---- the gate inside the kernel: memory at the largest T, time at the timing T's
+    n_rows = max(mem_t)
+    gate = _gate(n_rows, args.gate_share)
+    cap = gate_capacity(gate)
+    shapes = (*_fused_shapes(n_rows), jax.ShapeDtypeStruct((n_rows,), jnp.float32))
+    full_mem = _memory(_gated_loss(args.block_v, None), *shapes)
+    gated_mem = _memory(_gated_loss(args.block_v, cap), *shapes)
+    print(f"gated float32 T={n_rows} ({int((gate > 0).sum())} rows on, capacity {cap}): temp "
+          f"ungated {full_mem['temp'] / 2**20:.1f} MiB, gated {gated_mem['temp'] / 2**20:.1f} MiB")
+    results.append(_result(f"kernel_gated_temp_fp32_T{n_rows}", full_mem["temp"] / 2**20,
+                           gated_mem["temp"] / 2**20, "MiB"))
+    for n_rows in time_t:
+        gate = _gate(n_rows, args.gate_share)
+        cap = gate_capacity(gate, multiple=8)
+        inputs = (*_fused_inputs(n_rows), jnp.asarray(gate))
+        fns = {"ungated": _gated_loss(args.block_v, None), "gated": _gated_loss(args.block_v, cap)}
+        outs = {name: fn(*inputs) for name, fn in fns.items()}
+        diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in
+                   zip(jax.tree.leaves(outs["ungated"]), jax.tree.leaves(outs["gated"])))
+        medians = _time_alternating(fns, inputs, rounds)
+        print(f"gated float32 T={n_rows} ({int((gate > 0).sum())} rows on, capacity {cap}): "
+              f"ungated {medians['ungated'] * 1e3:.1f} ms, gated {medians['gated'] * 1e3:.1f} ms, "
+              f"max |loss, grad diff| {diff:.1e}")
+        results.append(_result(f"fused_topk_kl_gated_time_T{n_rows}", medians["ungated"] * 1e3,
+                               medians["gated"] * 1e3, "ms"))
     for line in results:
         print(line)
 

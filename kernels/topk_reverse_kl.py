@@ -24,6 +24,15 @@ mass out of S lowers the loss; verl's RFC #7856 reports the unbucketed clamp hit
 (log p_T from log P_S by a stable log(1 - e^x); a row whose whole mass is in S adds 0). The
 tail term is differentiated by JAX in every implementation.
 
+``gate`` (with a static ``capacity``) skips the gated-off rows inside the kernel: the rows with
+gate > 0 (and mask True) are compacted into ``capacity`` rows (``jnp.nonzero`` with a static
+size), only those go through the streaming head / softmax, and their KL is scattered back (0
+on every other row). The LVOPD gate max(0, -A) is zero on most tokens, so neither the [N, V]
+logit blocks nor the [N, k] statistics are formed for them. ``gate_capacity`` gives the
+capacity on the host (the active count rounded up, so few shapes compile). A call with more
+active rows than ``capacity`` raises when the gate is concrete; inside a jitted caller the
+rows that did not fit get NaN, so an overflow is never silent.
+
 Implementations (``impl``):
 
 - ``"reference"``: plain jnp on the full [N, V] softmax, with the hand-written SPEC gradient
@@ -73,6 +82,7 @@ __all__ = [
     "tail_bucket_kl",
     "reference_topk_reverse_kl",
     "plain_topk_reverse_kl",
+    "gate_capacity",
 ]
 
 DEFAULT_FLOOR_MIN = -30.0
@@ -277,6 +287,8 @@ def topk_reverse_kl(
     pallas_layout: str | None = None,
     interpret: bool | None = None,
     tail: bool = False,
+    gate: jax.Array | None = None,
+    capacity: int | None = None,
 ) -> jax.Array:
     """Per-position top-k reverse KL(student || teacher) on the student's top-k support.
 
@@ -289,6 +301,8 @@ def topk_reverse_kl(
       impl: "auto" | "reference" | "xla" | "pallas" (module docstring).
       floor_min: lower clamp of the teacher floor log-prob.
       tail: add the tail bucket (module docstring).
+      gate, capacity: optional float [...] gate and a static int: only rows with gate > 0
+        are computed, compacted into ``capacity`` rows (module docstring); others give 0.
       block_v, block_t: vocabulary / position tile sizes (streaming impls; block_t Pallas only).
       pallas_layout: "loop" (GPU) or "grid" (TPU); default by backend (``lse_topk_pallas``).
       interpret: Pallas interpret mode; default True on CPU.
@@ -306,13 +320,14 @@ def topk_reverse_kl(
     lead, vocab_size = tuple(student_logits.shape[:-1]), student_logits.shape[-1]
     num_listed = _check_teacher(teacher_ids, teacher_logprobs, lead, vocab_size, k)
     mask = _check_mask(mask, lead)
+    gate, capacity = _check_gate(gate, capacity, mask, lead)
     _check_tiling(block_v, block_t, pallas_layout)
     impl = resolve_impl(impl)
     return _topk_reverse_kl_jit(
-        student_logits, teacher_ids, teacher_logprobs, mask,
+        student_logits, teacher_ids, teacher_logprobs, mask, gate,
         k=int(k), impl=impl, floor_min=float(floor_min), block_v=block_v, block_t=block_t,
         pallas_layout=pallas_layout, interpret=interpret, num_listed=num_listed,
-        tail=bool(tail),
+        tail=bool(tail), capacity=capacity,
     )
 
 
@@ -320,18 +335,27 @@ def topk_reverse_kl(
     jax.jit,
     static_argnames=(
         "k", "impl", "floor_min", "block_v", "block_t", "pallas_layout", "interpret",
-        "num_listed", "tail",
+        "num_listed", "tail", "capacity",
     ),
 )
 def _topk_reverse_kl_jit(
-    logits, teacher_ids, teacher_logprobs, mask, *, k, impl, floor_min, block_v, block_t,
-    pallas_layout, interpret, num_listed, tail,
+    logits, teacher_ids, teacher_logprobs, mask, gate, *, k, impl, floor_min, block_v,
+    block_t, pallas_layout, interpret, num_listed, tail, capacity,
 ):
     del num_listed  # part of the cache key only
     lead, vocab_size = logits.shape[:-1], logits.shape[-1]
     rows = logits.reshape(-1, vocab_size)
     ids = teacher_ids.reshape(rows.shape[0], -1)
     logprobs = teacher_logprobs.reshape(rows.shape[0], -1)
+    if gate is not None:
+        def per_rows(r, i, lp):
+            return _topk_reverse_kl_jit(r, i, lp, None, None, k=k, impl=impl,
+                                        floor_min=floor_min, block_v=block_v, block_t=block_t,
+                                        pallas_layout=pallas_layout, interpret=interpret,
+                                        num_listed=0, tail=tail, capacity=None)
+        kl = _gated_rows(per_rows, rows, ids, logprobs, _active(gate, mask, rows.shape[0]),
+                         capacity)
+        return kl.reshape(lead)
     if impl == "reference":
         kl = _reference_kl(rows, ids, logprobs, k, floor_min)
         if tail:
@@ -364,6 +388,8 @@ def fused_linear_topk_reverse_kl(
     pallas_layout: str | None = None,
     interpret: bool | None = None,
     tail: bool = False,
+    gate: jax.Array | None = None,
+    capacity: int | None = None,
 ) -> jax.Array:
     """``topk_reverse_kl(hidden @ lm_head, ...)`` without materialising the [..., V] logits.
 
@@ -392,13 +418,14 @@ def fused_linear_topk_reverse_kl(
     lead, vocab_size = tuple(hidden.shape[:-1]), lm_head.shape[1]
     num_listed = _check_teacher(teacher_ids, teacher_logprobs, lead, vocab_size, k)
     mask = _check_mask(mask, lead)
+    gate, capacity = _check_gate(gate, capacity, mask, lead)
     _check_tiling(block_v, block_t, pallas_layout)
     impl = resolve_impl(impl)
     return _fused_linear_jit(
-        hidden, lm_head, teacher_ids, teacher_logprobs, mask,
+        hidden, lm_head, teacher_ids, teacher_logprobs, mask, gate,
         k=int(k), impl=impl, floor_min=float(floor_min), block_v=block_v, block_t=block_t,
         pallas_layout=pallas_layout, interpret=interpret, num_listed=num_listed,
-        tail=bool(tail),
+        tail=bool(tail), capacity=capacity,
     )
 
 
@@ -406,18 +433,27 @@ def fused_linear_topk_reverse_kl(
     jax.jit,
     static_argnames=(
         "k", "impl", "floor_min", "block_v", "block_t", "pallas_layout", "interpret",
-        "num_listed", "tail",
+        "num_listed", "tail", "capacity",
     ),
 )
 def _fused_linear_jit(
-    hidden, lm_head, teacher_ids, teacher_logprobs, mask, *, k, impl, floor_min, block_v,
-    block_t, pallas_layout, interpret, num_listed, tail,
+    hidden, lm_head, teacher_ids, teacher_logprobs, mask, gate, *, k, impl, floor_min,
+    block_v, block_t, pallas_layout, interpret, num_listed, tail, capacity,
 ):
     del num_listed
     lead, vocab_size = hidden.shape[:-1], lm_head.shape[1]
     rows = hidden.reshape(-1, hidden.shape[-1])
     ids = teacher_ids.reshape(rows.shape[0], -1)
     logprobs = teacher_logprobs.reshape(rows.shape[0], -1)
+    if gate is not None:
+        def per_rows(r, i, lp):
+            return _fused_linear_jit(r, lm_head, i, lp, None, None, k=k, impl=impl,
+                                     floor_min=floor_min, block_v=block_v, block_t=block_t,
+                                     pallas_layout=pallas_layout, interpret=interpret,
+                                     num_listed=0, tail=tail, capacity=None)
+        kl = _gated_rows(per_rows, rows, ids, logprobs, _active(gate, mask, rows.shape[0]),
+                         capacity)
+        return kl.reshape(lead)
     if impl == "reference":
         logits = jnp.dot(rows, lm_head, preferred_element_type=jnp.float32)
         kl = _reference_kl(logits, ids, logprobs, k, floor_min)
@@ -437,6 +473,72 @@ def _fused_linear_jit(
         kl = kl_from_stats(stats, ids, logprobs, vocab_size, floor_min, tail)
     kl = kl.reshape(lead)
     return kl if mask is None else jnp.where(mask, kl, 0.0)
+
+
+def _active(gate, mask, n: int) -> jax.Array:
+    """[N] bool: the rows the gated call computes (gate > 0, and mask)."""
+    active = gate.reshape(n) > 0
+    return active if mask is None else active & mask.reshape(n)
+
+
+def _gated_rows(per_rows, rows, ids, logprobs, active, capacity: int) -> jax.Array:
+    """KL [N] computed only on the ``active`` rows, compacted into ``capacity`` rows; 0 on
+    the inactive rows, NaN on active rows past the capacity (module docstring)."""
+    n = rows.shape[0]
+    count = jnp.sum(active.astype(jnp.int32))
+    idx = jnp.nonzero(active, size=capacity, fill_value=0)[0]           # [C]
+    filled = jnp.arange(capacity) < count                                # real entries of idx
+    kl_c = per_rows(rows[idx], ids[idx], logprobs[idx])                  # [C]
+    kl = jnp.zeros((n,), jnp.float32).at[idx].add(jnp.where(filled, kl_c, 0.0))
+    taken = jnp.zeros((n,), bool).at[idx].max(filled)
+    return jnp.where(active & ~taken, jnp.nan, kl)
+
+
+def gate_capacity(gate, mask=None, *, multiple: int = 64) -> int:
+    """Host side: the static ``capacity`` for a gated call: the number of rows with gate > 0
+    (and mask True), rounded up to ``multiple`` (so nearby counts share one compiled shape),
+    at least 1 and at most the number of rows."""
+    g = np.asarray(gate)
+    if not isinstance(multiple, (int, np.integer)) or isinstance(multiple, bool) or multiple < 1:
+        raise ValueError(f"multiple must be a positive int, got {multiple!r}")
+    active = g > 0
+    if mask is not None:
+        m = np.asarray(mask)
+        if m.shape != g.shape:
+            raise ValueError(f"mask {m.shape} must have the gate's shape {g.shape}")
+        active &= m.astype(bool)
+    count = int(active.sum())
+    return int(min(max(-(-count // multiple) * multiple, 1), max(g.size, 1)))
+
+
+def _check_gate(gate, capacity, mask, lead_shape: tuple[int, ...]):
+    """Validates ``gate`` / ``capacity`` (both or neither); a concrete gate with more active
+    rows than ``capacity`` is a named error."""
+    if gate is None:
+        if capacity is not None:
+            raise ValueError("capacity is given without a gate")
+        return None, None
+    gate = jnp.asarray(gate)
+    if not jnp.issubdtype(gate.dtype, jnp.floating):
+        raise TypeError(f"gate must be floating, got dtype {gate.dtype}")
+    if tuple(gate.shape) != tuple(lead_shape):
+        raise ValueError(f"gate must have shape {lead_shape} (the positions), got {gate.shape}")
+    n = int(np.prod(lead_shape))
+    if capacity is None or not isinstance(capacity, (int, np.integer)) or \
+            isinstance(capacity, bool) or not 1 <= capacity <= n:
+        raise ValueError(f"a gated call needs a static int capacity in [1, {n}] "
+                         f"(gate_capacity gives one), got {capacity!r}")
+    g = _concrete(gate)
+    if g is not None:
+        if not np.all(np.isfinite(g)):
+            raise ValueError(f"gate must be finite; {int((~np.isfinite(g)).sum())} "
+                             "non-finite value(s)")
+        m = _concrete(mask) if mask is not None else None
+        active = (g > 0) if m is None else (g > 0) & m
+        if int(active.sum()) > capacity:
+            raise ValueError(f"{int(active.sum())} gated-on rows exceed capacity {capacity}; "
+                             "use gate_capacity(gate, mask)")
+    return gate, int(capacity)
 
 
 def weighted_kl_loss(
