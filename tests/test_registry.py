@@ -152,7 +152,7 @@ REGISTRIES = [
     ("jaxdm.envs.toy.tasks", "TASK_TYPES"), ("jaxdm.stats", "NONINFERIORITY_METHODS"),
     ("jaxdm.stats", "COST_METHODS"), ("jaxdm.decision", "BACKEND_KINDS"),
     ("jaxdm.harness.llm", "LLM_KINDS"), ("jaxdm.harness.llm", "PROFILES"),
-    ("jaxdm.harness.modes", "MODE_RULES"),
+    ("jaxdm.harness.modes", "MODE_RULES"), ("jaxdm.roles.judge", "QUESTION_BUILDERS"),
 ]
 ROOTS = {"jaxdm": REPO / "jaxdm", "jaxdm.envs": REPO / "envs", "jaxdm.kernels": REPO / "kernels"}
 

@@ -24,10 +24,11 @@ an analysis needs travels in ``meta`` (see ``JUDGE_META_KEYS``), which no model 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from jaxdm.decision.types import YesNo
 from jaxdm.envs.webshop.env import TERMINAL_MASK as WEBSHOP_TERMINAL_OBSERVATION
+from jaxdm.registry import Registry
 from jaxdm.roles.common import PROMPT_VERSION, check_trajectory, entry_line, quote_action
 from jaxdm.roles.value import value_question
 from jaxdm.trajectory import Trajectory
@@ -77,10 +78,9 @@ def progress_question(target: int, action: str, remaining_budget: int | None) ->
 
 
 # Question name -> text builder (target, action, remaining_budget); the registry QUESTIONS reads.
-QUESTION_BUILDERS: Mapping[str, Callable[[int, str, int | None], str]] = {
-    "progress": progress_question,
-    "value": value_question,
-}
+QUESTION_BUILDERS: Registry[Callable[[int, str, int | None], str]] = Registry("question")
+QUESTION_BUILDERS.register("progress", progress_question)
+QUESTION_BUILDERS.register("value", value_question)
 QUESTIONS = tuple(QUESTION_BUILDERS)
 
 
@@ -126,10 +126,7 @@ def judge_question(question: str, target: int, *, action: str,
     Seed 000 Appendix B.2 names the action by its index only; v3 also quotes its text, and the
     context's entries carry their indices, so the target is found by matching, not counting.
     """
-    build = QUESTION_BUILDERS.get(question)
-    if build is None:
-        raise ValueError(f"question must be one of {QUESTIONS}, got {question!r}")
-    return build(target, action, remaining_budget)
+    return QUESTION_BUILDERS.get(question, field="question")(target, action, remaining_budget)
 
 
 def _expansion_last(traj: Trajectory, t: int, expansion: Any) -> tuple[int, str]:
