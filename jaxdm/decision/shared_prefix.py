@@ -63,6 +63,7 @@ import numpy as np
 
 from jaxdm.models import compile_cache, decoder
 from jaxdm.models.config import ModelConfig
+from jaxdm.models.cpu import scan as cpu_scan
 
 # Device layouts of score_requests: "rows" = trunk prefilled into a KV cache, suffixes as
 # vmapped rows over it (score_batch); "packed" = the trunk and the packed suffixes in one row
@@ -889,7 +890,7 @@ def score_requests(params, config: ModelConfig, requests: Sequence[Request], *,
         # bf16 layer weights as their bit patterns and the projections' stacks passed whole to
         # the matmul kernel, once for all calls (no copy on CPU; inside each call's program a
         # cast would copy the whole stack, the layer loop each layer's slice)
-        params = decoder.inference_layers(params)
+        params = cpu_scan.inference_layers(params)
         it = calls
         if progress:
             from tqdm.auto import tqdm

@@ -21,6 +21,12 @@ Parameter layout (all stacked over L inside params["layers"]):
 Attention groups the N query heads as [K, G] so GQA never repeats keys/values, and a batch-1
 KV cache is contracted against all B suffix rows with one einsum that has no batch axis on
 the cache side (no copy of the cache per row).
+
+This module is the model and its XLA paths (every platform, differentiable). The CPU kernels
+are a seam it calls: ``jaxdm.models.cpu.dispatch`` picks the matmul kernel or ``_einsum`` for
+each projection and the fused attention kernel or ``xla_attend`` / XLA's segment attention
+when tracing; ``jaxdm.models.cpu.scan.scan_layers`` runs the layer loop (bf16 stacks as bits,
+stacks the matmul kernel reads in place).
 """
 from __future__ import annotations
 
@@ -32,17 +38,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdm.models.cpu import attention as cpu_attention, matmul as cpu_matmul
+from jaxdm.models.cpu import dispatch as cpu_dispatch, scan as cpu_scan
 from jaxdm.models.config import ModelConfig
 
 Params = dict[str, Any]
 
 # A finite "minus infinity" keeps fully masked rows finite (uniform instead of NaN).
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
-# Layer-loop unrolling passed to lax.scan (1 = rolled loop, True = fully unrolled). Read at
-# trace time. Measured on this 2-core CPU (SmolLM2 shape, batch-16 decode step): full unroll
-# compiled 6x slower (39 s vs 6.6 s) and ran no faster, so the loop stays rolled.
-SCAN_UNROLL: int | bool = 1
 # Query block size of causal attention on long inputs (forward/prefill `attn_chunk`).
 DEFAULT_ATTN_CHUNK = 256
 
@@ -143,53 +145,31 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return out.astype(x.dtype)
 
 
-def _mm(spec: str, x: jax.Array, w: "jax.Array | LayerOf",
+def _mm(spec: str, x: jax.Array, w: "jax.Array | cpu_scan.LayerOf | Adapted",
         valid: jax.Array | None = None) -> jax.Array:
     """einsum of activations x with a weight w: x is cast to w's dtype and the products are
     accumulated and returned in fp32 (a no-op change for fp32 weights; see _embed).
 
-    A spec that is one matmul (x's trailing dims contracted with w's leading ones, the rest in
-    order) runs as ``cpu_matmul.matmul`` where that kernel is on and takes the operands (fp32
-    on CPUs with AVX-512, bf16 on those with AMX or AVX-512 BF16). w may be a ``LayerOf`` (a
-    layer of a weight stack the layer loop did not slice): the kernel then reads the stack in
-    place (``cpu_matmul.matmul_layer``); anything else takes the slice.
+    The CPU seam picks the implementation (``cpu.dispatch.projection``): a spec that is one
+    matmul runs on the matmul kernel where it is on and takes the operands, else ``_einsum``.
+    w may be a ``cpu.scan.LayerOf`` (a layer of a weight stack the layer loop did not slice:
+    the kernel reads the stack in place) or an ``Adapted`` weight (a frozen weight and its
+    LoRA factors): x·W + s·(x·A)·B.
 
     valid (int [B], x [B, S, ...]): only x[b, :valid[b]] is wanted (a packed row's padding
     tail follows): the kernel computes no other row (their results are zeros); XLA's dot
-    computes every row (nothing reads the others).
-
-    w may be an ``Adapted`` weight (a frozen weight and its LoRA factors): x·W + s·(x·A)·B."""
+    computes every row (nothing reads the others)."""
     if isinstance(w, Adapted):
         return w.project(spec, x, valid)
-    x = x.astype(w.dtype)
-    plan = _as_matmul(spec, x.shape, w.shape)
-    if (plan is not None and cpu_matmul.supports(x.reshape(plan[0]),
-                                                 jax.ShapeDtypeStruct(plan[1], w.dtype))
-            and cpu_matmul.enabled(w.dtype)):
-        x_shape, (k, n), out_shape = plan
-        if isinstance(w, LayerOf):
-            stack = w.stack.reshape(w.stack.shape[0], k, n)
-            return cpu_matmul.matmul_layer(x.reshape(x_shape), stack, w.layer,
-                                           valid).reshape(out_shape)
-        return cpu_matmul.matmul(x.reshape(x_shape), w.reshape(k, n), valid).reshape(out_shape)
-    if isinstance(w, LayerOf):
-        w = w.value()
+    return _project(spec, x.astype(w.dtype), w, valid)
+
+
+def _einsum(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
+    """``_mm``'s XLA path: the einsum with products accumulated and returned in fp32."""
     return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32)
 
 
-def _as_matmul(spec: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...]
-               ) -> tuple[tuple[int, ...], tuple[int, int], tuple[int, ...]] | None:
-    """(x's shape as [..., K], w's as [K, N], the einsum's output shape) when ``spec``
-    contracts x's trailing dims with w's leading ones in the same order and keeps the rest in
-    order (every projection of this decoder); else None."""
-    inputs, out = spec.split("->")
-    xs, ws = inputs.split(",")
-    c = len(set(xs) & set(ws))
-    if c == 0 or xs[len(xs) - c:] != ws[:c] or out != xs[:len(xs) - c] + ws[c:]:
-        return None
-    k = math.prod(w_shape[:c])
-    lead = tuple(x_shape[:len(x_shape) - c])
-    return lead + (k,), (k, math.prod(w_shape[c:])), lead + tuple(w_shape[c:])
+_project = cpu_dispatch.projection(_einsum)
 
 
 def _queries(lp: Params, config: ModelConfig, h: jax.Array, cos: jax.Array, sin: jax.Array,
@@ -253,13 +233,12 @@ def attend(q: jax.Array, sources: list[tuple[jax.Array, jax.Array, jax.Array]]) 
     spans the keys of all sources (a cache plus the new tokens, say). Returns [B, S, N, H].
     A fully masked row comes out as the uniform average of the values (finite).
 
-    On CPU the forward runs the fused kernel of ``jaxdm.models.cpu.attention`` where it is on
-    (x86-64 with AVX-512; ``JAXDM_CPU_ATTENTION=0`` turns it off) and takes the operands;
-    otherwise, on other platforms and under differentiation, ``xla_attend``.
+    The CPU seam picks the implementation (``cpu.dispatch.attention``): on CPU the forward
+    runs the fused kernel of ``jaxdm.models.cpu.attention`` where it is on (x86-64 with
+    AVX-512; ``JAXDM_CPU_ATTENTION=0`` turns it off) and takes the operands; otherwise, on
+    other platforms and under differentiation, ``xla_attend``.
     """
-    if cpu_attention.supports(q, sources) and cpu_attention.enabled():
-        return _fused_attend(q, sources)
-    return xla_attend(q, sources)
+    return _attend(q, sources)
 
 
 def xla_attend(q: jax.Array, sources: list[tuple[jax.Array, jax.Array, jax.Array]]
@@ -311,8 +290,8 @@ def xla_attend(q: jax.Array, sources: list[tuple[jax.Array, jax.Array, jax.Array
     return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, s, kh * g, hd)
 
 
-# The kernel's forward with xla_attend's derivatives (and xla_attend off CPU).
-_fused_attend = cpu_attention.make_attend(xla_attend)
+# The kernel's forward with xla_attend's derivatives where it pays, else xla_attend.
+_attend = cpu_dispatch.attention(xla_attend)
 
 
 def _embed(params: Params, tokens: jax.Array) -> jax.Array:
@@ -439,10 +418,11 @@ def attend_segments(q: jax.Array, k: jax.Array, v: jax.Array, slot: jax.Array, s
                     need: jax.Array | None = None) -> jax.Array:
     """Softmax attention of q [B, Sq, K, G, H] over k, v [B, T, K, H] under the segment rule
     (``segment_mask``) -> [B, Sq, N, H]. On CPU one call of the fused kernel
-    (``cpu_attention``), whatever the layout of contexts and continuations; elsewhere XLA's
-    attention over ``plan``'s key ranges (None: all keys at once), need [B, Sq] (default sees)
-    bounding the leading keys each query may see (for the plan's context cuts). A query that
-    sees no key gets the uniform average of the values it was offered.
+    (``cpu.attention``, picked by ``cpu.dispatch.segment_attention``), whatever the layout of
+    contexts and continuations; elsewhere XLA's attention over ``plan``'s key ranges (None:
+    all keys at once), need [B, Sq] (default sees) bounding the leading keys each query may
+    see (for the plan's context cuts). A query that sees no key gets the uniform average of
+    the values it was offered.
 
     Differentiable with its own backward pass (``segment_attention_vjp``): the forward keeps
     only q, k, v and the output, and the gradient recomputes each query block's probabilities
@@ -451,29 +431,6 @@ def attend_segments(q: jax.Array, k: jax.Array, v: jax.Array, slot: jax.Array, s
     need = sees if need is None else need
     return _segment_attention(plan, q, k, v, slot, seg, sees, kseg, need)
 
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _segment_attention(plan, q, k, v, slot, seg, sees, kseg, need):
-    reference = functools.partial(_segment_attention_xla, plan=plan)
-    if cpu_attention.supports_segments(q, k, v) and cpu_attention.segments_enabled():
-        return cpu_attention.make_attend_segments(reference)(q, k, v, slot, seg, sees, kseg,
-                                                             need)
-    return reference(q, k, v, slot, seg, sees, kseg, need)
-
-
-def _segment_attention_fwd(plan, q, k, v, slot, seg, sees, kseg, need):
-    out = _segment_attention(plan, q, k, v, slot, seg, sees, kseg, need)
-    return out, (q, k, v, slot, seg, sees, kseg, need, out)
-
-
-def _segment_attention_bwd(plan, residuals, dout):
-    q, k, v, slot, seg, sees, kseg, need, out = residuals
-    dq, dk, dv = segment_attention_vjp(q, k, v, out, dout, slot, seg, sees, kseg, need,
-                                       plan=plan)
-    return dq, dk, dv, None, None, None, None, None
-
-
-_segment_attention.defvjp(_segment_attention_fwd, _segment_attention_bwd)
 
 # Query rows per block of the backward pass when the forward had no plan (the last layer's
 # read slots against a whole row): bounds the [block x keys] probabilities held at once.
@@ -549,6 +506,12 @@ def segment_attention_vjp(q, k, v, out, dout, slot, seg, sees, kseg, need, *,
     return dq, dk.astype(k.dtype), dv.astype(v.dtype)
 
 
+# The segment-rule kernel's forward where it is on (else XLA's), segment_attention_vjp's
+# backward.
+_segment_attention = cpu_dispatch.segment_attention(_segment_attention_xla,
+                                                    segment_attention_vjp)
+
+
 def _run_layers(params: Params, config: ModelConfig, x: jax.Array, positions: jax.Array,
                 attention: Any, read: tuple[jax.Array, Any] | None = None,
                 valid: jax.Array | None = None, past: tuple[jax.Array, jax.Array] | None = None,
@@ -590,7 +553,7 @@ def _run_layers(params: Params, config: ModelConfig, x: jax.Array, positions: ja
 
     xs = params["layers"] if past is None else (params["layers"], past)
     if read is None:
-        x, (ks, vs) = scan_layers(_maybe_remat(layer, config), x, xs)
+        x, (ks, vs) = cpu_scan.scan_layers(_maybe_remat(layer, config), x, xs)
         return x, ks, vs
 
     rows, read_attention = read
@@ -612,60 +575,9 @@ def _run_layers(params: Params, config: ModelConfig, x: jax.Array, positions: ja
         lp, i = inputs
         return jax.lax.cond(i == n_layers - 1, last_layer, layer, x, lp)
 
-    x, (ks, vs) = scan_layers(_maybe_remat(layer_or_last, config), x,
-                              (xs, jnp.arange(n_layers)))
+    x, (ks, vs) = cpu_scan.scan_layers(_maybe_remat(layer_or_last, config), x,
+                                       (xs, jnp.arange(n_layers)))
     return at_rows(x), ks, vs
-
-
-# Float types scanned as their bit patterns (see scan_layers; XLA:CPU keeps float16 loop
-# operands as they are).
-_BIT_VIEWS = {jnp.dtype(jnp.bfloat16): jnp.uint16}
-
-
-@jax.tree_util.register_pytree_node_class
-class BitView:
-    """A bf16 array held as its uint16 bit pattern, for ``scan_layers`` (``bit_view_layers``
-    makes them). Inside jit a bit cast of a bf16 argument is a copy; a BitView arrives as the
-    bits already (made once per model instead of once per call)."""
-
-    def __init__(self, bits: Any, dtype: Any):
-        self.bits, self.dtype = bits, jnp.dtype(dtype)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.bits.shape)
-
-    def tree_flatten(self):
-        return (self.bits,), self.dtype
-
-    @classmethod
-    def tree_unflatten(cls, dtype, children):
-        return cls(children[0], dtype)
-
-    def __repr__(self) -> str:
-        return f"BitView({self.dtype.name}{list(self.shape)})"
-
-
-def _is_view(a: Any) -> bool:
-    return isinstance(a, BitView)
-
-
-@jax.tree_util.register_pytree_node_class
-class Whole:
-    """Marks a leaf of ``scan_layers``' xs (a weight stack [L, ...], array or ``BitView``) to
-    be passed to the layer whole, as ``LayerOf(stack, i)``, instead of sliced: the matmul
-    kernel reads layer i in place, where XLA would copy the slice for every layer (under
-    differentiation the loop slices it as usual)."""
-
-    def __init__(self, stack: Any):
-        self.stack = stack
-
-    def tree_flatten(self):
-        return (self.stack,), None
-
-    @classmethod
-    def tree_unflatten(cls, _, children):
-        return cls(children[0])
 
 
 @jax.tree_util.register_pytree_node_class
@@ -694,7 +606,7 @@ class Adapted:
         return jnp.dtype(self.base.dtype)
 
     def project(self, spec: str, x: jax.Array, valid: jax.Array | None = None) -> jax.Array:
-        plan = _as_matmul(spec, x.shape, self.shape)
+        plan = cpu_dispatch.as_matmul(spec, x.shape, self.shape)
         if plan is None:
             raise ValueError(f"Adapted: {spec} is not one matmul over the weight's leading "
                              "axes")
@@ -711,190 +623,6 @@ class Adapted:
     @classmethod
     def tree_unflatten(cls, scale, children):
         return cls(*children, scale)
-
-
-@jax.tree_util.register_pytree_node_class
-class LayerOf:
-    """Layer ``layer`` of a weight stack [L, ...] (float, or a bf16 stack's uint16 bits) that
-    the layer loop left unsliced: what ``_mm`` takes in place of the weight."""
-
-    def __init__(self, stack: jax.Array, layer: jax.Array, dtype: Any):
-        self.stack, self.layer, self.dtype = stack, layer, jnp.dtype(dtype)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.stack.shape[1:])
-
-    def value(self) -> jax.Array:
-        """The layer's weight (a slice: what the loop would have given)."""
-        return cpu_matmul.layer_of(self.stack, self.layer)
-
-    def tree_flatten(self):
-        return (self.stack, self.layer), self.dtype
-
-    @classmethod
-    def tree_unflatten(cls, dtype, children):
-        return cls(*children, dtype)
-
-
-# The layer weights every projection multiplies by (passed whole where the matmul kernel is on).
-_PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
-
-
-def inference_layers(params: Params) -> Params:
-    """params for inference on one CPU device: ``bit_view_layers``, and the projections'
-    weight stacks marked ``Whole`` where the matmul kernel is on for their dtype: each layer's
-    matmuls then read the stack in place (XLA copies each layer's slice for a custom call: ~1 %
-    of the fp32 readout; issue 17). Stacks spread over several devices stay as they are (the
-    custom call would gather a whole stack in every layer: a sharded 6-layer forward ran 1.0 ->
-    1.24 s). Forward only, as ``bit_view_layers``: differentiate the params."""
-    params = bit_view_layers(params)
-    if not isinstance(params, dict) or not isinstance(params.get("layers"), dict):
-        return params
-    layers = dict(params["layers"])
-    for name in _PROJECTIONS:
-        a = layers.get(name)
-        arr = a.bits if _is_view(a) else a
-        if (isinstance(arr, jax.Array) and len(arr.devices()) == 1
-                and next(iter(arr.devices())).platform == "cpu" and len(a.shape) >= 3
-                and jnp.dtype(a.dtype) in cpu_matmul.KERNELS and cpu_matmul.enabled(a.dtype)):
-            layers[name] = Whole(a)
-    return {**params, "layers": layers}
-
-
-def _is_marked(a: Any) -> bool:
-    return isinstance(a, (BitView, Whole))
-
-
-def unmark_whole(xs: Any) -> Any:
-    """xs with its ``Whole`` marks removed (each leaf the stack it marks): what a plain
-    ``lax.scan`` over the same layers takes."""
-    return jax.tree.map(lambda a: a.stack if isinstance(a, Whole) else a, xs,
-                        is_leaf=lambda a: isinstance(a, Whole))
-
-
-def bit_view_layers(params: Params) -> Params:
-    """params with each bf16 leaf of ``params["layers"]`` as a ``BitView`` of its uint16 bits,
-    for inference on CPU: the layer scan then runs on them without copying the weight stack in
-    every call (SmolLM2-135M bf16, a 1,024-token forward: 223 -> 20 MiB of temporary memory;
-    the time is the same within noise on 2 cores, where XLA ran the copy beside other work;
-    issue 17). The bits alias the weights (no copy) where the leaf sits on one CPU device;
-    other leaves are kept as they are. Forward only: a derivative with respect to a view is
-    refused (its leaves are integers; differentiate the params)."""
-    if not isinstance(params, dict) or not isinstance(params.get("layers"), dict):
-        return params
-
-    def view(a):
-        if (not isinstance(a, jax.Array) or a.dtype not in _BIT_VIEWS
-                or len(a.devices()) != 1 or next(iter(a.devices())).platform != "cpu"):
-            return a
-        host = np.asarray(a)  # the buffer itself on CPU (read-only)
-        bits = jax.device_put(host.view(np.dtype(_BIT_VIEWS[a.dtype])), a.sharding)
-        return BitView(bits, a.dtype)
-
-    return {**params, "layers": jax.tree.map(view, params["layers"])}
-
-
-def _to_bits(tree: Any) -> tuple[Any, Any]:
-    """(tree with its bf16 leaves bit-cast to uint16 and its BitViews as their bits, each
-    leaf's float dtype)."""
-    dtypes = jax.tree.map(lambda a: jnp.dtype(a.dtype), tree, is_leaf=_is_view)
-    bits = jax.tree.map(lambda a: a.bits if _is_view(a) else
-                        jax.lax.bitcast_convert_type(a, _BIT_VIEWS[a.dtype])
-                        if a.dtype in _BIT_VIEWS else a, tree, is_leaf=_is_view)
-    return bits, dtypes
-
-
-def _from_bits(tree: Any, dtypes: Any) -> Any:
-    return jax.tree.map(lambda a, dt: jax.lax.bitcast_convert_type(a, dt)
-                        if dt in _BIT_VIEWS else a, tree, dtypes)
-
-
-def _unview(tree: Any) -> Any:
-    """BitViews back to their float arrays (a copy: the differentiated path only)."""
-    return jax.tree.map(lambda a: jax.lax.bitcast_convert_type(a.bits, a.dtype)
-                        if _is_view(a) else a, tree, is_leaf=_is_view)
-
-
-def scan_layers(layer: Any, x: jax.Array, xs: Any) -> tuple[jax.Array, Any]:
-    """``lax.scan(layer, x, xs)`` over stacked per-layer arrays (weights, caches).
-
-    XLA:CPU has no bf16 dynamic-slice: it converts a bf16 array a loop slices to fp32, hoists
-    that convert out of the loop and converts each slice back to bf16 for the dot. For
-    SmolLM2-135M in bf16 that is the whole weight stack converted on every call plus a
-    convert per layer: a 1,024-token forward's temporary memory 443 -> 241 MiB without it,
-    the packed readout batch 8.95 -> 8.30 s (issue 17). So bf16
-    leaves (of xs and of the per-layer outputs) cross the loop as their uint16 bit
-    patterns, reinterpreted inside the body: the same numbers, no converts. xs may hold
-    ``BitView`` leaves (``bit_view_layers``), which are the bits already.
-
-    Leaves marked ``Whole`` (``inference_layers``) are not sliced: layer i gets
-    ``LayerOf(stack, i)``, which ``_mm`` hands to the matmul kernel as the stack and the
-    index (XLA would copy each layer's slice for the kernel: ~1 % of the fp32 readout).
-
-    Bit casts have no derivative and a whole stack's derivative would be a full-stack update
-    per layer, so under differentiation (forward or reverse) the plain scan over sliced
-    arrays runs instead (a custom JVP); fp32 inputs without ``Whole`` leaves always take it.
-    """
-    leaves, treedef = jax.tree.flatten(xs, is_leaf=_is_marked)
-    whole = [isinstance(a, Whole) for a in leaves]
-    if not any(whole) and not any(_is_view(a) or a.dtype in _BIT_VIEWS for a in leaves):
-        return jax.lax.scan(layer, x, xs, unroll=SCAN_UNROLL)
-
-    stacks = [a.stack for a, w in zip(leaves, whole) if w]
-    scanned = [a for a, w in zip(leaves, whole) if not w]
-    one = lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype)  # noqa: E731  a layer's slice
-    aval = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)  # noqa: E731
-
-    def layer_inputs(stacks_of, sliced):
-        """xs' structure for one layer: stacks_of's items at the Whole leaves, sliced's at
-        the others (both in order)."""
-        st, sl = iter(stacks_of), iter(sliced)
-        return jax.tree.unflatten(treedef, [next(st) if w else next(sl) for w in whole])
-
-    # A custom_jvp function must not close over tracers: the layer is traced to a jaxpr and
-    # the values it closes over (RoPE tables, masks, ...) become explicit arguments; a second
-    # trace over plain slices when some leaves are Whole (the differentiated path).
-    index = jax.ShapeDtypeStruct((), jnp.int32)
-    fast, out_shape = jax.make_jaxpr(layer, return_shape=True)(
-        x, layer_inputs([LayerOf(aval(b), index, dt) for b, dt in zip(*_to_bits(stacks))],
-                        [one(a) for a in scanned]))
-    plain_jaxpr = fast if not any(whole) else jax.make_jaxpr(layer)(
-        x, layer_inputs([one(s) for s in stacks], [one(a) for a in scanned]))
-    out_tree = jax.tree.structure(out_shape)
-
-    def run(closed, consts, x, layer_xs):
-        out = jax.core.eval_jaxpr(closed.jaxpr, consts, *jax.tree.leaves((x, layer_xs)))
-        return jax.tree.unflatten(out_tree, out)
-
-    def plain(x, scanned, stacks_in, consts, plain_consts):
-        del consts
-        full = layer_inputs(_unview(stacks_in), _unview(scanned))
-        return jax.lax.scan(lambda c, s: run(plain_jaxpr, plain_consts, c, s), x, full,
-                            unroll=SCAN_UNROLL)
-
-    ys_dtypes = jax.tree.map(lambda a: jnp.dtype(a.dtype), out_shape[1])
-    n_layers = (stacks[0] if stacks else scanned[0]).shape[0]
-
-    @jax.custom_jvp
-    def as_bits(x, scanned, stacks_in, consts, plain_consts):
-        del plain_consts  # (the differentiated path's)
-        bits, dtypes = _to_bits(scanned)
-        stack_bits, stack_dtypes = _to_bits(list(stacks_in))
-
-        def body(x, inputs):
-            b, i = inputs
-            layer_xs = layer_inputs([LayerOf(s, i, dt) for s, dt in zip(stack_bits, stack_dtypes)],
-                                    _from_bits(b, dtypes))
-            x, ys = run(fast, consts, x, layer_xs)
-            return x, _to_bits(ys)[0]
-
-        x, ys = jax.lax.scan(body, x, (bits, jnp.arange(n_layers, dtype=jnp.int32)),
-                             unroll=SCAN_UNROLL)
-        return x, _from_bits(ys, ys_dtypes)
-
-    as_bits.defjvp(lambda primals, tangents: jax.jvp(plain, primals, tangents))
-    return as_bits(x, scanned, stacks, tuple(fast.consts), tuple(plain_jaxpr.consts))
 
 
 def _maybe_remat(layer: Any, config: ModelConfig) -> Any:
@@ -1012,8 +740,8 @@ def forward_with_cache(params: Params, config: ModelConfig, tokens: jax.Array,
         attn = attend(q, [(ck, cv, cache_mask), (k, v, self_mask)])
         return _out_and_mlp(lp, config, x, attn), (k, v)
 
-    x, (ks, vs) = scan_layers(_maybe_remat(layer, config), _embed(params, tokens),
-                              (params["layers"], cache.k, cache.v))
+    x, (ks, vs) = cpu_scan.scan_layers(_maybe_remat(layer, config), _embed(params, tokens),
+                                       (params["layers"], cache.k, cache.v))
     return _final_norm(params, config, x), ks, vs
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from jaxdm.models import decoder
 from jaxdm.models.config import ModelConfig
-from jaxdm.models.cpu import build as cpu_build, matmul as cpu_matmul
+from jaxdm.models.cpu import build as cpu_build, dispatch as cpu_dispatch, matmul as cpu_matmul
 
 
 def _require(dtype):
@@ -107,7 +107,7 @@ def test_matmul_layer_reads_each_layer_of_the_stack_in_place(dtype):
     f = jax.jit(cpu_matmul.matmul_layer)
     assert cpu_matmul.KERNELS[jnp.dtype(dtype)].target in f.lower(x, stack, 0).as_text()
     operands = [stack]
-    if dtype == jnp.bfloat16:  # a bf16 stack's uint16 bits (decoder.BitView) read the same
+    if dtype == jnp.bfloat16:  # a bf16 stack's uint16 bits (cpu.scan.BitView) read the same
         operands.append(jax.lax.bitcast_convert_type(stack, jnp.uint16))
     for w in operands:
         for i in range(3):
@@ -231,11 +231,11 @@ def test_the_decoder_s_fp32_projections_run_on_it(f32_kernel_on, monkeypatch):
 
 def test_as_matmul_reads_the_decoder_s_specs():
     x, w = (2, 3, 8), (8, 4, 5)
-    assert decoder._as_matmul("BSD,DNH->BSNH", x, w) == ((2, 3, 8), (8, 20), (2, 3, 4, 5))
-    assert decoder._as_matmul("BSNH,NHD->BSD", (2, 3, 4, 5), (4, 5, 8)) == (
+    assert cpu_dispatch.as_matmul("BSD,DNH->BSNH", x, w) == ((2, 3, 8), (8, 20), (2, 3, 4, 5))
+    assert cpu_dispatch.as_matmul("BSNH,NHD->BSD", (2, 3, 4, 5), (4, 5, 8)) == (
         (2, 3, 20), (20, 8), (2, 3, 8))
-    assert decoder._as_matmul("BSD,VD->BSV", x, (9, 8)) is None  # w transposed
-    assert decoder._as_matmul("BSD,DF->BFS", x, (8, 6)) is None  # reordered out
+    assert cpu_dispatch.as_matmul("BSD,VD->BSV", x, (9, 8)) is None  # w transposed
+    assert cpu_dispatch.as_matmul("BSD,DF->BFS", x, (8, 6)) is None  # reordered out
 
 
 def _run(code: str, **env) -> subprocess.CompletedProcess:

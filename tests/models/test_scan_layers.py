@@ -1,4 +1,4 @@
-"""decoder.scan_layers: bf16 weights cross the layer loop as bit patterns (no fp32 copy of the
+"""cpu_scan.scan_layers: bf16 weights cross the layer loop as bit patterns (no fp32 copy of the
 weight stack in the compiled program), with the same numbers and derivatives as lax.scan."""
 import re
 
@@ -9,6 +9,7 @@ import pytest
 
 from jaxdm.models import decoder
 from jaxdm.models.config import ModelConfig
+from jaxdm.models.cpu import scan as cpu_scan
 from jaxdm.models import lora
 
 CONFIG = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=2,
@@ -30,11 +31,11 @@ def _inputs(dtype):
 
 
 def _plain_scan(monkeypatch):
-    """decoder.scan_layers replaced by the plain lax.scan it stands for (the jitted entry
+    """cpu_scan.scan_layers replaced by the plain lax.scan it stands for (the jitted entry
     points' traces cleared, so that they trace again with it)."""
-    monkeypatch.setattr(decoder, "scan_layers",
-                        lambda layer, x, xs: jax.lax.scan(layer, x, decoder.unmark_whole(xs),
-                                                          unroll=decoder.SCAN_UNROLL))
+    monkeypatch.setattr(cpu_scan, "scan_layers",
+                        lambda layer, x, xs: jax.lax.scan(layer, x, cpu_scan.unmark_whole(xs),
+                                                          unroll=cpu_scan.SCAN_UNROLL))
     jax.clear_caches()
 
 
@@ -121,9 +122,9 @@ def _stack_casts(text):
 
 def test_bit_views_alias_the_weights_and_skip_the_per_call_cast():
     params, tokens, positions = _inputs(jnp.bfloat16)
-    views = decoder.bit_view_layers(params)
+    views = cpu_scan.bit_view_layers(params)
     q = views["layers"]["q"]
-    assert isinstance(q, decoder.BitView) and q.bits.dtype == jnp.uint16
+    assert isinstance(q, cpu_scan.BitView) and q.bits.dtype == jnp.uint16
     assert q.dtype == jnp.bfloat16 and q.shape == params["layers"]["q"].shape
     assert views["embed"] is params["embed"]  # only the scanned stack is viewed
     if jax.default_backend() == "cpu":  # the bits are the weights' own buffer
@@ -148,9 +149,9 @@ def test_bit_views_alias_the_weights_and_skip_the_per_call_cast():
 
 def test_bit_views_leave_fp32_alone_and_refuse_gradients():
     params, tokens, positions = _inputs(jnp.float32)
-    views = decoder.bit_view_layers(params)
+    views = cpu_scan.bit_view_layers(params)
     assert all(a is b for a, b in zip(jax.tree.leaves(views), jax.tree.leaves(params)))
-    bf16 = decoder.bit_view_layers(_inputs(jnp.bfloat16)[0])
+    bf16 = cpu_scan.bit_view_layers(_inputs(jnp.bfloat16)[0])
     loss = lambda p: jnp.sum(_hidden(p, tokens, positions).astype(jnp.float32))  # noqa: E731
     try:
         jax.grad(loss)(bf16)
@@ -172,12 +173,12 @@ def test_whole_weight_stacks_feed_the_matmul_kernel_without_slices(monkeypatch, 
     rows = 160  # x 2 rows: past the bf16 kernel's MIN_ROWS
     tokens = jax.random.randint(jax.random.key(1), (2, rows), 0, CONFIG.vocab_size)
     positions = jnp.broadcast_to(jnp.arange(rows), (2, rows))
-    weights = decoder.inference_layers(params)
-    assert isinstance(weights["layers"]["q"], decoder.Whole)
-    assert isinstance(weights["layers"]["q"].stack, decoder.BitView) == (dtype == jnp.bfloat16)
+    weights = cpu_scan.inference_layers(params)
+    assert isinstance(weights["layers"]["q"], cpu_scan.Whole)
+    assert isinstance(weights["layers"]["q"].stack, cpu_scan.BitView) == (dtype == jnp.bfloat16)
     if not view:  # the Whole marks on plain arrays: the bf16 stacks then cast inside the call
         weights = {**params, "layers": {**params["layers"], **{
-            k: decoder.Whole(params["layers"][k]) for k in ("q", "o", "gate", "up", "down")}}}
+            k: cpu_scan.Whole(params["layers"][k]) for k in ("q", "o", "gate", "up", "down")}}}
     fast = _jit_hidden()
     out = fast(weights, tokens, positions)
     text = fast.lower(weights, tokens, positions).compile().as_text()
@@ -212,5 +213,5 @@ def test_inference_layers_leave_sharded_stacks_sliced():
     params = decoder.init_params(CONFIG, jax.random.key(0), dtype=jnp.float32)
     mesh = jax.make_mesh((2,), ("model",))
     q = jax.device_put(params["layers"]["q"], NamedSharding(mesh, P(None, None, "model")))
-    got = decoder.inference_layers({**params, "layers": {**params["layers"], "q": q}})
+    got = cpu_scan.inference_layers({**params, "layers": {**params["layers"], "q": q}})
     assert got["layers"]["q"] is q

@@ -10,9 +10,10 @@ BF16 pair dot products (``vdpbf16ps``, e.g. AMD Zen 4) where it has those. Work 
 XLA's intra-op thread pool. It is still a pure jitted function: an XLA custom call, no host
 callback.
 
-- ``attend(q, sources, reference)`` is ``decoder.attend``'s fast path: on CPU the kernel, on
-  every other platform ``reference`` (``lax.platform_dependent``). Differentiation runs
-  ``reference`` (a custom JVP: the kernel is forward-only), so gradients are the XLA path's.
+- ``make_attend(reference)`` is ``decoder.attend``'s fast path (``dispatch.attention`` picks
+  it): on CPU the kernel, on every other platform ``reference`` (``lax.platform_dependent``).
+  Differentiation runs ``reference`` (a custom JVP: the kernel is forward-only), so gradients
+  are the XLA path's.
 - ``make_attend_segments(reference)`` is ``decoder.attend_segments``'s: the same kernel with
   its mask given by a rule on int32 vectors (``decoder.segment_mask``: shared contexts and
   their continuations) instead of a pred array, so a packed row's whole self-attention is

@@ -86,7 +86,7 @@ def zero_skipped_rows(out: jax.Array, valid: jax.Array) -> jax.Array:
 
 
 def layer_of(stack: jax.Array, layer: jax.Array) -> jax.Array:
-    """``stack[layer]`` of a weight stack [L, K, N]; uint16 bits (``decoder.BitView``) come
+    """``stack[layer]`` of a weight stack [L, K, N]; uint16 bits (``cpu.scan.BitView``) come
     back as the bf16 weights they hold."""
     w = jax.lax.dynamic_index_in_dim(stack, layer, keepdims=False)
     return jax.lax.bitcast_convert_type(w, jnp.bfloat16) if w.dtype == jnp.uint16 else w
