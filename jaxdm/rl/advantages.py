@@ -31,6 +31,8 @@ __all__ = [
     "gigpo_advantages",
     "discounted_step_returns",
     "gae_advantages",
+    "potential_shaped_rewards",
+    "process_grpo_advantages",
     "anchor_ids_from_observations",
     "broadcast_to_tokens",
     "group_stats",
@@ -356,6 +358,65 @@ def gae_advantages(rewards, values, mask, *, gamma: float = 1.0, lam: float = 0.
     _, adv = jax.lax.scan(back, jnp.zeros((b,), jnp.float32), (delta.T[::-1], carry_ok.T[::-1]))
     adv = jnp.where(mask, adv[::-1].T, 0.0)
     return adv, jnp.where(mask, adv + v[:, :-1], 0.0)
+
+
+def potential_shaped_rewards(rewards, potentials, mask, *, gamma: float = 1.0):
+    """Potential-based shaping (Ng, Harada & Russell 1999) of each row's step rewards.
+
+    r'_t = r_t + γ Φ(s_{t+1}) − Φ(s_t) over the executed actions, with Φ(s_{T_i}) := 0 after
+    a row's last action (terminal or cut off): each row's shaped return is then
+    Σ_t γ^t r'_t = Σ_t γ^t r_t − Φ(s_0), so shaping only moves credit between the steps of an
+    episode (the same total LVRL's telescoping advantages keep, up to its anchors).
+
+    Args:
+      rewards: [B, T] float step rewards (0 where not executed).
+      potentials: [B, T + 1] float, Φ(s_0)..Φ(s_T) (e.g. the LVRL value model's V).
+      mask: [B, T] bool executed actions, a prefix of each row.
+      gamma: the discount of the shaping term (1.0 for GRPO's undiscounted returns).
+
+    Returns:
+      [B, T] float32 shaped rewards, 0 where ``mask`` is False.
+    """
+    rewards, potentials, mask = (jnp.asarray(rewards), jnp.asarray(potentials),
+                                 jnp.asarray(mask))
+    if mask.ndim != 2 or mask.dtype != jnp.bool_:
+        raise ValueError(f"mask must be bool [B, T], got {mask.dtype} {list(mask.shape)}")
+    b, t = mask.shape
+    _check_bt("rewards", rewards, (b, t))
+    if potentials.shape != (b, t + 1):
+        raise ValueError(f"potentials must have shape [B, T+1]={[b, t + 1]}, got "
+                         f"{list(potentials.shape)}")
+    phi = potentials.astype(jnp.float32)
+    next_live = jnp.concatenate([mask[:, 1:], jnp.zeros((b, 1), bool)], axis=1)
+    shaped = (rewards.astype(jnp.float32) + gamma * jnp.where(next_live, phi[:, 1:], 0.0)
+              - phi[:, :-1])
+    return jnp.where(mask, shaped, 0.0)
+
+
+def process_grpo_advantages(step_rewards, group_ids, mask, *, num_groups: int,
+                            eps: float = 1e-6):
+    """GRPO with step rewards (DeepSeekMath §4.1.3, "process supervision").
+
+    Every executed step's reward is normalised within its group, r̃ = (r − μ_u) / (σ_u + eps)
+    with the mean and sample std over all executed steps of group u, and the advantage of
+    step t is the sum of the normalised rewards from t on, A_t = Σ_{k ≥ t} r̃_k. A group whose
+    step rewards are all equal gets 0.
+
+    Args:
+      step_rewards: [B, T] float, e.g. ``potential_shaped_rewards``.
+      group_ids: [B] int in [0, num_groups); mask: [B, T] bool executed actions (a prefix).
+      num_groups: static.
+
+    Returns:
+      [B, T] float32 step advantages, 0 where ``mask`` is False.
+    """
+    step_rewards, group_ids, mask = (jnp.asarray(step_rewards), jnp.asarray(group_ids),
+                                     jnp.asarray(mask))
+    b, t = _check_layout(group_ids, mask, num_groups)
+    _check_bt("step_rewards", step_rewards, (b, t))
+    cells = jnp.broadcast_to(group_ids[:, None], (b, t))
+    normed = _normalise_in_groups(step_rewards, cells, mask, num_groups, eps=eps)
+    return discounted_step_returns(normed, mask, gamma=1.0)
 
 
 def anchor_ids_from_observations(observations: Sequence[Sequence[str]], group_ids,

@@ -123,7 +123,9 @@ class RolloutKind:
 ROLLOUT_KINDS: Registry[RolloutKind] = Registry("rollout kind")
 ROLLOUT_KINDS.register("host", RolloutKind(_host_make, _host_envs))
 # Text-reading estimators (teacher, gigpo) and text value models need rendered text.
-ROLLOUT_KINDS.register("jax", RolloutKind(_jax_make, _jax_envs, estimators=("grpo", "gae", "lvrl"),
+ROLLOUT_KINDS.register("jax", RolloutKind(_jax_make, _jax_envs, estimators=(
+                                              "grpo", "gae", "lvrl", "grpo_shaped",
+                                              "gae_shaped"),
                                           value_kinds=("oracle",), env_factory=False))
 
 

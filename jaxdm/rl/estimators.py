@@ -190,8 +190,42 @@ def lvrl(eb, signals, algo, num_groups):
                       stats={"lvrl/fallback_rows": float((~rows & ~eb.errored).sum())})
 
 
+def _shaped_step_rewards(eb, signals, gamma: float) -> tuple[np.ndarray, np.ndarray]:
+    """(shaped step rewards [B, T], rows with real values [B]): potential-based shaping of the
+    step rewards with the ``values`` signal as Φ; rows whose value query failed keep their
+    unshaped rewards (Φ = 0)."""
+    sig = signals["values"]
+    rows = np.asarray(sig.mask, bool) & ~eb.errored
+    phi = np.where(rows[:, None], np.asarray(sig.arrays["values"], np.float32), 0.0)
+    return np.asarray(advmod.potential_shaped_rewards(eb.step_rewards, phi, eb.mask,
+                                                      gamma=gamma)), rows
+
+
+def grpo_shaped(eb, signals, algo, num_groups):
+    """GRPO given the LVRL value model as a potential-based shaping reward: the step rewards
+    r_t + Φ(s_{t+1}) − Φ(s_t) (Φ = the ``values`` signal, 0 after the last action) through
+    GRPO with step rewards (``advantages.process_grpo_advantages``). LVRL's value differences
+    without its anchors and group baseline: the control that says what those add."""
+    shaped, rows = _shaped_step_rewards(eb, signals, 1.0)
+    adv = advmod.process_grpo_advantages(shaped, eb.groups, eb.mask, num_groups=num_groups,
+                                         eps=algo.eps)
+    return Advantages(np.asarray(adv, np.float32),
+                      stats={"shaping/unshaped_rows": float((~rows & ~eb.errored).sum())})
+
+
+def gae_shaped(eb, signals, algo, num_groups):
+    """PPO's GAE(γ, λ) with the learned critic on the shaped step rewards r_t + γ Φ(s_{t+1})
+    − Φ(s_t) (Φ = the ``values`` signal): PPO given the same shaping reward as LVRL."""
+    shaped, rows = _shaped_step_rewards(eb, signals, algo.gamma)
+    out = gae(dataclasses.replace(eb, step_rewards=shaped), signals, algo, num_groups)
+    return Advantages(out.adv, out.extras,
+                      {**out.stats, "shaping/unshaped_rows": float((~rows & ~eb.errored).sum())})
+
+
 register_estimator("grpo", grpo)
 register_estimator("teacher", teacher, needs=("teacher_scores",))
 register_estimator("gigpo", gigpo)
 register_estimator("gae", gae, needs=("critic_values",))
 register_estimator("lvrl", lvrl, needs=("values",))
+register_estimator("grpo_shaped", grpo_shaped, needs=("values",))
+register_estimator("gae_shaped", gae_shaped, needs=("critic_values", "values"))
