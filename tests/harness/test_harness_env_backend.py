@@ -17,6 +17,7 @@ from jaxdm.bench import l3
 from jaxdm.bench.run import BenchConfig
 from jaxdm.cli import main
 from jaxdm.decision import Oracle
+from jaxdm.envs.decision_gym import GymParams
 from jaxdm.harness import passes
 from jaxdm.harness.config import load
 from jaxdm.harness.errors import HarnessError
@@ -120,8 +121,9 @@ def test_losses_past_the_failure_share_fail_the_job(tmp_path, monkeypatch, capsy
 def test_a_task_lost_every_time_stops_the_runner(tmp_path):
     factory = functools.partial(DyingGym, str(tmp_path), (1,), os.getpid(), always=True)
     cfg = load("smoke", [])
-    runner = EpisodeRunner(EnvWorkersConfig("process", 1), factory,
-                           passes._gym_params(cfg, "fit"), max_failed_share=1.0)
+    params = GymParams(variant=cfg.env.variant, max_steps=cfg.env.max_steps, split="fit")
+    runner = EpisodeRunner(EnvWorkersConfig("process", 1), factory, params,
+                           max_failed_share=1.0)
     harness = build_harness(cfg, (), None, shadow=True)
     played = runner.play([0, 1, 2], lambda i: harness.for_episode())
     assert next(played)[0] == 0
