@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT))
 from jaxdm import config as cfgmod  # noqa: E402
 from jaxdm.jsonl import write_atomic, write_json  # noqa: E402
 import jaxdm.train.harness_rollout  # noqa: E402,F401  registers policy.kind: harness
-from jaxdm.rl.trainer import RunDirError, TrainConfig, Trainer  # noqa: E402
+from jaxdm.rl.trainer import TrainConfig, Trainer  # noqa: E402
+from jaxdm.rundir import RunFolderError  # noqa: E402
 
 PRESET = ROOT / "experiments" / "configs" / "teacher_grpo_harness.yaml"
 QUICK = ["iterations=1", "tasks_per_iter=1", "group_size=2", "eval_tasks=1", "max_actions=4"]
@@ -75,7 +76,7 @@ def main(argv=None) -> dict:
         # the initial policy (a resumed run restores its checkpoint inside run())
         before = eval_row(tr.evaluate(), cfg) if cfg.eval_tasks else None
         tr.run(resume=args.resume, overwrite=args.overwrite)
-    except RunDirError as e:
+    except RunFolderError as e:
         raise SystemExit(f"bench_harness_grpo: error: {e}") from None
     finally:
         tr.close()

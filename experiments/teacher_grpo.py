@@ -37,7 +37,8 @@ from jaxdm import config as cfgmod
 from jaxdm import runlog
 from jaxdm.rl.estimators import ESTIMATORS
 import jaxdm.train.harness_rollout  # noqa: F401  registers policy.kind: harness (--config harness)
-from jaxdm.rl.trainer import RunDirError, TrainConfig, TrainingStopped, train_run
+from jaxdm.rl.errors import TrainingStopped
+from jaxdm.rl.trainer import TrainConfig, train_run
 from jaxdm.jsonl import write_json
 
 PRESETS = Path(__file__).resolve().parent / "configs"
@@ -176,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.resume, args.overwrite)
         else:
             train_run(cfg, resume=args.resume, overwrite=args.overwrite)
-    except (RunDirError, TrainingStopped, ValueError) as e:
+    except (TrainingStopped, ValueError) as e:   # ValueError: jaxdm.rundir refusals too
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -68,6 +68,7 @@ FSDP-sharded parameters (π_old is the sampling log-prob; 4.4e-6). The design:
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import pickle
@@ -158,7 +159,7 @@ class SingleProcess:
 
     # ---- the run folder ----------------------------------------------------------------
     def lock(self, out: Any):
-        """The run folder's lock (``jaxdm.rundir.lock_run_dir``; None where not held)."""
+        """The run folder's lock (``jaxdm.rundir.lock_run_dir``), a context manager."""
         return lock_run_dir(out, "out_dir")
 
     def barrier(self, name: str) -> None:
@@ -270,8 +271,9 @@ class Distributed(LocalCopyProcess):
 
     # ---- the run folder: process 0 holds the lock and writes the files ------------------
     def lock(self, out: Any):
-        """The run folder's lock, held by process 0 only (None on the others)."""
-        return super().lock(out) if self.is_main else None
+        """The run folder's lock, held by process 0 only (a lock that holds nothing on the
+        others)."""
+        return super().lock(out) if self.is_main else contextlib.nullcontext()
 
     def barrier(self, name: str) -> None:
         """Every process waits here for the others (multihost_utils.sync_global_devices under

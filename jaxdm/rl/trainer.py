@@ -25,13 +25,12 @@ One iteration, from the previous ``TrainState`` (``jaxdm.rl.state``) to the next
   5. The new state replaces the old only now; JSONL metrics, progress bar, periodic orbax
      checkpoints of the whole state.
 
-Run directories: a fresh run refuses an ``out_dir`` that holds a run unless ``overwrite``;
-``resume`` refuses changed run-changing settings (naming the keys), drops a torn last
-metrics line, never writes the final evaluation twice, and loads a checkpoint with NaN/inf
-tensors only with ``on_nonfinite_checkpoint=warn``. Ctrl-C, kill or an error checkpoint the
-last *finished and recorded* iteration, so resuming is exact. Processes: every step that
-differs with several (or ``act_on_local_copy``) goes through one seam, ``self.dist``
-(``jaxdm.rl.distributed.make``).
+Run folder (``run_layout``, ``jaxdm.rundir``: refuse / resume / overwrite): a resume drops a
+torn last metrics line, never writes the final evaluation twice, and loads a checkpoint with
+NaN/inf tensors only with ``on_nonfinite_checkpoint=warn``. Ctrl-C, kill or an error
+checkpoint the last *finished and recorded* iteration, so resuming is exact. Processes: every
+step that differs with several (or ``act_on_local_copy``) goes through one seam,
+``self.dist`` (``jaxdm.rl.distributed.make``).
 """
 from __future__ import annotations
 
@@ -45,22 +44,20 @@ import jax
 import numpy as np
 
 from jaxdm import config as cfgmod
-from jaxdm import runlog
-from jaxdm.rl import build, distributed, rundir, sharding
+from jaxdm import rundir, runlog
+from jaxdm.rl import build, distributed, sharding
 from jaxdm.rl.checkpoint import Checkpointer
+from jaxdm.rl.errors import NonFiniteLossError, TeacherFailureError, TrainingStopped
 from jaxdm.rl.estimators import ESTIMATORS, EpisodeBatch
 from jaxdm.rl.lvopd import LVOPDBatcher
-from jaxdm.rl.rundir import (NonFiniteLossError, ResumeMismatchError, RunDirError,  # noqa: F401
-                             TeacherFailureError, TrainingStopped)
 from jaxdm.rl.signals import signal_spec
 from jaxdm.rl.state import TrainState, check_restored, from_checkpoint, place_key, to_checkpoint
 from jaxdm.rl.terms import StepSpec, cached_train_step, signals_needed
 from jaxdm.rl.train_config import (AlgoSection, CriticSection, EnvSection,  # noqa: F401
                                    ModelSection, OptimSection, PolicySection, TeacherSection,
-                                   TrainConfig)
+                                   RUN_CHANGING_EXEMPT, TrainConfig, nested_items)
 
-__all__ = ["TrainConfig", "Trainer", "train_run", "RunDirError", "ResumeMismatchError",
-           "TrainingStopped", "NonFiniteLossError", "TeacherFailureError"]
+__all__ = ["TrainConfig", "Trainer", "train_run", "run_layout"]
 
 _LOSS_KEYS = ("loss/pg", "loss/kl", "loss/entropy", "loss/value", "loss/total")
 
@@ -278,30 +275,24 @@ class Trainer:
         """Train to ``iterations`` (default cfg.iterations); returns the metric records.
 
         ``stop_after`` stops after that many iterations *of this call* (simulates a killed
-        run; the exit checkpoint is still written). The run folder is locked for the call
-        (``jaxdm.rundir.lock_run_dir``: a second job on it fails at once).
+        run; the exit checkpoint is still written). The run folder (``run_layout``) is locked
+        for the call: a second job on it fails at once.
         """
-        lock = self.dist.lock(self.out)  # [MULTIHOST] shared out_dir: process 0 holds it
-        try:
+        with self.dist.lock(self.out):  # [MULTIHOST] shared out_dir: process 0 holds it
             return self._run(resume=resume, overwrite=overwrite, iterations=iterations,
                              stop_after=stop_after)
-        finally:
-            if lock is not None:
-                lock.release()
 
     def _run(self, *, resume: bool, overwrite: bool, iterations: int | None,
              stop_after: int | None) -> list[dict[str, Any]]:
         cfg = self.cfg
         total = iterations or cfg.iterations
         main = self.dist.is_main  # [MULTIHOST] files and progress from process 0 only
-        if resume:
-            rundir.check_resume_config(self.out, cfg)
-        elif rundir.holds_run(self.out, self.checkpointer):
-            if not overwrite:
-                raise RunDirError(rundir.describe_run(self.out, self.checkpointer))
+        layout, settings = run_layout(cfg, self.checkpointer), cfgmod.to_dict(cfg)
+        if not rundir.check_folder(self.out, layout, settings, resume=resume,
+                                   overwrite=overwrite, what="out_dir") and overwrite:
             self.checkpointer.close()
             if main:  # [MULTIHOST] one process clears the shared out_dir, then all go on
-                rundir.clear_run(self.out)
+                rundir.clear_outputs(self.out, layout)
             self.dist.barrier("clear_run")
             self.checkpointer = Checkpointer(self.out / "checkpoints",
                                              max_to_keep=cfg.keep_checkpoints)
@@ -315,7 +306,7 @@ class Trainer:
             r.get("step") == self.iteration and "eval/All" in r and "train/success" not in r
             for r in runlog.read_metrics(self.out / "metrics.jsonl"))
         if not resumed and main:
-            cfgmod.dump_yaml(cfg, self.out / "config.yaml")
+            rundir.write_settings(self.out, layout, settings)
         bar = runlog.Progress(total, cfg.algo.advantage, initial=self.iteration,
                               enabled=cfg.progress and self.log and main,
                               keys=("train/success", "train/reward", "loss/total"))
@@ -380,6 +371,19 @@ class Trainer:
         """Close the rollout's env pools and the checkpointer (waiting for pending saves)."""
         self.collector.close()
         self.checkpointer.close()
+
+
+def run_layout(cfg: TrainConfig, checkpointer: Checkpointer) -> rundir.Layout:
+    """The trainer's run folder (``jaxdm.rundir``): config.yaml (compared by dotted key on
+    resume, but RUN_CHANGING_EXEMPT), metrics.jsonl, checkpoints/; other files are allowed."""
+    metrics = Path(cfg.out_dir) / "metrics.jsonl"
+    return rundir.Layout(
+        "config.yaml", ("checkpoints", "metrics.jsonl", "curves.png"), kind="a training run",
+        free=RUN_CHANGING_EXEMPT, foreign_files=True, view=nested_items,
+        holds=lambda out: bool(checkpointer.all_steps()) or (
+            metrics.is_file() and metrics.stat().st_size > 0),
+        load=lambda path: cfgmod.to_dict(cfgmod.load_config(TrainConfig, path, [])),
+        dump=lambda path, settings: cfgmod.dump_yaml(settings, path))
 
 
 def train_run(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False,

@@ -5,11 +5,13 @@ import jax
 import numpy as np
 import pytest
 
-from jaxdm import runlog
-from jaxdm.rl import rundir
+from jaxdm import config as cfgmod
+from jaxdm import rundir, runlog
+from jaxdm.rl.checkpoint import Checkpointer
+from jaxdm.rl.errors import NonFiniteLossError
 from jaxdm.rl.state import NonFiniteCheckpointError
-from jaxdm.rl.trainer import (NonFiniteLossError, ResumeMismatchError, RunDirError, Trainer,
-                               train_run)
+from jaxdm.rl.trainer import Trainer, run_layout, train_run
+from jaxdm.rundir import ResumeMismatchError, RunExistsError
 from tests.rl import test_rl_trainer as base
 
 
@@ -86,8 +88,9 @@ def test_fresh_run_refuses_a_run_dir_unless_overwrite(tmp_path):
     tr.close()
     before = (tmp_path / "metrics.jsonl").read_text()
     again = Trainer(cfg, log=False)
-    with pytest.raises(RunDirError, match=r"holds a run \(checkpoint steps \[1\], 1 metrics "
-                                          r"lines\): pass --resume .* or --overwrite"):
+    with pytest.raises(RunExistsError, match=r"out_dir .* already holds a training run "
+                                             r"\(checkpoints, config.yaml, curves.png, "
+                                             r"metrics.jsonl\); pass --resume .* or --overwrite"):
         again.run()
     assert (tmp_path / "metrics.jsonl").read_text() == before  # nothing touched
     assert again.checkpointer.all_steps() == [1]
@@ -111,7 +114,8 @@ def test_resume_refuses_changed_settings_and_keeps_final_eval_once(tmp_path):
     wider = cfg_at(tmp_path, "iterations=1", "eval_tasks=2", "eval_seeds=[0]",
                    "model.hidden_size=64")
     with pytest.raises(ResumeMismatchError, match=r"model.hidden_size: 32 -> 64"):
-        rundir.check_resume_config(tmp_path, wider)
+        rundir.check_folder(tmp_path, run_layout(wider, Checkpointer(tmp_path / "checkpoints")),
+                            cfgmod.to_dict(wider), resume=True, overwrite=False)
     # iterations and checkpointing may change; resuming the finished run evaluates nothing
     t3 = Trainer(dataclasses.replace(cfg, checkpoint_every=5), log=False)
     t3.run(resume=True)
@@ -231,7 +235,7 @@ def test_train_run_gives_the_whole_run_when_resumed(tmp_path):
     assert recs[:len(first)] == runlog.read_metrics(tmp_path / "metrics.jsonl")[:len(first)]
     assert sorted({r["step"] for r in recs}) == [1, 2]
     assert train_run(cfg, resume=True, log=False) == recs   # finished: nothing added
-    with pytest.raises(RunDirError):
+    with pytest.raises(RunExistsError):
         train_run(cfg, log=False)                             # never overwritten unasked
 
 

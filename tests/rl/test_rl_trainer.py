@@ -17,7 +17,8 @@ from jaxdm.rl.estimators import ESTIMATORS, episode_batch
 from jaxdm.rl.rollout import LocalVectorEnv, rollout
 from jaxdm.rl.signals import SIGNALS
 from jaxdm.rl.terms import TermContext, make_train_step
-from jaxdm.rl.trainer import TeacherFailureError, TrainConfig, Trainer
+from jaxdm.rl.errors import TeacherFailureError
+from jaxdm.rl.trainer import TrainConfig, Trainer
 
 
 def _step(policy, tx, loss_cfg):

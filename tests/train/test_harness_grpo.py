@@ -109,7 +109,7 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_one(full_run, tmp_path)
     assert recs[-1]["eval/All_steps"] == full_run["records"][-1]["eval/All_steps"]
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 2]
     # a changed run setting is refused on resume, naming the key
-    from jaxdm.rl.trainer import ResumeMismatchError
+    from jaxdm.rundir import ResumeMismatchError
     changed = Trainer(golden_cfg(tmp_path, "env.kwargs.lam=0.7"), log=False)
     with pytest.raises(ResumeMismatchError, match="env.kwargs"):
         changed.run(resume=True)
