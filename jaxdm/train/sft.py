@@ -36,7 +36,9 @@ from jaxdm.decision.types import YesNo
 from jaxdm.models import lora as lora_lib
 from jaxdm.models.loading import save_pretrained
 from jaxdm.models.lora import load_model
+from jaxdm.jsonl import write_json
 from jaxdm.rl.checkpoint import Checkpointer
+from jaxdm.rundir import ResumeMismatchError, describe_diff, saved_form, settings_diff
 from jaxdm.runlog import MetricsWriter, Progress, plot_curves
 from jaxdm.train import packing
 from jaxdm.train.data import read_states
@@ -228,12 +230,15 @@ def train(cfg: TrainDMConfig) -> dict[str, Any]:
     ckpt = Checkpointer(out / "checkpoints", max_to_keep=cfg.keep_checkpoints)
     start = 0
     latest = ckpt.latest_step()
+    settings = _settings(cfg, len(states))
     if latest is not None:
         restored, host, _ = ckpt.restore({"trainable": trainable, "opt": opt_state})
-        if host.get("fingerprint") != _fingerprint(cfg, len(states)):
-            raise TrainingError(f"train-dm: {out / 'checkpoints'} holds a run with other "
-                                f"settings or data ({host.get('fingerprint')}); use a new "
-                                "out_dir")
+        saved = host.get("settings") or _legacy_settings(host.get("fingerprint"))
+        changed = settings_diff(saved, settings)
+        if changed:
+            raise ResumeMismatchError(
+                f"train-dm: {out / 'checkpoints'} holds a run with different settings or data: "
+                f"{describe_diff(changed, saved, settings)}; use a new out_dir")
         trainable, opt_state, start = restored["trainable"], restored["opt"], int(host["step"])
     metrics_path = out / "metrics.jsonl"
     writer = MetricsWriter(metrics_path, resume_step=start if latest is not None else None)
@@ -277,7 +282,7 @@ def train(cfg: TrainDMConfig) -> dict[str, Any]:
             bar.update(record)
             if (s + 1) % cfg.save_every == 0 or s + 1 == stop:
                 ckpt.save(s + 1, {"trainable": trainable, "opt": opt_state},
-                          {"step": s + 1, "fingerprint": _fingerprint(cfg, len(states))})
+                          {"step": s + 1, "settings": settings})
     finally:
         bar.close()
         writer.close()
@@ -311,14 +316,26 @@ def train(cfg: TrainDMConfig) -> dict[str, Any]:
                                          "data": str(cfg.data), "mode": cfg.mode})
         summary["adapter"] = str(ad)
         summary["adapter_bytes"] = (ad / "adapter.safetensors").stat().st_size
-    (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    write_json(out / "summary.json", summary, indent=2)
     ckpt.close()
     return summary
 
 
-def _fingerprint(cfg: TrainDMConfig, n_states: int) -> str:
-    keep = {k: v for k, v in dataclasses.asdict(cfg).items()
-            if k not in ("out_dir", "max_steps", "progress", "export", "save_every",
-                         "keep_checkpoints", "remat", "adapter_dtype", "q_bucket",
-                         "min_trunk", "o_bucket")}
-    return json.dumps(keep, sort_keys=True, default=str) + f"|states={n_states}"
+# Settings that do not change what a step computes: a resumed run may change them.
+RESUME_FREE = ("out_dir", "max_steps", "progress", "export", "save_every", "keep_checkpoints",
+               "remat", "adapter_dtype", "q_bucket", "min_trunk", "o_bucket")
+
+
+def _settings(cfg: TrainDMConfig, n_states: int) -> dict[str, Any]:
+    """The settings a checkpoint records (and a resume compares): the config but RESUME_FREE,
+    plus the number of training states, as JSON (``jaxdm.rundir.saved_form``)."""
+    keep = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in RESUME_FREE}
+    return saved_form({**keep, "states": n_states})
+
+
+def _legacy_settings(fingerprint: str | None) -> dict[str, Any]:
+    """The settings of a checkpoint written before they were a mapping (``"<json>|states=N"``)."""
+    if not fingerprint:
+        return {}
+    text, _, n = fingerprint.rpartition("|states=")
+    return saved_form({**json.loads(text), "states": int(n)})

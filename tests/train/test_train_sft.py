@@ -12,6 +12,7 @@ from jaxdm.models.loading import load_pretrained, save_pretrained
 from jaxdm.models import lora
 from jaxdm.train import packing, sft
 from jaxdm.train.data import read_states
+from jaxdm.rundir import ResumeMismatchError
 from tests.train.train_fixtures import tiny
 
 
@@ -64,6 +65,11 @@ def test_resume_mid_epoch_is_exact(setup):
     kw = dict(save_every=100)
     s1 = sft.train(_cfg(root, model, data, "killed", max_steps=2, **kw))
     assert s1["steps_done"] == 2
+    # a resume with a setting that changes the steps is refused, naming it; max_steps is free
+    with pytest.raises(ResumeMismatchError, match=r"holds a run with different settings or "
+                                                  r"data: lr: 0.01 -> 0.02, seed: 0 -> 1; use "
+                                                  r"a new out_dir"):
+        sft.train(_cfg(root, model, data, "killed", max_steps=3, lr=2e-2, seed=1, **kw))
     s2 = sft.train(_cfg(root, model, data, "killed", max_steps=3, **kw))
     assert s2["resumed_from"] == 2
     sft.train(_cfg(root, model, data, "straight", max_steps=3, **kw))
