@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from jaxdm.decision import make_backend
 from jaxdm.decision.specs import parse_backend_spec
 from jaxdm.decision.types import ChoiceResult, Cost, MultipleChoice, choice_failed, choice_ok
+from jaxdm.registry import Registry
 from jaxdm.roles.harness import POINTS
 
 
@@ -162,13 +163,11 @@ class BM25Shortlist:
         return out
 
 
-DM_KINDS = ("oracle_noisy", "bm25", "random_trigger", "points_only")
-
-
 def make_dm(spec: Mapping[str, Any] | str) -> Any:
-    """A decision model from a dict: {"kind": "oracle_noisy", ...}, {"kind": "bm25"}, or any
-    ``jaxdm.decision.make_backend`` spec (oracle, local_readout, local_likelihood, remote...);
-    or the same as a spec string (``jaxdm.decision.parse_backend_spec``)."""
+    """A decision model from a dict: {"kind": "oracle_noisy", ...}, {"kind": "bm25"} (a
+    ``DM_KINDS`` kind), or any ``jaxdm.decision.make_backend`` spec (oracle, local_readout,
+    local_likelihood, remote...); or the same as a spec string
+    (``jaxdm.decision.parse_backend_spec``)."""
     if isinstance(spec, str):
         spec = parse_backend_spec(spec, what="decision model", with_name=False)
         if spec.get("kind") == "oracle":
@@ -177,30 +176,8 @@ def make_dm(spec: Mapping[str, Any] | str) -> Any:
         raise TypeError(f"decision model spec must be a mapping or a string, got "
                         f"{type(spec).__name__}")
     kind = spec.get("kind")
-    opts = {k: v for k, v in spec.items() if k != "kind"}
-    if kind == "oracle_noisy":
-        for key in ("right", "wrong"):
-            if key in opts:
-                opts[key] = tuple(opts[key])
-        try:
-            return NoisyOracle(**opts)
-        except TypeError as e:
-            raise ValueError(f"decision model kind 'oracle_noisy': {e}") from None
-    if kind == "bm25":
-        try:
-            return BM25Shortlist(**opts)
-        except TypeError as e:
-            raise ValueError(f"decision model kind 'bm25': {e}") from None
-    if kind == "points_only":
-        if set(opts) != {"points", "dm"}:
-            raise ValueError(f"decision model kind 'points_only' takes exactly 'points' and "
-                             f"'dm', got {sorted(opts)}")
-        return PointsOnly(make_dm(opts["dm"]), opts["points"])
-    if kind == "random_trigger":
-        try:
-            return RandomTrigger(**opts)
-        except TypeError as e:
-            raise ValueError(f"decision model kind 'random_trigger': {e}") from None
+    if kind in DM_KINDS:
+        return DM_KINDS.get(kind)({k: v for k, v in spec.items() if k != "kind"})
     return make_backend(spec)
 
 
@@ -254,6 +231,35 @@ class RandomTrigger:
             probs = [0.99 if j == top else 0.01 / (n - 1) for j in range(n)] if n > 1 else [1.0]
             out.append(choice_ok(probs))
         return out
+
+
+def _construct(kind: str, cls: type, opts: dict[str, Any]) -> Any:
+    try:
+        return cls(**opts)
+    except TypeError as e:
+        raise ValueError(f"decision model kind {kind!r}: {e}") from None
+
+
+def _oracle_noisy(opts: dict[str, Any]) -> NoisyOracle:
+    for key in ("right", "wrong"):
+        if key in opts:
+            opts[key] = tuple(opts[key])
+    return _construct("oracle_noisy", NoisyOracle, opts)
+
+
+def _points_only(opts: dict[str, Any]) -> PointsOnly:
+    if set(opts) != {"points", "dm"}:
+        raise ValueError(f"decision model kind 'points_only' takes exactly 'points' and "
+                         f"'dm', got {sorted(opts)}")
+    return PointsOnly(make_dm(opts["dm"]), opts["points"])
+
+
+# make_dm's own kinds -> build(options); any other kind is a jaxdm.decision.make_backend kind.
+DM_KINDS: Registry[Callable[[dict[str, Any]], Any]] = Registry("decision model kind")
+DM_KINDS.register("oracle_noisy", _oracle_noisy)
+DM_KINDS.register("bm25", lambda opts: _construct("bm25", BM25Shortlist, opts))
+DM_KINDS.register("random_trigger", lambda opts: _construct("random_trigger", RandomTrigger, opts))
+DM_KINDS.register("points_only", _points_only)
 
 
 __all__ = ["NoisyOracle", "BM25Shortlist", "dialogue_turns", "RandomTrigger", "PointsOnly",

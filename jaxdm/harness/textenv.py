@@ -19,7 +19,7 @@ sense; stated). Records, calls and failure handling are those of ``jaxdm.harness
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 from jaxdm.envs.alfworld import command_table, plan_from
 from jaxdm.envs.webshop.agents import expert_actions, goal_query
@@ -27,6 +27,7 @@ from jaxdm.envs.webshop.env import SEARCH_PLACEHOLDER
 from jaxdm.harness.agent import BACKEND_COST_ONLY, AgentConfig, Episode, EpisodeSteps, Harness
 from jaxdm.harness.llm_call import AgentLLM, HeldQuestion, LLMRequest
 from jaxdm.harness.modes import Delegation, Plan, plan_after, plan_before
+from jaxdm.registry import Registry
 from jaxdm.roles.actor import actor_request
 
 
@@ -135,8 +136,9 @@ class WebShopAdapter:
             data["on_plan"] = False
 
 
-ADAPTERS: Mapping[str, EnvAdapter] = {"alfworld": AlfWorldAdapter(),
-                                      "webshop": WebShopAdapter()}
+ADAPTERS: Registry[EnvAdapter] = Registry("text-env adapter")
+ADAPTERS.register("alfworld", AlfWorldAdapter())
+ADAPTERS.register("webshop", WebShopAdapter())
 
 
 class TextEnvHarness(Harness):
@@ -146,9 +148,7 @@ class TextEnvHarness(Harness):
     def __init__(self, llm: AgentLLM, dm: Any = None, delegations: Sequence[Delegation] = (),
                  settings: AgentConfig = BACKEND_COST_ONLY, shadow: bool = False,
                  on_decision=None, adapter: str = "alfworld"):
-        if adapter not in ADAPTERS:
-            raise ValueError(f"unknown text-env adapter {adapter!r}; known: {sorted(ADAPTERS)}")
-        self.adapter = ADAPTERS[adapter]
+        self.adapter = ADAPTERS.get(adapter, field="adapter")
         bad = [d.point for d in delegations if d.point != "next_action"]
         if bad:
             raise ValueError(f"text envs without tools have one decision point, 'next_action'; "
