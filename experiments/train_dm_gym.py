@@ -41,7 +41,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from jaxdm.jsonl import write_atomic, write_json, write_records  # noqa: E402
-from jaxdm.rundir import lock_run_dir  # noqa: E402
+from jaxdm.rundir import (Layout, RunFolderError, check_folder, clear_outputs,  # noqa: E402
+                          lock_run_dir)
 
 
 def write_train_states(path: Path, tasks: int, error_rate: float, max_states: int | None,
@@ -161,7 +162,12 @@ STAGE_ARGS = {"data": DATA_ARGS, "sft": DATA_ARGS + ("model", "epochs", "max_ste
               "cascade": ("model", "cascade_points", "shadow_tasks", "cascade_tasks")}
 # Every output of the job (``--overwrite`` removes them; ``stage_outputs``: a stage's own).
 OUTPUTS = ("results.json", "train_states.jsonl", "run", "model", "bench", "before_after.md",
-           "before_after.png")
+           "before_after.png", "harness_*")
+# The job's folder (jaxdm.rundir): any output makes it hold a run; the settings are compared
+# per stage (``Stages``), not for the whole job.
+LAYOUT = Layout("results.json", OUTPUTS, kind="a train_dm_gym run", foreign_files=True,
+                holds=lambda out: any(any(out.glob(name)) for name in OUTPUTS),
+                view=lambda settings: {})
 
 
 def stage_outputs(out: Path, stage: str) -> list[Path]:
@@ -225,16 +231,12 @@ def open_results(out: Path, resume: bool, overwrite: bool) -> dict:
     """The results of an earlier run of the job in ``out`` (``resume``), or a fresh start
     (``overwrite`` removes the earlier outputs first). A folder holding outputs is refused
     without one of the two."""
-    if resume and overwrite:
-        raise SystemExit("--resume and --overwrite exclude each other")
-    held = [name for name in OUTPUTS if (out / name).exists()] + sorted(
-        p.name for p in out.glob("harness_*"))
-    if held and not (resume or overwrite):
-        raise SystemExit(f"{out} holds results of an earlier run ({', '.join(held)}); pass "
-                         f"--resume to continue it (finished stages are kept) or --overwrite "
-                         f"to replace it")
+    try:
+        check_folder(out, LAYOUT, {}, resume=resume, overwrite=overwrite)
+    except RunFolderError as e:
+        raise SystemExit(str(e)) from None
     if overwrite:
-        _remove([out / name for name in held])
+        clear_outputs(out, LAYOUT)
         return {}
     prev = out / "results.json"
     return json.loads(prev.read_text()) if prev.is_file() else {}

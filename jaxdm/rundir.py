@@ -83,14 +83,13 @@ class ResumeMismatchError(RunFolderError):
 class Layout:
     """What one job's run folder holds, declared once by its store.
 
-    ``record``: the settings record's file name; ``outputs``: the job's own files and folders
-    (``overwrite`` removes these only); ``kind``: the run in messages ("a bench run");
+    ``record``: the settings record's file name; ``outputs``: the job's own files and folders,
+    names or glob patterns (``overwrite`` removes these only); ``kind``: the run in messages ("a bench run");
     ``free``: keys of the compared view that may differ on resume; ``foreign_files``: other
     files in the folder are allowed (else a fresh run refuses any file); ``holds``: whether
-    the folder holds a run (default: the record is there); ``describe``: what a refusal says
-    the folder holds (default: its file names); ``view``: the flat mapping compared on resume
-    (default: the settings' top-level keys); ``load`` / ``dump``: read / write the record
-    (default: a JSON object)."""
+    the folder holds a run (default: the record is there); ``view``: the flat mapping compared
+    on resume (default: the settings' top-level keys); ``load`` / ``dump``: read / write the
+    record (default: a JSON object)."""
 
     record: str
     outputs: tuple[str, ...]
@@ -98,7 +97,6 @@ class Layout:
     free: tuple[str, ...] = ()
     foreign_files: bool = False
     holds: Callable[[Path], bool] | None = None
-    describe: Callable[[Path], str] | None = None
     view: Callable[[Mapping[str, Any]], Mapping[str, Any]] = dict
     load: Callable[[Path], Mapping[str, Any]] | None = None
     dump: Callable[[Path, Mapping[str, Any]], None] | None = None
@@ -169,7 +167,6 @@ def check_folder(out: str | Path, layout: Layout, settings: Mapping[str, Any], *
     says. Reads only: nothing in the folder changes."""
     check_flags(resume, overwrite)
     out = Path(out)
-    held = layout.holds_run(out)
     record = out / layout.record
     if resume and record.is_file():
         saved = layout.load(record) if layout.load is not None else _read_record(record)
@@ -181,6 +178,7 @@ def check_folder(out: str | Path, layout: Layout, settings: Mapping[str, Any], *
                 f"--resume: {out} holds {layout.kind} with different settings: "
                 f"{describe_diff(changed, was, now)}; resume with the saved settings ({record}), "
                 f"or use --overwrite / another --out{free}")
+    held = layout.holds_run(out)
     if resume and held:
         return True
     files = listed_files(out)
@@ -190,10 +188,9 @@ def check_folder(out: str | Path, layout: Layout, settings: Mapping[str, Any], *
             raise RunExistsError(f"--resume: {out} holds no {layout.kind.split(' ', 1)[-1]} "
                                  f"(no {layout.record}) but is not empty ({_listing(files)}); "
                                  f"choose another --out")
-        there = layout.describe(out) if held and layout.describe else _listing(files)
         raise RunExistsError(f"{what} {out} already holds {layout.kind if held else 'files'} "
-                             f"({there}); pass --resume to continue it or --overwrite to "
-                             f"replace it")
+                             f"({_listing(files)}); pass --resume to continue it or "
+                             f"--overwrite to replace it")
     return False
 
 
@@ -202,11 +199,11 @@ def clear_outputs(out: str | Path, layout: Layout) -> None:
     ``out``: ``overwrite``, never a user's folder wholesale."""
     out = Path(out)
     for name in (*layout.outputs, layout.record):
-        path = out / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
+        for path in out.glob(name):   # a name, or a pattern ("harness_*")
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
 
 
 def write_settings(out: str | Path, layout: Layout, settings: Mapping[str, Any]) -> None:

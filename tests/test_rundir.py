@@ -86,7 +86,8 @@ from jaxdm.jsonl import OutputError  # noqa: E402
 from jaxdm.rundir import (Layout, ResumeMismatchError, RunExistsError, UnitLog,  # noqa: E402
                           open_run, read_saved)
 
-LAYOUT = Layout("job.json", ("units.jsonl", "figs"), kind="a test run", free=("threads",))
+LAYOUT = Layout("job.json", ("units.jsonl", "figs", "harness_*"), kind="a test run",
+                free=("threads",))
 
 
 def opened(out, settings, **flags):
@@ -151,6 +152,8 @@ def test_overwrite_removes_only_the_jobs_own_outputs(tmp_path):
     (tmp_path / "units.jsonl").write_text('{"u": 1}\n')
     (tmp_path / "figs").mkdir()
     (tmp_path / "figs" / "a.png").write_text("png")
+    (tmp_path / "harness_a").mkdir()   # a pattern of the layout's outputs
+    (tmp_path / "harness_b.json").write_text("{}")
     (tmp_path / "notes.txt").write_text("mine")
     run = opened(tmp_path, {"seed": 1}, overwrite=True)
     assert not run.resumed

@@ -1,7 +1,9 @@
 """What a harness run folder holds and how a command claims it: the end records of finished
 commands (``harness_config.json``), each command's start record and journaled episodes
 (``journal/<command>/``), ``--overwrite`` / ``--resume``, and the ``recorded`` wrapper that
-holds the folder's lock (``jaxdm.rundir``) around a command.
+holds the folder's lock (``jaxdm.rundir``) around a command. A command is the harness's unit of
+work: its end record is its done marker, and the settings diffs and flag rules are
+``jaxdm.rundir``'s.
 
 A command writes its start record before it removes or writes anything, so output without an
 end record is an interrupted command: ``overwrite`` is needed to run a command again (see
@@ -26,7 +28,7 @@ from jaxdm.harness.agent import Episode
 from jaxdm.harness.config import HarnessConfig
 from jaxdm.harness.errors import HarnessError
 from jaxdm.jsonl import OutputError
-from jaxdm.rundir import lock_run_dir
+from jaxdm.rundir import check_flags, lock_run_dir, settings_diff
 from jaxdm.secrets import redact
 
 
@@ -173,16 +175,14 @@ def _claim(cfg: HarnessConfig, action: str, *, overwrite: bool, resume: bool) ->
     """Check that ``action`` may write into ``cfg.out_dir`` (see the block comment above) and
     write its start record; True when ``resume`` finds it finished with this config (nothing
     to run)."""
-    if overwrite and resume:
-        raise HarnessError("--resume and --overwrite exclude each other")
-    out = Path(cfg.out_dir)
-    make_dir(out)
+    check_flags(resume, overwrite)
+    out = Path(cfg.out_dir)   # made and locked by ``recorded`` (``jaxdm.rundir``)
     record, now = _read_record(out), _command_values(cfg)
     i = COMMAND_ORDER.index(action)
     for earlier in COMMAND_ORDER[:i]:
         state = _state(cfg, record, earlier)
         if state in ("finished", "incomplete"):
-            diff = [k for k in COMMAND_KEYS[earlier] if record[earlier].get(k) != now[earlier][k]]
+            diff = settings_diff(record[earlier], now[earlier])
             if diff:
                 raise HarnessError(
                     f"{out}: its `{earlier}` results were made with other values of {diff}; "
@@ -231,8 +231,8 @@ def _claim(cfg: HarnessConfig, action: str, *, overwrite: bool, resume: bool) ->
         else:
             raise HarnessError(f"{journal.folder} has episodes but no {START_FILE}; use "
                                f"--overwrite")
-        diff = sorted(k for a, now_a in journal.values.items() for k in COMMAND_KEYS[a]
-                      if (saved.get(a) or {}).get(k) != now_a[k])
+        diff = sorted(k for a, now_a in journal.values.items()
+                      for k in settings_diff(saved.get(a) or {}, now_a))
         if diff:
             raise HarnessError(f"--resume: the interrupted `{action}` in {out} ran with other "
                                f"values of {diff}; resume with its config, or --overwrite")

@@ -133,8 +133,8 @@ def _script():
 def test_a_folder_with_results_is_refused_without_resume_or_overwrite(tmp_path):
     script = _script()
     (tmp_path / "results.json").write_text("{}")
-    with pytest.raises(SystemExit, match=r"holds results of an earlier run \(results.json\); "
-                                         r"pass --resume"):
+    with pytest.raises(SystemExit, match=r"already holds a train_dm_gym run \(results.json\); "
+                                         r"pass --resume to continue it or --overwrite"):
         script.main(["--out", str(tmp_path), "--quick"])
     with pytest.raises(SystemExit, match="--resume and --overwrite exclude each other"):
         script.main(["--out", str(tmp_path), "--quick", "--resume", "--overwrite"])
