@@ -47,7 +47,7 @@ def _pass(workers, factory, tasks: int) -> tuple[float, list]:
     from jaxdm.envs.decision_gym import GymParams  # noqa: PLC0415 - see the imports
     from jaxdm.harness.config import load  # noqa: PLC0415
     from jaxdm.harness.passes import build_harness  # noqa: PLC0415
-    from jaxdm.harness.pool import EpisodeRunner  # noqa: PLC0415
+    from jaxdm.harness.pool import EpisodeRunner, close_kept_pools  # noqa: PLC0415
 
     cfg = load("smoke", ["progress=false"])
     harness = build_harness(cfg, (), None, shadow=True)
@@ -56,6 +56,7 @@ def _pass(workers, factory, tasks: int) -> tuple[float, list]:
     runner = EpisodeRunner(workers, factory, params, max_failed_share=0.05)
     t0 = time.perf_counter()
     eps = [ep for _, _, ep in runner.play(range(tasks), lambda i: harness.for_episode())]
+    close_kept_pools()   # each pass starts its workers (a one-pass command)
     return time.perf_counter() - t0, [_timeless(e.to_dict()) for e in eps]
 
 

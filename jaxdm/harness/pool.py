@@ -21,11 +21,17 @@ fresh slot (its calls are seeded, so the rerun is the episode an unbroken run pl
 most ``ENV_RETRIES`` times; a pass in which more than ``max_failed_share`` of the episodes
 started were lost (checked once ``early_min`` were, and at the end) stops with
 ``EnvWorkersFailed``, as does a task lost ``ENV_RETRIES + 1`` times.
+
+A pass's workers start with it (their env params are the pass's) and stay open after it for
+the next pass with the same workers, env and params (a command's arms on one split start
+their workers once); another pass, an error or ``close_kept_pools`` closes them, and so does
+the end of the process.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections import deque
 from typing import Any, Callable, Iterator, Sequence
 
@@ -118,8 +124,9 @@ class EpisodeRunner:
       max_failed_share: the share of started episodes that may be lost to env workers.
       early_min: losses after which the share is checked before the pass ends.
 
-    After ``play``: ``env_failures`` (episodes lost to a worker, each run again) and
-    ``started`` (episodes started, reruns included).
+    After ``play``: ``env_failures`` (episodes lost to a worker, each run again),
+    ``started`` (episodes started, reruns included) and ``reused`` (the workers were those of
+    the pass before, kept open: ``close_kept_pools``).
     """
 
     def __init__(self, workers: EnvWorkersConfig, env_factory: Any, params: Any, *,
@@ -131,6 +138,7 @@ class EpisodeRunner:
         self.env_failures = 0
         self.started = 0
         self.last_error: str | None = None
+        self.reused = False
 
     def _open(self, slots: int):
         w = self.workers
@@ -158,11 +166,30 @@ class EpisodeRunner:
                 self.started += 1
                 yield task, harness, harness.run_task(self.env, task, self.params)
             return
-        pool = self._open(min(self.workers.slots, len(tasks)))
+        need = min(self.workers.slots, len(tasks))
+        key = self._pool_key()
+        pool = _KEPT.pop(key, None)
+        if pool is not None and (pool.num_envs < need or not _usable(pool)):
+            pool.close()
+            pool = None
+        close_kept_pools()                     # one idle pool at a time
+        self.reused = pool is not None
+        if pool is None:
+            pool = self._open(need)
+        finished = False
         try:
             yield from self._play(pool, tasks, harness_for)
+            finished = True
         finally:
-            pool.close()
+            if finished:   # consistent between passes: the next pass like this one reuses it
+                _KEPT[key] = pool
+            else:
+                pool.close()
+
+    def _pool_key(self) -> str:
+        w = self.workers
+        return repr((w.backend, w.num_workers, w.step_timeout, sorted(w.ray.items()),
+                     self.factory, self.params, self.env_name))
 
     def _play(self, pool, tasks, harness_for):
         queue = deque((t, 0) for t in tasks)      # (task, runs lost so far)
@@ -241,6 +268,26 @@ class EpisodeRunner:
                 f"again; last error: {self.last_error})")
 
 
+# The worker pool of the last finished pass, kept open for the next pass with the same
+# workers, env and params (a command's passes on one split: the arms, the frontier sweep, so
+# their workers start once); a pass with other settings closes it. Pools close at exit too.
+_KEPT: dict[str, Any] = {}
+
+
+def close_kept_pools() -> None:
+    """Close the worker pool kept open between passes, if any (``EpisodeRunner.play``)."""
+    while _KEPT:
+        _, pool = _KEPT.popitem()
+        pool.close()
+
+
+def _usable(pool: Any) -> bool:
+    """A kept pool can take the next pass: its Ray connection (if any) is still up."""
+    if getattr(pool, "backend", None) != "ray":
+        return True
+    return sys.modules["ray"].is_initialized()   # imported by the Ray backend that built it
+
+
 def _gist(text: str) -> str:
     """The last non-empty line of an error (a traceback's exception line)."""
     text = str(text).strip()
@@ -249,4 +296,4 @@ def _gist(text: str) -> str:
 
 
 __all__ = ["ENV_BACKENDS", "ENV_RETRIES", "EPISODES_PER_WORKER", "EnvWorkersConfig",
-           "EnvWorkersFailed", "EpisodeRunner", "check_env_workers"]
+           "EnvWorkersFailed", "EpisodeRunner", "check_env_workers", "close_kept_pools"]

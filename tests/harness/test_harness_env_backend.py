@@ -5,6 +5,7 @@ same results), more lost than ``max_failed_share`` fails the job; bad keys are n
 The Ray half runs on a local Ray instance started here and skips without the [ray] extra."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -22,7 +23,8 @@ from jaxdm.harness import passes
 from jaxdm.harness.config import load
 from jaxdm.harness.errors import HarnessError
 from jaxdm.harness.passes import build_harness, run_episodes
-from jaxdm.harness.pool import EnvWorkersConfig, EnvWorkersFailed, EpisodeRunner
+from jaxdm.harness.pool import (EnvWorkersConfig, EnvWorkersFailed, EpisodeRunner,
+                               close_kept_pools)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TIMING = {"seconds", "overhead_s", "dm_seconds"}   # measured, not results
@@ -47,6 +49,12 @@ def _pass(overrides, tasks=6, dm=None, delegations=()):
     harness = build_harness(cfg, delegations, dm, shadow=not delegations)
     eps = run_episodes(cfg, harness, "fit", range(tasks), "shadow")
     return [_timeless(e.to_dict()) for e in eps]
+
+
+@pytest.fixture(autouse=True)
+def _no_kept_workers():
+    yield
+    close_kept_pools()   # a pass keeps its workers for the next one like it: none after a test
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +96,25 @@ def test_interleaved_and_process_episodes_equal_inline(inline_episodes):
     from jaxdm.harness.modes import Delegation
     arm = [Delegation("tool", "replace")]
     assert _pass(PROCESS, 4, delegations=arm) == _pass([], 4, delegations=arm)
+
+
+def test_the_next_pass_like_it_reuses_the_workers(inline_episodes):
+    cfg = load("smoke", [*PROCESS])
+    harness = build_harness(cfg, (), None, shadow=True)
+    params = GymParams(variant=cfg.env.variant, max_steps=cfg.env.max_steps, split="fit")
+    runs = []
+    for tasks in (range(6), range(3), range(6)):
+        runner = EpisodeRunner(cfg.env, passes.DecisionGym, params, max_failed_share=0.05)
+        eps = [_timeless(ep.to_dict()) for _, _, ep in
+               runner.play(tasks, lambda i: harness.for_episode())]
+        runs.append((runner.reused, eps))
+    assert [reused for reused, _ in runs] == [False, True, True]
+    assert runs[0][1] == runs[2][1] == inline_episodes and runs[1][1] == inline_episodes[:3]
+    # another split is another pool: the kept one closes
+    other = EpisodeRunner(cfg.env, passes.DecisionGym, dataclasses.replace(params, split="test"),
+                          max_failed_share=0.05)
+    assert len(list(other.play([0], lambda i: harness.for_episode()))) == 1
+    assert not other.reused
 
 
 def _dying(tmp_path, monkeypatch, tasks, always=False):
