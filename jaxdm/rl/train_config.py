@@ -1,12 +1,16 @@
 """The trainer's typed config (``TrainConfig``), validated against the stage registries.
 
 Defaults follow seed 000 Table 7 (ALFWorld column where the paper gives a pair). Validation
-reads the registries, so every name lives in one place: ``algo.advantage`` must be a
-registered estimator (``jaxdm.rl.estimators``) whose signals (``jaxdm.rl.signals``) are
-configured, ``teacher.kind`` is ``"none"`` or a ``jaxdm.decision.make_backend`` kind, and
-``algo.terms`` names registered loss terms (``jaxdm.rl.terms``) whose signals are configured
-too, and ``algo.lvopd_gate`` is a registered gate (``jaxdm.rl.distill.GATES``). Each error
-names the config key to change.
+reads the registries (each a ``jaxdm.registry.Registry``), so every name lives in one place:
+``algo.advantage`` must be a registered estimator (``jaxdm.rl.estimators.ESTIMATORS``) whose
+signals (``jaxdm.rl.signals.SIGNALS``) are configured; ``teacher.kind`` is ``"none"``, a
+``jaxdm.decision.BACKEND_KINDS`` kind or a ``jaxdm.rl.lvopd.TEACHER_POLICIES`` one, and
+``teacher.question`` a ``jaxdm.roles.judge.QUESTION_BUILDERS`` name; ``algo.terms`` names
+registered loss terms (``jaxdm.rl.terms.LOSS_TERMS``) whose signals are configured too;
+``critic.kind`` is ``"none"`` or a ``jaxdm.rl.critic.CRITIC_KINDS`` kind, ``policy.kind`` a
+``jaxdm.rl.build.POLICY_KINDS`` one, ``algo.lvopd_gate`` a ``jaxdm.rl.distill.GATES`` gate and
+``env.backend`` a ``jaxdm.envs.vector.WORKER_BACKENDS`` backend. Each error names the config
+key to change and lists the known names.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from jaxdm.rl.estimators import ESTIMATORS
 from jaxdm.rl.lvopd import TEACHER_POLICIES
 from jaxdm.rl.signals import SIGNALS
 from jaxdm.rl.terms import LOSS_TERMS, LossConfig, signals_needed
+from jaxdm.roles.judge import QUESTION_BUILDERS
 from jaxdm.runlog import MAX_FAILED_SHARE, check_failed_share
 
 __all__ = ["ModelSection", "EnvSection", "check_env_pool", "PolicySection", "TeacherSection",
@@ -114,7 +119,7 @@ class TeacherSection:
     """
 
     kind: str = "oracle"
-    question: Literal["progress", "value"] = "progress"
+    question: str = "progress"   # a jaxdm.roles.judge.QUESTION_BUILDERS name
     context: Literal["hindsight", "prefix"] = "hindsight"
     noise: float = 0.0           # oracle
     seed: int = 0                # oracle noise seed
@@ -130,6 +135,7 @@ class TeacherSection:
     retries: int = 1
 
     def __post_init__(self):
+        QUESTION_BUILDERS.validate(self.question, field="teacher.question")
         # 'none', a decision backend kind, or [LVOPD] a teacher policy only the teacher_topk
         # signal uses (jaxdm.rl.lvopd)
         TEACHER_POLICIES.validate(self.kind, field="teacher.kind", also=("none", *BACKEND_KINDS),

@@ -76,6 +76,13 @@ def test_registries_refuse_unknown_names_and_missing_signals(tmp_path):
            ("teacher.kind=local", "teacher.kind: unknown teacher kind 'local'; known: "
             "['babyai_privileged', 'local_likelihood', 'local_readout', 'none', 'oracle', "
             "'prompted', 'remote']"),
+           ("teacher.question=vibes",
+            "teacher.question: unknown question 'vibes'; known: ['progress', 'value']"),
+           ("critic.kind=big", "critic.kind: unknown critic 'big'; known: ['decoder', 'mlp', "
+            "'none']"),
+           ("policy.kind=lstm", "policy.kind: unknown policy kind 'lstm'; known: ["),
+           ("algo.lvopd_gate=soft", "algo.lvopd_gate: unknown gate 'soft'; known: ['lvopd', "
+            "'pure', 'trajectory']"),
            ("algo.terms={nope: 1.0}", "algo.terms: unknown loss term 'nope'"),
            ("algo.terms={value: 1.0}", "algo.terms.value"),
            ("algo.lvrl_normalize=zscore", "algo.lvrl_normalize")]
