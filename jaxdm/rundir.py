@@ -38,6 +38,7 @@ created, a read-only place).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import fcntl
@@ -246,6 +247,16 @@ class RunDir:
     def abandon(self) -> None:
         """Releases the lock, removing what it created (a job refused before its work)."""
         self.lock.abandon()
+
+    @contextlib.contextmanager
+    def abandoned_on_error(self):
+        """A block of the job's own opening work (reading its saved units, writing its first
+        files): an error in it ``abandon``s the folder and propagates."""
+        try:
+            yield self
+        except BaseException:
+            self.abandon()
+            raise
 
     def __enter__(self) -> "RunDir":
         return self

@@ -244,3 +244,15 @@ def test_done_markers_one_line_per_unit_the_latest_holds(tmp_path):
     (tmp_path / "units.jsonl").write_text('{"backend": "a", "level": "l1"}\n')
     with pytest.raises(RunFolderError, match=r"units.jsonl:1: not a bench unit \(no \['n'\]\)"):
         again.load(required=("n",))
+
+
+def test_an_error_in_the_jobs_opening_work_abandons_the_folder(tmp_path):
+    out = tmp_path / "new"
+    run = open_run(out, Layout("job.json", ("units.jsonl",)), {"seed": 0}, resume=False,
+                   overwrite=False)
+    (out / "job.json").unlink()   # as if the store's own first writes had not happened yet
+    with pytest.raises(ValueError, match="saved units unreadable"):
+        with run.abandoned_on_error():
+            raise ValueError("saved units unreadable")
+    assert not out.exists()   # the folder this open created is gone, and its lock with it
+    lock_run_dir(out).abandon()   # free again (same process: the count went back to zero)

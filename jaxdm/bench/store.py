@@ -42,16 +42,13 @@ class BenchStore:
              ) -> dict[tuple[str, str], dict[str, Any]]:
         """Prepare the folder; returns the saved units (resume) keyed (backend, level)."""
         self.run = open_run(self.out, LAYOUT, identity, resume=resume, overwrite=overwrite)
-        try:
+        with self.run.abandoned_on_error():
             if not self.run.resumed:
                 self.units.start()
                 return {}
             done = self.units.load(required=("records",))
             self.units.keep(done.values())   # a torn last line must not stay before an append
             return done
-        except BaseException:
-            self.run.abandon()
-            raise
 
     def close(self) -> None:
         """Releases the folder's lock (idempotent)."""

@@ -137,16 +137,13 @@ class ScreenStore:
         (``complete``) and incomplete / failed ones with their good scores."""
         self.run = open_run(self.out, LAYOUT, dict(identity), resume=resume,
                             overwrite=overwrite)
-        try:
+        with self.run.abandoned_on_error():
             if self.run.resumed:
                 return self._resume(trajs)
             write_jsonl(self.trajectories, trajs)
             write_atomic(self.scores, "")
             self.pass_log.start()
             return {}
-        except BaseException:
-            self.run.abandon()
-            raise
 
     def close(self) -> None:
         """Releases the folder's lock (idempotent)."""
