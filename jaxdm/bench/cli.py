@@ -16,7 +16,9 @@ def add_parser(sub) -> None:
                     "v4 files and L2 recorded DECISION GYM states (noisy scripted agent, test "
                     "split) and L3 takeover of a running agent (DECISION GYM base / Shift / Hard, "
                     "ALFWorld): accuracy, ECE, task success, cost, time, calls, Kendall tau "
-                    "across backends; bench.json, report.md, accuracy.png, levels.png.")
+                    "across backends; bench.json, report.md, accuracy.png, levels.png. L3's "
+                    "env steps run where env.backend says (inline, or env.num_workers worker "
+                    "processes / Ray actors: env.backend=ray env.ray.address=HEAD:PORT).")
     p.add_argument("--config", help="YAML file of BenchConfig keys")
     p.add_argument("--judge", action="append", dest="judges", metavar="SPEC",
                    help="backend: 'smollm2', 'oracle', or 'kind:key=value,...' (repeatable)")

@@ -27,7 +27,8 @@ from jaxdm.harness.pool import (EnvWorkersConfig, EnvWorkersFailed, EpisodeRunne
                                close_kept_pools)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TIMING = {"seconds", "overhead_s", "dm_seconds"}   # measured, not results
+# measured, not results
+TIMING = {"seconds", "overhead_s", "dm_seconds", "seconds_per_task", "seconds_per_call"}
 # ray.init starts Ray's processes with subprocess (fork + exec at once), which JAX's at-fork
 # hook warns about in a process that has imported JAX; nothing runs between fork and exec.
 pytestmark = pytest.mark.filterwarnings(r"ignore:os\.fork\(\) was called:RuntimeWarning")
@@ -196,3 +197,21 @@ def test_ray_episodes_equal_inline_and_survive_a_killed_actor(local_ray, tmp_pat
                      workers=EnvWorkersConfig("ray", 1, ray={"num_cpus": 0.5}))[1]
     assert _timeless(rows) == _timeless(l3.run_l3(Oracle(), l3.L3Config(envs=("hard",),
                                                                        tasks=2))[1])
+
+
+def test_bench_job_on_env_workers_and_a_lost_task(tmp_path, monkeypatch):
+    from jaxdm.bench.run import BenchError, run
+    base = dict(levels=("l3",), judges=("oracle",), l3_tasks=2, l3_envs=("shift",),
+                progress=False)
+    inline = run(BenchConfig(**base, out_dir=str(tmp_path / "inline")))
+    on_workers = run(BenchConfig(**base, out_dir=str(tmp_path / "process"),
+                                 env=EnvWorkersConfig("process", 2)))
+    assert _timeless(on_workers["backends"]) == _timeless(inline["backends"])
+    # where the env steps ran is not a setting of the results: a resume may change it
+    assert run(BenchConfig(**base, out_dir=str(tmp_path / "process")), resume=True)
+    monkeypatch.setattr(l3, "DecisionGym", functools.partial(
+        DyingGym, str(tmp_path), (1,), os.getpid(), always=True))
+    with pytest.raises(BenchError, match="L3 oracle on shift: task 1: lost to an env worker 3 "
+                                         "times"):
+        run(BenchConfig(**base, out_dir=str(tmp_path / "dying"),
+                        env=EnvWorkersConfig("process", 1)))
