@@ -352,7 +352,7 @@ class Distributed(LocalCopyProcess):
         process) with the batch statistics over every process's rows: LVRL's ``rms`` scale
         (``lvrl_rms``), GAE's normalisation (``gae_normalize``). A collective when there is
         such a statistic."""
-        if algo.advantage == "gae" and algo.gae_normalize:
+        if algo.advantage in ("gae", "gae_shaped") and algo.gae_normalize:
             out = fn(eb, signals, dataclasses.replace(algo, gae_normalize=False), num_groups)
             return dataclasses.replace(out, adv=gae_normalize(out.adv, eb.mask, algo.eps))
         if not (algo.advantage == "lvrl" and algo.lvrl_normalize == "rms"):
