@@ -240,3 +240,30 @@ def test_smollm2_growing_context_equals_uncached():
             np.testing.assert_allclose(x, y, atol=TOL)
     st = cached.cache_stats()
     assert st["hits"] == 3 and st["tokens_reused"] > 0 and st["bytes"] <= st["max_bytes"]
+
+
+def test_gathered_reuses_its_buffers_and_zeroes_what_a_longer_context_left():
+    cache = PrefixCache(max_bytes=1 << 20, block_tokens=4)
+    a, b = list(range(100, 112)), list(range(200, 208))          # 3 and 2 whole blocks
+    cache.store(a, cache.match(a), _kv(12, 1.0), _kv(12, 2.0))
+    cache.store(b, cache.match(b), _kv(8, 3.0), _kv(8, 4.0))
+    shape = (2, 2, 16, 1, 4)                                       # [L, G, C, K, H]
+    with cache.gathered([cache.match(a), cache.match(b)], shape, np.float32) as (k, v):
+        assert k.shape == shape and np.all(k[:, 0, :12] == 1) and np.all(v[:, 1, :8] == 4)
+        assert not k[:, 0, 12:].any() and not v[:, 1, 8:].any()
+        first = k
+        # a call while the buffers are in use gets fresh ones
+        with cache.gathered([cache.match(b)], shape, np.float32) as (k2, _):
+            assert k2 is not first and np.all(k2[:, 0, :8] == 3) and not k2[:, 1].any()
+    # the next call of that shape reuses them: slot 0 now holds the shorter b, slot 1 nothing
+    with cache.gathered([cache.match(b)], shape, np.float32) as (k, v):
+        assert k is first
+        assert np.all(k[:, 0, :8] == 3) and not k[:, 0, 8:].any() and not k[:, 1].any()
+        assert np.all(v[:, 0, :8] == 4) and not v[:, 0, 8:].any() and not v[:, 1].any()
+    assert cache.stats()["scratch_bytes"] == 2 * first.nbytes
+    with pytest.raises(ValueError, match="does not fit"):
+        with cache.gathered([cache.match(a)], (2, 1, 8, 1, 4), np.float32):
+            pass
+    with pytest.raises(ValueError, match="blocks are"):
+        with cache.gathered([cache.match(a)], (3, 1, 16, 1, 4), np.float32):
+            pass
