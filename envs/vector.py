@@ -285,6 +285,24 @@ WORKER_BACKENDS.register("ray", "jaxdm.envs.ray_workers:RayWorker")
 RAY_BACKEND_OPTIONS = ("address", "num_cpus", "resources", "actor_options")
 
 
+def check_env_pool(backend: str, num_workers: int, ray: Any, where: str) -> None:
+    """The env worker pool keys of a config section ``where`` (``backend``, ``num_workers``,
+    ``ray``): named errors, checked on load without importing Ray."""
+    WORKER_BACKENDS.validate(backend, field=f"{where}.backend")
+    if not isinstance(ray, dict):
+        raise ValueError(f"{where}.ray must be a mapping, got {type(ray).__name__}")
+    unknown = sorted(set(ray) - set(RAY_BACKEND_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown config key(s) {[f'{where}.ray.{k}' for k in unknown]}; "
+                         f"known: {list(RAY_BACKEND_OPTIONS)}")
+    if ray and backend != "ray":
+        raise ValueError(f"{where}.ray is set but {where}.backend is {backend!r}; "
+                         f"set {where}.backend=ray")
+    if backend == "ray" and num_workers < 1:
+        raise ValueError(f"{where}.backend=ray needs {where}.num_workers >= 1 (0 steps "
+                         "in-process)")
+
+
 def worker_backend(name: str) -> type:
     """The worker handle class of backend ``name`` (see ``WORKER_BACKENDS``)."""
     module_name, attr = WORKER_BACKENDS.get(name, field="backend").split(":")

@@ -36,10 +36,9 @@ from collections import deque
 from typing import Any, Callable, Iterator, Sequence
 
 from jaxdm.envs.local import LocalVectorEnv
-from jaxdm.envs.vector import WORKER_BACKENDS, VectorEnv
+from jaxdm.envs.vector import WORKER_BACKENDS, VectorEnv, check_env_pool
 from jaxdm.harness.agent import Episode, Harness
 from jaxdm.harness.errors import HarnessError
-from jaxdm.rl.train_config import check_env_pool
 
 ENV_BACKENDS = ("inline", *WORKER_BACKENDS)
 ENV_RETRIES = 2          # runs of a task lost to an env worker, after the first
@@ -83,7 +82,7 @@ class EnvWorkersConfig:
 
 def check_env_workers(w: EnvWorkersConfig, where: str = "env") -> None:
     """The worker keys of a config section ``where``: named errors, checked on load (the
-    process / Ray keys by the trainer's ``check_env_pool``)."""
+    process / Ray keys by ``jaxdm.envs.vector.check_env_pool``, as the trainer's)."""
     if w.backend not in ENV_BACKENDS:
         raise ValueError(f"{where}.backend must be one of {list(ENV_BACKENDS)}, got "
                          f"{w.backend!r}")

@@ -19,7 +19,7 @@ import math
 from typing import Any, Literal
 
 from jaxdm.decision import BACKEND_KINDS
-from jaxdm.envs.vector import RAY_BACKEND_OPTIONS, WORKER_BACKENDS
+from jaxdm.envs.vector import check_env_pool
 from jaxdm.rl.advantages import LVRL_NORMALIZATIONS
 from jaxdm.rl.build import check_policy_kind
 from jaxdm.rl.critic import CRITIC_KINDS
@@ -69,24 +69,6 @@ class EnvSection:
 
     def __post_init__(self):
         check_env_pool(self.backend, self.num_workers, self.ray, "env")
-
-
-def check_env_pool(backend: str, num_workers: int, ray: Any, where: str) -> None:
-    """The env worker pool keys of a config section ``where`` (``backend``, ``num_workers``,
-    ``ray``): named errors, checked on load without importing Ray."""
-    WORKER_BACKENDS.validate(backend, field=f"{where}.backend")
-    if not isinstance(ray, dict):
-        raise ValueError(f"{where}.ray must be a mapping, got {type(ray).__name__}")
-    unknown = sorted(set(ray) - set(RAY_BACKEND_OPTIONS))
-    if unknown:
-        raise ValueError(f"unknown config key(s) {[f'{where}.ray.{k}' for k in unknown]}; "
-                         f"known: {list(RAY_BACKEND_OPTIONS)}")
-    if ray and backend != "ray":
-        raise ValueError(f"{where}.ray is set but {where}.backend is {backend!r}; "
-                         f"set {where}.backend=ray")
-    if backend == "ray" and num_workers < 1:
-        raise ValueError(f"{where}.backend=ray needs {where}.num_workers >= 1 (0 steps "
-                         "in-process)")
 
 
 @dataclasses.dataclass(frozen=True)
