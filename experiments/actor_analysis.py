@@ -215,7 +215,7 @@ def main(argv=None) -> int:
                     help="replace the results already in --out")
     args = ap.parse_args(argv)
     out = Path(args.out)
-    from jaxdm.runlog import refuse_overwrite
+    from jaxdm.rundir import refuse_overwrite
     try:   # before minutes of scoring, not after
         refuse_overwrite([out / f for f in OUTPUTS], overwrite=args.overwrite)
     except FileExistsError as e:

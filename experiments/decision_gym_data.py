@@ -40,7 +40,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error(f"--n must be >= 1, got {args.n}")
     if not 0.0 <= args.error_rate <= 1.0:
         ap.error(f"--error-rate must be in [0, 1], got {args.error_rate}")
-    from jaxdm.runlog import refuse_overwrite
+    from jaxdm.rundir import refuse_overwrite
     try:
         refuse_overwrite([p for p in (args.out, args.episodes) if p], overwrite=args.overwrite)
     except FileExistsError as e:

@@ -163,7 +163,7 @@ def main() -> None:
         args.groups, args.rollouts, args.budget = 1, 3, 10
     qs = [float(x) for x in args.q.split(",")]
     out = Path(args.out)
-    from jaxdm.runlog import refuse_overwrite
+    from jaxdm.rundir import refuse_overwrite
     try:
         refuse_overwrite([out / "summary.json", out / "trajectories.jsonl"],
                          overwrite=args.overwrite)

@@ -246,7 +246,7 @@ def main(argv=None) -> int:
     args.out = args.out or ("experiments/results/mc_validation" + ("_quick" if args.quick
                                                                    else ""))
     out = Path(args.out)
-    from jaxdm.runlog import refuse_overwrite
+    from jaxdm.rundir import refuse_overwrite
     try:
         refuse_overwrite([out / "summary.json", out / "report.md"], overwrite=args.overwrite)
     except FileExistsError as e:

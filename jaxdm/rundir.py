@@ -57,7 +57,7 @@ __all__ = ["RunFolderError", "RunFolderBusy", "RunExistsError", "ResumeMismatchE
            "RUN_LOCK_FILE", "prepare_out_dir", "lock_run_dir", "RunLock", "listed_files",
            "Layout", "RunDir", "open_run", "check_flags", "check_folder", "clear_outputs",
            "write_settings", "saved_form", "settings_diff", "describe_diff", "read_saved",
-           "UnitLog"]
+           "UnitLog", "refuse_overwrite"]
 
 RUN_LOCK_FILE = ".jaxdm.lock"
 
@@ -283,6 +283,17 @@ def open_run(path: str | Path, layout: Layout, settings: Mapping[str, Any], *, r
         lock.abandon()
         raise
     return RunDir(Path(path), layout, lock, resumed)
+
+
+def refuse_overwrite(paths: Sequence[str | Path], *, overwrite: bool) -> None:
+    """The rule of a job that writes a few named files rather than a run folder (an
+    experiment's summary and report): they are never replaced unasked. Raises FileExistsError
+    naming those of ``paths`` that exist, unless ``overwrite``; a job calls it before its
+    work, not after."""
+    held = [str(p) for p in paths if Path(p).exists()]
+    if held and not overwrite:
+        raise FileExistsError(f"results already there: {', '.join(held)}; pass --overwrite to "
+                              f"replace them or choose another output")
 
 
 # ---- saved records and done markers ------------------------------------------------------

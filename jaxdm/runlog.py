@@ -26,7 +26,7 @@ import numpy as np
 from jaxdm.jsonl import append_records, read_records, write_atomic, write_records
 
 __all__ = ["MetricsWriter", "read_metrics", "truncate_after", "Progress", "plot_curves",
-           "jsonable", "format_table", "metric_series", "refuse_overwrite",
+           "jsonable", "format_table", "metric_series",
            "MAX_FAILED_SHARE", "check_failed_share", "pyplot"]
 
 # A dead or flaky server is a failure, not a result: 5 % of calls failing stops a job.
@@ -129,15 +129,6 @@ def read_metrics(path: str | Path, *, drop_torn_tail: bool = False) -> list[dict
     instead (``jaxdm.jsonl.read_records``). A malformed line before it is still an error.
     """
     return [record for _, record in read_records(path, drop_torn_tail=drop_torn_tail)]
-
-
-def refuse_overwrite(paths: Sequence[str | Path], *, overwrite: bool) -> None:
-    """A job's results are never replaced unasked: raises FileExistsError naming those of
-    ``paths`` that exist, unless ``overwrite``. A job calls it before its work, not after."""
-    held = [str(p) for p in paths if Path(p).exists()]
-    if held and not overwrite:
-        raise FileExistsError(f"results already there: {', '.join(held)}; pass --overwrite to "
-                              f"replace them or choose another output")
 
 
 def truncate_after(path: str | Path, step: int) -> int:

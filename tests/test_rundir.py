@@ -84,7 +84,7 @@ def test_train_dm_bad_out_paths_are_named_errors_and_leave_nothing(tmp_path, cap
 # ---- open_run: refuse, resume, overwrite, the settings diff ------------------------------
 from jaxdm.jsonl import OutputError  # noqa: E402
 from jaxdm.rundir import (Layout, ResumeMismatchError, RunExistsError, UnitLog,  # noqa: E402
-                          open_run, read_saved)
+                          open_run, read_saved, refuse_overwrite)
 
 LAYOUT = Layout("job.json", ("units.jsonl", "figs", "harness_*"), kind="a test run",
                 free=("threads",))
@@ -256,3 +256,12 @@ def test_an_error_in_the_jobs_opening_work_abandons_the_folder(tmp_path):
             raise ValueError("saved units unreadable")
     assert not out.exists()   # the folder this open created is gone, and its lock with it
     lock_run_dir(out).abandon()   # free again (same process: the count went back to zero)
+
+
+def test_refuse_overwrite_names_what_is_there(tmp_path):
+    done = tmp_path / "summary.json"
+    refuse_overwrite([done, tmp_path / "report.md"], overwrite=False)   # nothing there
+    done.write_text("{}")
+    with pytest.raises(FileExistsError, match=r"summary\.json; pass --overwrite"):
+        refuse_overwrite([done, tmp_path / "report.md"], overwrite=False)
+    refuse_overwrite([done], overwrite=True)

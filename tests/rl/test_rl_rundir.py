@@ -237,12 +237,3 @@ def test_train_run_gives_the_whole_run_when_resumed(tmp_path):
     assert train_run(cfg, resume=True, log=False) == recs   # finished: nothing added
     with pytest.raises(RunExistsError):
         train_run(cfg, log=False)                             # never overwritten unasked
-
-
-def test_refuse_overwrite_names_what_is_there(tmp_path):
-    done = tmp_path / "summary.json"
-    runlog.refuse_overwrite([done, tmp_path / "report.md"], overwrite=False)   # nothing there
-    done.write_text("{}")
-    with pytest.raises(FileExistsError, match=r"summary\.json; pass --overwrite"):
-        runlog.refuse_overwrite([done, tmp_path / "report.md"], overwrite=False)
-    runlog.refuse_overwrite([done], overwrite=True)
