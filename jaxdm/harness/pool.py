@@ -151,8 +151,10 @@ class EpisodeRunner:
              ) -> Iterator[tuple[int, Harness, Episode]]:
         """(task, its harness, its Episode) for every task of ``tasks``, in that order, as each
         is ready; ``harness_for(task)`` gives the harness that plays it (e.g.
-        ``Harness.for_episode``). The pool lives while the generator runs (closed when it
-        ends or is closed). Raises ``EnvWorkersFailed`` past the failure share."""
+        ``Harness.for_episode``). The worker pool starts with the pass, or is the one the
+        pass before it kept (same workers, env and params); a pass that finishes keeps it for
+        the next, one that stops early (an error, the generator closed) closes it. Raises
+        ``EnvWorkersFailed`` past the failure share."""
         tasks = [int(t) for t in tasks]
         if len(set(tasks)) != len(tasks):
             raise ValueError(f"play: tasks must be distinct, got {tasks}")
