@@ -8,8 +8,9 @@ inline backend (each episode ``Harness.run_task`` in this process, one after ano
 before env workers existed). jaxdm: ``EpisodeRunner`` on W worker processes with 2 episodes in
 flight per worker (and W Ray actors with ``--ray``). Measured: episodes/s of the whole pass,
 pool start and close included (what a pass costs), and derived from it the rate after the
-pool's start (the pool's start and close timed apart, subtracted). Rounds alternate baseline / ours; medians reported. Every
-backend's episodes are checked equal to the baseline's (timings aside).
+pool's start (the pool's start and close timed apart, subtracted). Rounds alternate
+baseline / ours; medians reported. Every backend's episodes are checked equal to the
+baseline's (timings aside). Each pass starts its own workers (``close_kept_pools`` after it).
 
 Usage: python benchmarks/harness_env_workers.py [--quick] [--ray]
        [--plan sleep50ms:32:8:3,sleep10ms:32:4:3,sleep0ms:32:2:3]   (workload:tasks:workers:rounds)
