@@ -22,7 +22,8 @@ Settings are compared in their saved form (JSON with URL credentials redacted, a
 Writes go through ``jaxdm.jsonl`` (the one writer): ``RunDir.write`` / ``write_json`` replace a
 file whole (temporary file, fsync, rename), ``RunDir.append`` appends fsync'd JSON lines.
 ``UnitLog`` is the done marker of a job's units: one line per finished unit (its record),
-appended as the unit finishes, so a kill loses at most the unit in flight.
+appended as the unit finishes, so a kill loses at most the unit in flight. A job that writes a
+few named files rather than a folder refuses to replace them with ``refuse_overwrite``.
 
 ``lock_run_dir(path)``: an exclusive ``fcntl`` lock on ``path/.jaxdm.lock``, held until
 ``release()`` or the process ends (the kernel releases it when a job dies, even by SIGKILL, so
