@@ -16,12 +16,13 @@ from jaxdm.rl.values.context import (SUMMARISERS, RolloutSummary, StepSummary,
 from jaxdm.rl.values.curves import evaluation_value_curves
 from jaxdm.rl.values.estimator import LVRL_NORMALIZATIONS, lvrl_step_advantages
 from jaxdm.rl.values.generation import Generation, HttpChatGenerator, LocalGenerator
-from jaxdm.rl.values.models import (ORACLE_VALUES, VALUE_MODELS, ListValueModel,
+from jaxdm.rl.values.models import (ORACLE_VALUES, ListValueModel,
                                     OracleValueModel, ReadoutValueModel, ValueQuery,
                                     ValueResult, parse_value_list, state_context,
                                     state_question)
 from jaxdm.rl.values.signal import ValuesSignal, plot_value_curves, values_signal
-from jaxdm.rl.values.trainer_signal import check_value_spec, value_model_from_spec
+from jaxdm.rl.values.trainer_signal import (VALUE_MODELS, ValueModelKind, check_value_spec,
+                                            value_model_from_spec)
 
 __all__ = [
     "SUMMARISERS", "RolloutSummary", "StepSummary", "render_group_context",
@@ -30,5 +31,5 @@ __all__ = [
     "ORACLE_VALUES", "VALUE_MODELS", "ListValueModel", "OracleValueModel",
     "ReadoutValueModel", "ValueQuery", "ValueResult", "parse_value_list", "state_context",
     "state_question", "ValuesSignal", "plot_value_curves", "values_signal",
-    "check_value_spec", "value_model_from_spec", "evaluation_value_curves",
+    "check_value_spec", "value_model_from_spec", "evaluation_value_curves", "ValueModelKind",
 ]

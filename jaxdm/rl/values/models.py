@@ -4,8 +4,8 @@ conditioned on its group context and the trajectory up to that state (seed 001 �
 One ``values(queries)`` call takes one ``ValueQuery`` per target trajectory and returns one
 ``ValueResult`` each: ``values`` [T − 1] in [0, 1] (interior states only; the two ends are
 anchored by the estimator), or ``ok`` False with the reason. Never raises for a bad model
-answer: a failed trajectory falls back to its GRPO advantage upstream. Registered in
-``VALUE_MODELS`` (config names):
+answer: a failed trajectory falls back to its GRPO advantage upstream. The config names
+(``value.kind``, registered in ``jaxdm.rl.values.trainer_signal.VALUE_MODELS``):
 
 - ``"readout"`` (``ReadoutValueModel``): a YesNo "will the task be completed from state t?"
   per interior state through any decision backend. With ``LocalReadout`` the T − 1 questions
@@ -42,7 +42,7 @@ from jaxdm.trajectory import Trajectory
 __all__ = ["ValueQuery", "ValueResult", "state_context", "state_question", "value_requests",
            "list_messages",
            "parse_value_list", "ReadoutValueModel", "ListValueModel", "OracleValueModel",
-           "ORACLE_VALUES", "VALUE_MODELS"]
+           "ORACLE_VALUES"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,9 +301,3 @@ class OracleValueModel:
                                    cost=Cost(seconds=time.perf_counter() - t0)))
         return out
 
-
-# value.kind -> constructor
-VALUE_MODELS: Registry[Callable[..., Any]] = Registry("value model")
-VALUE_MODELS.register("readout", ReadoutValueModel)
-VALUE_MODELS.register("list", ListValueModel)
-VALUE_MODELS.register("oracle", OracleValueModel)

@@ -3,8 +3,8 @@
 ``cfg.value`` is a plain dict (YAML ``value:`` section); keys (unknown keys are an error
 naming ``value.<key>``):
 
-- ``kind``: a ``VALUE_MODELS`` name: ``"oracle"`` (``noise``, ``seed``), ``"readout"``
-  (``backend``: a ``jaxdm.decision.make_backend`` spec, e.g. ``{"kind": "local_readout",
+- ``kind``: a ``VALUE_MODELS`` name (registered here with the keys it takes): ``"oracle"``
+  (``noise``, ``seed``), ``"readout"`` (``backend``: a ``jaxdm.decision.make_backend`` spec, e.g. ``{"kind": "local_readout",
   "path": "smollm2"}`` or a remote one) or ``"list"`` (``generator``: ``{"base_url", "model",
   "api_key_env", "price_per_1k_in", "price_per_1k_out", "max_tokens", "timeout"}`` for an
   OpenAI-compatible endpoint, or ``{"path": "smollm2" | HF folder, "max_new_tokens"}`` for a
@@ -21,7 +21,8 @@ estimator) and ``value/...`` stats; each fallback is also logged (``value/fallba
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+import dataclasses
+from typing import Any, Callable, Mapping
 
 import jax.numpy as jnp
 import numpy as np
@@ -29,19 +30,19 @@ import numpy as np
 from jaxdm import models
 from jaxdm.decision import make_backend
 from jaxdm.models.smollm2 import smollm2
+from jaxdm.registry import Registry
 from jaxdm.rl.signals import Signal, register_signal
 from jaxdm.rl.values.context import SUMMARISERS
 from jaxdm.rl.values.curves import eval_trajectory_count
 from jaxdm.rl.values.generation import HttpChatGenerator, LocalGenerator
-from jaxdm.rl.values.models import VALUE_MODELS
+from jaxdm.rl.values.models import ListValueModel, OracleValueModel, ReadoutValueModel
 from jaxdm.rl.values.signal import values_signal
 from jaxdm.trajectory import Trajectory
 
-__all__ = ["value_model_from_spec", "check_value_spec"]
+__all__ = ["ValueModelKind", "VALUE_MODELS", "value_model_from_spec", "check_value_spec"]
 
 _COMMON = {"kind", "summariser", "summary_generator", "include_target",
            "max_steps_per_rollout", "max_rollouts", "eval_trajectories"}
-_KIND_KEYS = {"oracle": {"noise", "seed"}, "readout": {"backend"}, "list": {"generator"}}
 _HTTP_KEYS = {"base_url", "model", "api_key_env", "price_per_1k_in", "price_per_1k_out",
               "max_tokens", "timeout", "max_retries", "concurrency"}
 _LOCAL_KEYS = {"path", "max_new_tokens", "dtype"}
@@ -51,13 +52,13 @@ def check_value_spec(spec: Mapping[str, Any]) -> None:
     """Raise ValueError naming ``value.<key>`` for anything that cannot be built."""
     if not isinstance(spec, Mapping) or not spec:
         raise ValueError("value.kind: the 'values' signal (estimator 'lvrl') needs a value "
-                         f"model; set value.kind to one of {sorted(VALUE_MODELS)}")
+                         f"model; set value.kind to one of {VALUE_MODELS.names()}")
     kind = spec.get("kind")
-    VALUE_MODELS.validate(kind, field="value.kind")
-    unknown = sorted(set(spec) - _COMMON - _KIND_KEYS[kind])
+    keys = VALUE_MODELS.get(kind, field="value.kind").keys
+    unknown = sorted(set(spec) - _COMMON - keys)
     if unknown:
         raise ValueError(f"value.{unknown[0]}: unknown key for value.kind={kind!r}; allowed: "
-                         f"{sorted(_COMMON | _KIND_KEYS[kind])}")
+                         f"{sorted(_COMMON | keys)}")
     eval_trajectory_count(spec)
     summariser = spec.get("summariser", "deterministic")
     SUMMARISERS.validate(summariser, field="value.summariser")
@@ -90,17 +91,27 @@ def _generator(spec: Mapping[str, Any]):
     return LocalGenerator(pre, **spec)
 
 
+@dataclasses.dataclass(frozen=True)
+class ValueModelKind:
+    """A ``value.kind``: the spec keys it takes besides the common ones, and ``build(spec) ->
+    value model`` from a checked spec."""
+    keys: frozenset[str]
+    build: Callable[[Mapping[str, Any]], Any]
+
+
+VALUE_MODELS: Registry[ValueModelKind] = Registry("value model")
+VALUE_MODELS.register("readout", ValueModelKind(
+    frozenset({"backend"}), lambda spec: ReadoutValueModel(make_backend(spec["backend"]))))
+VALUE_MODELS.register("list", ValueModelKind(
+    frozenset({"generator"}), lambda spec: ListValueModel(_generator(spec["generator"]))))
+VALUE_MODELS.register("oracle", ValueModelKind(frozenset({"noise", "seed"}), lambda spec: (
+    OracleValueModel(noise=float(spec.get("noise", 0.0)), seed=int(spec.get("seed", 0))))))
+
+
 def value_model_from_spec(spec: Mapping[str, Any]):
     """(value model, values_signal options) from a ``cfg.value`` dict."""
     check_value_spec(spec)
-    kind = spec["kind"]
-    if kind == "oracle":
-        model = VALUE_MODELS[kind](noise=float(spec.get("noise", 0.0)),
-                                   seed=int(spec.get("seed", 0)))
-    elif kind == "readout":
-        model = VALUE_MODELS[kind](make_backend(spec["backend"]))
-    else:
-        model = VALUE_MODELS[kind](_generator(spec["generator"]))
+    model = VALUE_MODELS.get(spec["kind"]).build(spec)
     opts = {"summariser": spec.get("summariser", "deterministic"),
             "summary_generator": (_generator(spec["summary_generator"])
                                   if spec.get("summary_generator") else None),
