@@ -147,6 +147,7 @@ def lvopd_distill_loss(
     block_v: int | None = None,
     block_t: int | None = None,
     tail: bool = False,
+    gate_capacity: int | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Gated top-k reverse-KL distillation loss of LVOPD; returns ``(loss, metrics)``.
 
@@ -162,6 +163,9 @@ def lvopd_distill_loss(
       k: student support size. reduction: a ``jaxdm.kernels.weighted_kl_loss`` reduction.
       impl, floor_min, block_v, block_t, tail: passed to the top-k reverse KL (``tail``:
         the tail bucket, ``jaxdm.kernels.topk_reverse_kl``).
+      gate_capacity: a static int: the gate inside the kernel (only the tokens with a
+        positive gate are computed, compacted into this many rows; ``jaxdm.kernels``). The
+        loss is the same; the KL metric is then ``lvopd/kl_mean_gated``, over those tokens.
 
     Returns:
       loss: scalar ``weighted_kl_loss(KL, w, token_mask, reduction)``.
@@ -187,6 +191,8 @@ def lvopd_distill_loss(
         k=k, mask=token_mask, impl=impl, floor_min=floor_min, block_v=block_v, block_t=block_t,
         tail=tail,
     )
+    if gate_capacity is not None:
+        kl_kwargs.update(gate=token_gate, capacity=gate_capacity)
     if lm_head is None:
         kl = topk_reverse_kl(student, teacher_ids, teacher_logprobs, **kl_kwargs)
     else:
@@ -194,9 +200,15 @@ def lvopd_distill_loss(
             student, lm_head, teacher_ids, teacher_logprobs, **kl_kwargs
         )
     loss, met = weighted_kl_loss(kl, token_gate, token_mask, reduction=reduction)
+    if gate_capacity is None:
+        kl_metric = {"lvopd/kl_mean": met["distill/kl_mean"]}
+    else:  # the gated-off tokens' KL was never computed (0 in kl)
+        on = token_mask & (token_gate > 0)
+        kl_metric = {"lvopd/kl_mean_gated": jnp.sum(jnp.where(on, kl, 0.0))
+                     / jnp.maximum(jnp.sum(on), 1)}
     metrics = {
         "lvopd/loss": loss,
-        "lvopd/kl_mean": met["distill/kl_mean"],
+        **kl_metric,
         "lvopd/gate_mean": met["distill/weight_mean"],
         "lvopd/gated_token_fraction": met["distill/active_fraction"],
         "lvopd/weighted_kl/sum": met["distill/weighted_kl_sum"],

@@ -83,7 +83,7 @@ from jaxdm.rl.terms import register_loss_term
 
 __all__ = ["STUDENT_TOP_K", "TEACHER_TOP_K", "DEFAULT_DISTILL_COEF", "LVOPD_KEYS",
            "lm_head_matrix", "lvopd_loss_from_hidden", "lvopd_loss_fused",
-           "lvopd_objective", "unit_gate_weights", "lvopd_unit_arrays",
+           "lvopd_objective", "unit_gate_weights", "lvopd_unit_arrays", "gate_slots",
            "TeacherTopK", "LocalTeacher", "RemoteTeacher", "teacher_topk_signal",
            "pack_trajectory", "unit_teacher_lists", "LVOPDBatcher", "DistillForm",
            "DISTILL_FORMS", "TeacherPolicy", "TEACHER_POLICIES",
@@ -111,17 +111,26 @@ def _response_hidden(params, config: ModelConfig, tokens, valid, positions):
     return hidden, jnp.take_along_axis(hidden, jnp.asarray(positions)[..., None], axis=1)
 
 
-def _distill(h_resp, head, batch, *, impl: str, tail: bool = False):
+def _distill(h_resp, head, batch, *, impl: str, tail: bool = False,
+             gate_in_kernel: bool = False):
     """The gated top-k reverse KL of the units' response positions (one implementation for
     every policy form; the student support is min(16, V): all 6 actions for the symbolic
-    policy, where with K_T = V = 6 the top-k KL is the exact reverse KL)."""
+    policy, where with K_T = V = 6 the top-k KL is the exact reverse KL). ``gate_in_kernel``:
+    the kernel computes only the gated-on tokens, at the capacity ``lvopd/gate_slots``'
+    length (``LVOPDBatcher(gate_in_kernel=True)``)."""
     w = jnp.asarray(batch["lvopd/weights"], jnp.float32)[:, None]          # [M, 1]: one action
     mask = jnp.asarray(batch["lvopd/mask"], bool)
+    capacity = None
+    if gate_in_kernel:
+        if "lvopd/gate_slots" not in batch:
+            raise ValueError("algo.lvopd_gate_in_kernel: the mini-batch lacks "
+                             "'lvopd/gate_slots' (LVOPDBatcher(gate_in_kernel=True) adds it)")
+        capacity = int(batch["lvopd/gate_slots"].shape[0])
     return lvopd_distill_loss(h_resp, batch["lvopd/teacher_ids"],
                               batch["lvopd/teacher_logprobs"], w,
                               jnp.zeros(mask.shape, jnp.int32), mask, lm_head=head,
                               k=min(STUDENT_TOP_K, int(head.shape[1])), impl=impl,
-                              tail=tail)
+                              tail=tail, gate_capacity=capacity)
 
 
 def lvopd_loss_from_hidden(logp, old_logp, adv, response_mask, h_resp, head, batch: dict, *,
@@ -278,7 +287,8 @@ def _lvopd_term(params, batch, aux):
         raise ValueError(f"algo.terms.lvopd: the mini-batch lacks {missing}; the trainer must "
                          "add lvopd_unit_arrays(...) for the 'teacher_topk' signal")
     h_resp, head = form.student(aux.policy, params["policy"], batch)
-    return _distill(h_resp, head, batch, impl="auto", tail=aux.loss.distill_tail)
+    return _distill(h_resp, head, batch, impl="auto", tail=aux.loss.distill_tail,
+                    gate_in_kernel=aux.loss.distill_gate_in_kernel)
 
 
 register_loss_term("lvopd", _lvopd_term, needs=("teacher_topk",), reads_policy_hidden=True)
@@ -355,6 +365,17 @@ def lvopd_unit_arrays(units: Sequence[Any], weights: Sequence[float],
             "lvopd/teacher_ids": ids, "lvopd/teacher_logprobs": lps}
 
 
+def gate_slots(weights: np.ndarray, mask: np.ndarray, minimum: int = 8) -> np.ndarray:
+    """[C] bool, True on the first n: the compact buffer of a mini-batch's gated-on tokens
+    (``weights`` [M] > 0 and ``mask`` [M, R]) for the gate inside the kernel. Its length C,
+    the kernel's static capacity, is n rounded up to a power of two (at least ``minimum``, at
+    most M·R), so a run compiles one train step per power of two."""
+    on = (np.asarray(weights)[:, None] > 0) & np.asarray(mask, bool)
+    n, rows = int(on.sum()), on.size
+    cap = min(max(1 << max(n - 1, 0).bit_length(), minimum), rows)
+    return np.arange(cap) < n
+
+
 class LVOPDBatcher:
     """The trainer-side glue for one iteration: the gate over the WHOLE batch once, then the
     ``LVOPD_KEYS`` arrays of any mini-batch of unit indices.
@@ -366,9 +387,11 @@ class LVOPDBatcher:
     """
 
     def __init__(self, episodes, adv: np.ndarray, signal: Signal, *, gate: str = "lvopd",
-                 normalize: str = "std", form: str = "generative"):
+                 normalize: str = "std", form: str = "generative",
+                 gate_in_kernel: bool = False):
         DISTILL_FORMS.validate(form, field=_FORM_FIELD)
         self.form = form
+        self.gate_in_kernel = bool(gate_in_kernel)
         self.k_t = int(signal.arrays["ids"].shape[1])
         success = np.asarray(episodes.outcome) > 0
         self.weights = unit_gate_weights(gate, adv, episodes.mask, episodes.unit_rows,
@@ -384,9 +407,12 @@ class LVOPDBatcher:
         """The lvopd term's arrays (LVOPD_KEYS) for the units ``idx`` of the iteration, padded to
         ``pad_to`` rows."""
         idx = [int(j) for j in idx]
-        return lvopd_unit_arrays([self.units[j] for j in idx], self.weights[idx],
-                                 [self.teacher[j] for j in idx], pad_to, self.k_t,
-                                 form=self.form)
+        out = lvopd_unit_arrays([self.units[j] for j in idx], self.weights[idx],
+                                [self.teacher[j] for j in idx], pad_to, self.k_t,
+                                form=self.form)
+        if self.gate_in_kernel:
+            out["lvopd/gate_slots"] = gate_slots(out["lvopd/weights"], out["lvopd/mask"])
+        return out
 
 
 # ---- teachers ------------------------------------------------------------------------------

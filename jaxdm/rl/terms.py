@@ -55,6 +55,7 @@ class LossConfig:
     aggregation: str = "token-mean"
     value_clip: float = 0.2
     distill_tail: bool = False  # the lvopd term's top-k reverse KL with the tail bucket
+    distill_gate_in_kernel: bool = False  # the lvopd term skips gated-off tokens in its kernel
 
     def __post_init__(self):
         for name, w in self.terms:

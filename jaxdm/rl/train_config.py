@@ -178,6 +178,11 @@ class AlgoSection:
     # The top-k reverse KL with the tail bucket (jaxdm.kernels: the mass outside the student's
     # top-k as one more outcome, a divergence over proper distributions); off: SPEC §6's loss.
     lvopd_tail_bucket: bool = False
+    # The gate inside the kernel: only the tokens with gate > 0 go through the distillation's
+    # streaming head (jaxdm.kernels gate= / capacity=; each mini-batch's capacity a power of
+    # two, so few programs compile). Its KL metric is then over the gated tokens only
+    # (lvopd/kl_mean_gated), the gated-off tokens' KL is never computed.
+    lvopd_gate_in_kernel: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,7 +282,8 @@ class TrainConfig:
         return LossConfig(terms=tuple(terms), clip_eps=a.clip_eps, dual_clip=a.dual_clip,
                           kl_coef=a.kl_coef, entropy_coef=a.entropy_coef,
                           aggregation=a.aggregation, value_clip=self.critic.value_clip,
-                          distill_tail=bool(a.lvopd_tail_bucket))
+                          distill_tail=bool(a.lvopd_tail_bucket),
+                          distill_gate_in_kernel=bool(a.lvopd_gate_in_kernel))
 
 
 def nested_items(d: Any, prefix: str = "") -> dict[str, Any]:

@@ -205,9 +205,9 @@ class Trainer:
             return {"ppo/updates": 0.0}
         lvopd = None
         if "lvopd" in cfg.algo.terms:  # the gate over the WHOLE batch, before mini-batching
-
             lvopd = LVOPDBatcher(eb, adv.adv, signals["teacher_topk"],  # [LVOPD] form
-                                 gate=cfg.algo.lvopd_gate, form=self.policy.form)
+                                 gate=cfg.algo.lvopd_gate, form=self.policy.form,
+                                 gate_in_kernel=cfg.algo.lvopd_gate_in_kernel)
         m = cfg.algo.mini_batch
         n_mb = -(-n // m)
         order = st.host_rng.permutation(n)
