@@ -714,11 +714,18 @@ def _split_calls(by_shape: dict[tuple, list], max_groups_per_call: int) -> list[
 
 
 def past_bucket(n: int) -> int:
-    """Padded cached-prefix slots C of a call: 0, else a power of two >= 256. Unused past slots
-    cost a copy but no attention (the CPU kernel skips key blocks no query sees), so the
-    buckets are coarse: a growing agent context compiles a new program only when its cached
-    part doubles."""
-    return 0 if n <= 0 else max(256, 1 << (int(n) - 1).bit_length())
+    """Padded cached-prefix slots C of a call: 0, else the smallest of 256, 512, 1024, 1536,
+    2048, 3072, 4096, ... (powers of two, and 1.5 times them from 1,536 on) holding n. Unused
+    past slots cost no attention (the CPU kernel skips key blocks no query sees) but are
+    copied in every layer (the past and the row's keys are one array there): above 1,024
+    slots at most a third is padding (8 sessions of ~1,300 cached tokens: 1,536 slots, not
+    2,048), while a growing agent context compiles a new program about twice per doubling
+    of its cached part."""
+    if n <= 0:
+        return 0
+    n = max(int(n), 256)
+    top = 1 << (n - 1).bit_length()
+    return top * 3 // 4 if top >= 2048 and n <= top * 3 // 4 else top
 
 
 class _CachedGroup(NamedTuple):
