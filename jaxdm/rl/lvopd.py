@@ -135,10 +135,12 @@ def _distill(h_resp, head, batch, *, impl: str, tail: bool = False,
 
 def lvopd_loss_from_hidden(logp, old_logp, adv, response_mask, h_resp, head, batch: dict, *,
                            coef: float = DEFAULT_DISTILL_COEF, clip_eps: float = 0.2,
-                           dual_clip: float = 3.0, impl: str = "auto", tail: bool = False):
+                           dual_clip: float = 3.0, impl: str = "auto", tail: bool = False,
+                           gate_in_kernel: bool = False):
     """Clipped surrogate on ``logp`` [M, S] (token-mean over ``response_mask``) + coef ·
     gated top-k distillation of the gathered response hidden states ``h_resp`` [M, R, d]
-    through ``head`` [d, V]. Returns ``(loss, metrics)``."""
+    through ``head`` [d, V] (``gate_in_kernel``: only the gated-on tokens, ``batch`` holding
+    ``lvopd/gate_slots``). Returns ``(loss, metrics)``."""
     if not math.isfinite(coef):
         raise ValueError(f"coef must be finite, got {coef}")
     mask = jnp.asarray(response_mask, bool)
@@ -146,7 +148,7 @@ def lvopd_loss_from_hidden(logp, old_logp, adv, response_mask, h_resp, head, bat
     pg, pg_met = losses.ppo_loss(jnp.where(mask, logp, 0.0), old_logp, None, adv_tok, mask,
                                  clip_eps=clip_eps, dual_clip=dual_clip, kl_coef=0.0,
                                  entropy=None, entropy_coef=0.0)
-    dl, met = _distill(h_resp, head, batch, impl=impl, tail=tail)
+    dl, met = _distill(h_resp, head, batch, impl=impl, tail=tail, gate_in_kernel=gate_in_kernel)
     met = dict(met)
     met["loss/pg"] = pg_met["loss/pg"]
     met["loss/lvopd_total"] = pg + coef * dl
