@@ -50,7 +50,10 @@ def test_a_second_job_on_a_folder_fails_at_once(tmp_path, capsys, judge_server):
     srv.fail = True
     assert main(screen) == 1 and main(bench) == 2
     capsys.readouterr()
-    srv.fail, srv.delay = False, 0.25   # back, but slow: the first resumes hold their folders
+    # back, but slow: the first resumes hold their folders for seconds after taking the lock
+    # (2 s a request: a second job starting on a loaded 2-core machine takes ~5 s to import;
+    # at 0.25 s the first bench had finished by then, and the second resumed after it)
+    srv.fail, srv.delay = False, 2.0
     first = {"screen": _start(screen + ["--resume"]), "bench": _start(bench + ["--resume"])}
     for name, proc in first.items():
         _wait_for_lock(tmp_path / name, proc)
