@@ -28,7 +28,7 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Mapping, NamedTuple, Sequence, TypeVar
 
 import yaml
 
@@ -36,9 +36,9 @@ from jaxdm.jsonl import write_atomic
 from jaxdm.registry import Registry
 from jaxdm.secrets import is_secret_key
 
-__all__ = ["ConfigError", "from_dict", "load_config", "apply_overrides", "parse_override",
-           "to_dict", "dump_yaml", "config_from_argv", "check_finite", "is_secret_key", "shown",
-           "shown_override", "SECRET_HINT"]
+__all__ = ["ConfigError", "Kind", "kind_and_options", "from_dict", "load_config",
+           "apply_overrides", "parse_override", "to_dict", "dump_yaml", "config_from_argv",
+           "check_finite", "is_secret_key", "shown", "shown_override", "SECRET_HINT"]
 
 C = TypeVar("C")
 
@@ -73,16 +73,25 @@ def check_finite(value: Any, key: str) -> None:
             check_finite(v, f"{key}[{i}]")
 
 
-def kind_and_options(spec: Any, kinds: Registry, what: str) -> tuple[str, dict[str, Any]]:
+class Kind(NamedTuple):
+    """One kind of a ``{"kind": ..., <options>}`` spec (an entry of a ``Registry`` that
+    ``kind_and_options`` reads): the option keys it takes and ``build(options, ...)``, which
+    makes the object (its further arguments are the caller's)."""
+    keys: frozenset[str]
+    build: Callable[..., Any]
+
+
+def kind_and_options(spec: Any, kinds: Registry[Kind], what: str
+                     ) -> tuple[str, dict[str, Any]]:
     """(kind, the other keys) of a ``{"kind": ..., <options>}`` spec whose allowed option keys
-    depend on its kind (``kinds``: a ``jaxdm.registry.Registry`` of kind -> its option keys).
-    Raises TypeError for a spec that is not a mapping, the registry's ``UnknownNameError`` (a
+    depend on its kind (``kinds``: a ``jaxdm.registry.Registry`` of ``Kind`` entries). Raises
+    TypeError for a spec that is not a mapping, the registry's ``UnknownNameError`` (a
     ValueError listing the known kinds) for an unknown kind, and ValueError naming ``what``,
     the kind and the unknown keys."""
     if not isinstance(spec, Mapping):
         raise TypeError(f"{what} spec must be a mapping, got {type(spec).__name__}")
     kind = spec.get("kind")
-    allowed = kinds.get(kind)
+    allowed = kinds.get(kind).keys
     opts = {k: v for k, v in spec.items() if k != "kind"}
     unknown = sorted(set(opts) - set(allowed))
     if unknown:

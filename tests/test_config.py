@@ -128,11 +128,11 @@ def test_secret_key_names():
 
 
 def test_kind_and_options_names_the_kind_and_the_keys():
-    from jaxdm.config import kind_and_options
+    from jaxdm.config import Kind, kind_and_options
     from jaxdm.registry import Registry, UnknownNameError
     allowed = Registry("thing kind")
-    allowed.register("b", frozenset())
-    allowed.register("a", frozenset({"x", "y"}))
+    allowed.register("b", Kind(frozenset(), dict))
+    allowed.register("a", Kind(frozenset({"x", "y"}), dict))
     assert kind_and_options({"kind": "a", "x": 1}, allowed, "thing") == ("a", {"x": 1})
     assert kind_and_options({"kind": "b"}, allowed, "thing") == ("b", {})
     with pytest.raises(TypeError, match="thing spec must be a mapping, got list"):

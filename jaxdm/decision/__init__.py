@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from jaxdm.config import kind_and_options
+from jaxdm.config import Kind, kind_and_options
 from jaxdm.decision.oracle import Oracle
 from jaxdm.decision.parsing import parse_choice, parse_score
 from jaxdm.decision.remote import Remote
@@ -40,25 +40,50 @@ def __getattr__(name: str):
 
 _COMMON_LOCAL = {"path", "dtype", "max_groups_per_call", "min_shared_frac", "progress", "name",
                  "prefix_cache_mb", "prefix_cache_block"}
-# make_backend's kinds -> the spec keys each takes besides "kind".
-BACKEND_KINDS: Registry[frozenset[str]] = Registry("backend kind")
-BACKEND_KINDS.register("local_readout", frozenset(_COMMON_LOCAL))
-BACKEND_KINDS.register("local_likelihood", frozenset(_COMMON_LOCAL | {"reduction", "append_end"}))
-BACKEND_KINDS.register("prompted", frozenset(
-    {"path", "dtype", "max_new_tokens", "progress", "name", "batch_size"}))
-BACKEND_KINDS.register("remote", frozenset(
-    {"base_url", "model", "interface", "endpoint", "api_key_env", "price_per_1k_in",
-     "price_per_1k_out", "concurrency", "timeout", "max_retries", "backoff", "max_backoff",
-     "top_logprobs", "max_tokens", "label_match", "progress", "down_after", "probe_after",
-     "tokenizer"}))
-BACKEND_KINDS.register("oracle", frozenset({"noise", "seed", "levels"}))
-
-
 def _load_pretrained(path: str, dtype: Any):
     import jax.numpy as jnp  # why: JAX loads with the first local backend, not the package
 
     from jaxdm.models.lora import load_model
     return load_model(path, jnp.dtype(dtype or "float32").name)
+
+
+def _local(kind: str, class_name: str):
+    """build(options, pretrained) of a local backend kind: the model from ``pretrained`` or
+    ``path``; the class comes through ``__getattr__`` (JAX loads with the first one)."""
+    def build(opts: dict[str, Any], pretrained: Any) -> DecisionModel:
+        path, dtype = opts.pop("path", None), opts.pop("dtype", None)
+        if pretrained is None:
+            if path is None:
+                raise ValueError(f"backend kind {kind!r} needs 'path' (an HF folder or 'smollm2')")
+            pretrained = _load_pretrained(path, dtype)
+        return __getattr__(class_name)(pretrained, **opts)
+    return build
+
+
+def _remote(opts: dict[str, Any], pretrained: Any) -> Remote:
+    for key in ("base_url", "model"):
+        if key not in opts:
+            raise ValueError(f"backend kind 'remote' needs {key!r}")
+    return Remote(**opts)
+
+
+# make_backend's kinds: the spec keys each takes besides "kind", build(options, pretrained).
+BACKEND_KINDS: Registry[Kind] = Registry("backend kind")
+BACKEND_KINDS.register("local_readout", Kind(frozenset(_COMMON_LOCAL),
+                                             _local("local_readout", "LocalReadout")))
+BACKEND_KINDS.register("local_likelihood", Kind(
+    frozenset(_COMMON_LOCAL | {"reduction", "append_end"}),
+    _local("local_likelihood", "LocalLikelihood")))
+BACKEND_KINDS.register("prompted", Kind(
+    frozenset({"path", "dtype", "max_new_tokens", "progress", "name", "batch_size"}),
+    _local("prompted", "Prompted")))
+BACKEND_KINDS.register("remote", Kind(frozenset(
+    {"base_url", "model", "interface", "endpoint", "api_key_env", "price_per_1k_in",
+     "price_per_1k_out", "concurrency", "timeout", "max_retries", "backoff", "max_backoff",
+     "top_logprobs", "max_tokens", "label_match", "progress", "down_after", "probe_after",
+     "tokenizer"}), _remote))
+BACKEND_KINDS.register("oracle", Kind(frozenset({"noise", "seed", "levels"}),
+                                      lambda opts, pretrained: Oracle(**opts)))
 
 
 def make_backend(spec: Mapping[str, Any], *, pretrained: Any = None) -> DecisionModel:
@@ -73,23 +98,7 @@ def make_backend(spec: Mapping[str, Any], *, pretrained: Any = None) -> Decision
     ValueError naming them.
     """
     kind, opts = kind_and_options(spec, BACKEND_KINDS, "backend")
-    if kind == "oracle":
-        return Oracle(**opts)
-    if kind == "remote":
-        for key in ("base_url", "model"):
-            if key not in opts:
-                raise ValueError(f"backend kind 'remote' needs {key!r}")
-        return Remote(**opts)
-    path = opts.pop("path", None)
-    dtype = opts.pop("dtype", None)
-    if pretrained is None:
-        if path is None:
-            raise ValueError(f"backend kind {kind!r} needs 'path' (an HF folder or 'smollm2')")
-        pretrained = _load_pretrained(path, dtype)
-    from jaxdm.decision import local, prompted  # why: JAX (see __getattr__)
-    backend = {"local_readout": local.LocalReadout, "local_likelihood": local.LocalLikelihood,
-               "prompted": prompted.Prompted}[kind]
-    return backend(pretrained, **opts)
+    return BACKEND_KINDS.get(kind).build(opts, pretrained)
 
 
 __all__ = [

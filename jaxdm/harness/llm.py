@@ -26,7 +26,7 @@ import random
 import time
 from typing import Any, Mapping, Sequence
 
-from jaxdm.config import kind_and_options
+from jaxdm.config import Kind, kind_and_options
 from jaxdm.decision.remote import Remote, RequestFailed
 from jaxdm.envs.decision_gym import (ERROR_KINDS, candidates, expert_args, expert_call,
                                      render_context)
@@ -325,48 +325,52 @@ class RemoteLLM:
 # ---------------------------------------------------------------------------------------------
 # make_llm
 
-# make_llm's kinds -> the spec keys each takes besides "kind".
-LLM_KINDS: Registry[frozenset[str]] = Registry("llm kind")
-LLM_KINDS.register("simulated", frozenset(
+def _simulated(opts: dict[str, Any]) -> SimulatedLLM:
+    name = opts.pop("profile", "strong")
+    try:
+        base = PROFILES.get(name, field="llm.profile")
+    except UnknownNameError as e:
+        raise HarnessError(str(e)) from None
+    seed = opts.pop("seed", 0)
+    try:
+        profile = dataclasses.replace(base, **opts)
+    except (TypeError, ValueError) as e:
+        raise HarnessError(f"llm (simulated): {e}") from None
+    return SimulatedLLM(profile, seed)
+
+
+def _remote(opts: dict[str, Any]) -> RemoteLLM:
+    for key in ("base_url", "model"):
+        if key not in opts:
+            raise HarnessError(f"llm kind 'remote' needs {key!r}")
+    try:
+        return RemoteLLM(**opts)
+    except (TypeError, ValueError) as e:
+        raise HarnessError(f"llm (remote): {e}") from None
+
+
+# make_llm's kinds: the spec keys each takes besides "kind", and build(options).
+LLM_KINDS: Registry[Kind] = Registry("llm kind")
+LLM_KINDS.register("simulated", Kind(frozenset(
     {"profile", "seed", "accuracy", "default_accuracy", "price_per_1k_in", "price_per_1k_out",
-     "latency_s", "latency_per_1k_out_s", "fail_rate", "reflect_gain", "name"}))
-LLM_KINDS.register("remote", frozenset(
+     "latency_s", "latency_per_1k_out_s", "fail_rate", "reflect_gain", "name"}), _simulated))
+LLM_KINDS.register("remote", Kind(frozenset(
     {"base_url", "model", "api_key_env", "price_per_1k_in", "price_per_1k_out", "timeout",
-     "max_retries", "backoff", "max_backoff", "max_tokens", "name"}))
-LLM_KINDS.register("local", frozenset({"path", "dtype", "max_new_tokens", "name"}))
+     "max_retries", "backoff", "max_backoff", "max_tokens", "name"}), _remote))
+LLM_KINDS.register("local", Kind(frozenset({"path", "dtype", "max_new_tokens", "name"}),
+                                 LocalLLM.from_spec))
 
 
 def make_llm(spec: Mapping[str, Any]):
     """An agent LLM from a dict: {"kind": "simulated", "profile": "strong" | "weak", overrides
     of LLMProfile fields...}, {"kind": "remote", "base_url", "model", "api_key_env", ...} or
-    {"kind": "local", "path": "smollm2"}. Unknown kinds / keys raise ``HarnessError`` naming
-    them."""
+    {"kind": "local", "path": "smollm2"} (``LLM_KINDS``). Unknown kinds / keys raise
+    ``HarnessError`` naming them."""
     try:
         kind, opts = kind_and_options(spec, LLM_KINDS, "llm")
     except (TypeError, ValueError) as e:
         raise HarnessError(str(e)) from None
-    if kind == "simulated":
-        name = opts.pop("profile", "strong")
-        try:
-            base = PROFILES.get(name, field="llm.profile")
-        except UnknownNameError as e:
-            raise HarnessError(str(e)) from None
-        seed = opts.pop("seed", 0)
-        try:
-            profile = dataclasses.replace(base, **opts)
-        except (TypeError, ValueError) as e:
-            raise HarnessError(f"llm (simulated): {e}") from None
-        return SimulatedLLM(profile, seed)
-    if kind == "remote":
-        for key in ("base_url", "model"):
-            if key not in opts:
-                raise HarnessError(f"llm kind 'remote' needs {key!r}")
-        try:
-            return RemoteLLM(**opts)
-        except (TypeError, ValueError) as e:
-            raise HarnessError(f"llm (remote): {e}") from None
-    return LocalLLM.from_spec(opts)
-
+    return LLM_KINDS.get(kind).build(opts)
 
 __all__ = ["LLMProfile", "STRONG", "WEAK", "PROFILES", "SimulatedLLM", "RemoteLLM", "fill_args",
            "make_llm", "LLM_KINDS"]
