@@ -83,9 +83,8 @@ class EnvWorkersConfig:
 def check_env_workers(w: EnvWorkersConfig, where: str = "env") -> None:
     """The worker keys of a config section ``where``: named errors, checked on load (the
     process / Ray keys by ``jaxdm.envs.vector.check_env_pool``, as the trainer's)."""
-    if w.backend not in ENV_BACKENDS:
-        raise ValueError(f"{where}.backend must be one of {list(ENV_BACKENDS)}, got "
-                         f"{w.backend!r}")
+    WORKER_BACKENDS.validate(w.backend, field=f"{where}.backend", also=("inline",),
+                             what="env backend")
     for key in ("num_workers", "in_flight"):
         value = getattr(w, key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:

@@ -159,8 +159,7 @@ def judge_request(traj: Trajectory, t: int, *, question: str = "progress",
     n = len(traj.steps)
     if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < n:
         raise ValueError(f"target {t!r} out of range for a trajectory with {n} actions")
-    if question not in QUESTIONS:
-        raise ValueError(f"question must be one of {QUESTIONS}, got {question!r}")
+    QUESTION_BUILDERS.validate(question, field="question")
     if context not in CONTEXTS:
         raise ValueError(f"context must be one of {CONTEXTS}, got {context!r}")
     if expansion is not None and context != "prefix":

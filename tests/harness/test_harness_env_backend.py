@@ -65,7 +65,8 @@ def inline_episodes():
 
 def test_env_worker_keys_are_checked_on_load():
     for over, match in [
-            (["env.backend=dask"], r"env.backend must be one of \['inline', 'process', 'ray'\]"),
+            (["env.backend=dask"],
+             r"env.backend: unknown env backend 'dask'; known: \['inline', 'process', 'ray'\]"),
             (["env.num_workers=2"], r"env.num_workers=2 needs env.backend process or ray"),
             (["env.backend=process"], r"env.backend=process needs env.num_workers >= 1"),
             (["env.backend=ray", "env.num_workers=0"], r"env.backend=ray needs env.num_workers"),
