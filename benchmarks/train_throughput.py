@@ -168,6 +168,7 @@ def trl_child(layers: int, rows_file: str, steps: int, dtype: str) -> dict:
 # GRPO: one iteration on the first BabyAI action, jaxdm's RL trainer vs TRL's GRPOTrainer.
 # ---------------------------------------------------------------------------------------
 ROOM_SIZE = 7
+GRPO_SIDES = ("trl", "jaxdm", "jaxdm_multiturn")
 
 
 def action_reward(action: str | None, expert: str | None) -> float:
@@ -281,6 +282,8 @@ def grpo_config(args, *, multi_turn: bool, out_dir: str, model_path: str) -> dic
 
 
 def jaxdm_grpo_child(args, model_path: str, multi_turn: bool) -> dict:
+    import jax
+
     from jaxdm import config as cfgmod
     from jaxdm.rl.trainer import TrainConfig, Trainer
     with tempfile.TemporaryDirectory() as out:
@@ -296,14 +299,25 @@ def jaxdm_grpo_child(args, model_path: str, multi_turn: bool) -> dict:
             return res
 
         trainer.policy.generate_fn = counted
+        old_logp_s: list[float] = []
+        logp = trainer.logp_fn
+
+        def timed_logp(*a):  # the update's pi_old / pi_ref forward passes, for the breakdown
+            t0 = time.perf_counter()
+            out = jax.block_until_ready(logp(*a))
+            old_logp_s.append(time.perf_counter() - t0)
+            return out
+
+        trainer.logp_fn = timed_logp
         its = []
         for _ in range(args.iterations):
-            n0 = len(lengths)
+            n0, k0 = len(lengths), len(old_logp_s)
             t0 = time.perf_counter()
             m = trainer.iteration_step()
             took = time.perf_counter() - t0
             its.append({"s": took, "rollout_s": took - m["time/update"],
-                        "generation_s": m["time/generation"], "update_s": m["time/update"], "completions": len(lengths) - n0,
+                        "generation_s": m["time/generation"], "update_s": m["time/update"],
+                        "old_logp_s": sum(old_logp_s[k0:]), "completions": len(lengths) - n0,
                         "completion_tokens": sum(lengths[n0:]), "reward": m["train/reward"]})
         trainer.close()
     return grpo_summary("jaxdm_multiturn" if multi_turn else "jaxdm", its, args.warmup)
@@ -322,6 +336,7 @@ def grpo_summary(side: str, its: list[dict], warmup: int) -> dict:
                                             1),
             "rollout_s": round(med["rollout_s"], 3), "update_s": round(med["update_s"], 3),
             "generation_s": round(med["generation_s"], 3),
+            "old_logp_s": round(med.get("old_logp_s", 0.0), 3),
             "reward": round(statistics.mean(i["reward"] for i in its), 3),
             "iterations": [round(i["s"], 2) for i in its], "peak_rss_gb": peak_rss_gb()}
 
@@ -377,7 +392,8 @@ def trl_grpo_child(args, model_path: str, tasks_file: str) -> dict:
         shutil.rmtree(out, ignore_errors=True)  # nothing is saved there (save_strategy "no")
     logs = [h for h in trainer.state.log_history if "reward" in h]
     gaps = [b - a for a, b in zip([t0] + marks, marks)]
-    its = [{"s": g, "rollout_s": gs, "generation_s": gs, "update_s": g - gs, "completions": pg,
+    its = [{"s": g, "rollout_s": gs, "generation_s": gs, "update_s": g - gs,
+            "old_logp_s": 0.0, "completions": pg,
             "completion_tokens": h.get("completions/mean_length", 0.0) * pg,
             "reward": h["reward"]} for g, gs, h in zip(gaps, gen_s, logs)]
     got = grpo_summary("trl", its, args.warmup)
@@ -417,31 +433,14 @@ def grpo_argv(args) -> list[str]:
             str(args.warmup), "--turns", str(args.turns)]
 
 
-def grpo_main(args) -> None:
-    sides = ("trl", "jaxdm") + (("jaxdm_multiturn",) if args.turns else ())
-    runs: dict[str, list[dict]] = {s: [] for s in sides}
-    n_tasks = args.prompts * args.iterations
-    with tempfile.TemporaryDirectory() as tmp:
-        model_path = cut_model_folder(args.layers, tmp)
-        tasks_file = str(Path(tmp) / "tasks.json")
-        Path(tasks_file).write_text(json.dumps(first_action_tasks(range(n_tasks))))
-        for _ in range(args.rounds):
-            for side in sides:  # alternated: the machine's load hits every side alike
-                runs[side].append(run_grpo_child(args, side, model_path, tasks_file))
-    ok = {s: [r for r in rs if "iteration_s" in r] for s, rs in runs.items()}
-    if not (ok["trl"] and ok["jaxdm"]):
-        print("RESULT grpo_iteration_s: a side failed; see the lines above")
-        return
-    keys = ("iteration_s", "completions_per_s", "completion_tokens_per_s", "peak_rss_gb",
-            "rollout_s", "update_s", "mean_completion_tokens")
-    med = {s: {k: statistics.median(r[k] for r in rs) for k in keys} for s, rs in ok.items()
-           if rs}
-    t, j = med["trl"], med["jaxdm"]
+def grpo_results(args, t: dict, j: dict) -> None:
+    """The RESULT lines of TRL (``t``) against jaxdm (``j``): medians of their rounds."""
     what = (f"{args.layers} layers fp32 full fine-tune, first BabyAI action, {args.prompts} "
             f"prompts x G {args.group}, <= {args.completion_tokens} new tokens (mean "
             f"{t['mean_completion_tokens']:.1f} TRL, {j['mean_completion_tokens']:.1f} jaxdm); "
             f"rollout/update s TRL {t['rollout_s']:.2f}/{t['update_s']:.2f}, jaxdm "
-            f"{j['rollout_s']:.2f}/{j['update_s']:.2f}")
+            f"{j['rollout_s']:.2f}/{j['update_s']:.2f} (of which the pi_old forward "
+            f"{j['old_logp_s']:.2f})")
     print(f"RESULT grpo_iteration_s: baseline {t['iteration_s']:.3f} s, jaxdm "
           f"{j['iteration_s']:.3f} s, ratio {t['iteration_s'] / j['iteration_s']:.2f}x "
           f"(TRL GRPOTrainer vs jaxdm Trainer, {what})")
@@ -452,7 +451,31 @@ def grpo_main(args) -> None:
     print(f"RESULT grpo_peak_rss: baseline {t['peak_rss_gb']:.2f} GiB, jaxdm "
           f"{j['peak_rss_gb']:.2f} GiB, ratio {t['peak_rss_gb'] / j['peak_rss_gb']:.2f}x "
           "(each side's own process)")
-    if med.get("jaxdm_multiturn"):
+
+
+def grpo_main(args) -> None:
+    sides = [s for s in args.sides if s != "jaxdm_multiturn" or args.turns]
+    runs: dict[str, list[dict]] = {s: [] for s in sides}
+    n_tasks = args.prompts * args.iterations
+    with tempfile.TemporaryDirectory() as tmp:
+        model_path = cut_model_folder(args.layers, tmp)
+        tasks_file = str(Path(tmp) / "tasks.json")
+        Path(tasks_file).write_text(json.dumps(first_action_tasks(range(n_tasks))))
+        for _ in range(args.rounds):
+            for side in sides:  # alternated: the machine's load hits every side alike
+                runs[side].append(run_grpo_child(args, side, model_path, tasks_file))
+    ok = {s: [r for r in rs if "iteration_s" in r] for s, rs in runs.items()}
+    keys = ("iteration_s", "completions_per_s", "completion_tokens_per_s", "peak_rss_gb",
+            "rollout_s", "update_s", "old_logp_s", "mean_completion_tokens")
+    med = {s: {k: statistics.median(r[k] for r in rs) for k in keys} for s, rs in ok.items()
+           if rs}
+    if not med.get("jaxdm"):
+        print("RESULT grpo_iteration_s: the jaxdm side failed or was not run; see the lines above")
+        return
+    j = med["jaxdm"]
+    if med.get("trl"):
+        grpo_results(args, med["trl"], j)
+    if med.get("jaxdm_multiturn"):  # ours only: beside the single-turn iteration
         m = med["jaxdm_multiturn"]
         print(f"RESULT grpo_multiturn_iteration_s: baseline {j['iteration_s']:.3f} s, jaxdm "
               f"{m['iteration_s']:.3f} s, ratio {m['iteration_s'] / j['iteration_s']:.2f}x "
@@ -494,11 +517,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=1, help="GRPO: iterations left out of medians")
     ap.add_argument("--turns", type=int, default=3,
                     help="GRPO: actions per multi-turn episode (0: no multi-turn side)")
+    ap.add_argument("--sides", default="trl,jaxdm,jaxdm_multiturn",
+                    help="GRPO: which sides to run, comma-separated (RESULT lines need trl and "
+                         "jaxdm; each child prints its own JSON line)")
     ap.add_argument("--rows", help=argparse.SUPPRESS)
     ap.add_argument("--model-path", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.workload == "grpo" and args.dtype != "float32":
         ap.error("--workload grpo runs fp32 only (the RL trainer has no mixed-precision mode)")
+    args.sides = tuple(x for x in args.sides.split(",") if x)
+    unknown = sorted(set(args.sides) - set(GRPO_SIDES))
+    if unknown or not args.sides:
+        ap.error(f"--sides: unknown or no side(s) {unknown}; known: {list(GRPO_SIDES)}")
     if args.turns < 0:
         ap.error("--turns must be >= 0")
     for name in ("prompts", "group", "completion_tokens", "iterations", "rounds"):

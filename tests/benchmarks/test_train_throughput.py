@@ -32,6 +32,9 @@ def test_quick_settings_per_workload(tt):
     full = tt.parse_args(["--workload", "grpo"])
     assert (full.layers, full.prompts, full.group, full.completion_tokens, full.iterations,
             full.turns, full.rounds) == (30, 2, 4, 32, 5, 3, 2)
+    assert full.sides == ("trl", "jaxdm", "jaxdm_multiturn")
+    assert tt.parse_args(["--workload", "grpo", "--sides", "jaxdm,jaxdm_multiturn"]).sides == (
+        "jaxdm", "jaxdm_multiturn")
 
 
 @pytest.mark.parametrize("argv", [
@@ -41,6 +44,8 @@ def test_quick_settings_per_workload(tt):
     ["--workload", "grpo", "--turns", "-1"],
     ["--workload", "grpo", "--warmup", "-1"],
     ["--workload", "ppo"],
+    ["--workload", "grpo", "--sides", "trl,vllm"],
+    ["--workload", "grpo", "--sides", ","],
 ])
 def test_bad_arguments_are_named_errors(tt, argv, capsys):
     with pytest.raises(SystemExit) as e:
