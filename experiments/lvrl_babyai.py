@@ -20,7 +20,9 @@ Every run is one ``jaxdm.rl.trainer.Trainer`` (the same update loop, estimators,
   model ``oracle``: q ** plan length from the env's distance field, q = 0.9, recorded in the
   rollout); ``lvrl_noisy`` (the same + Gaussian noise σ = ``--noise``, clipped to [0, 1];
   the default σ is the mean |ΔV| between consecutive states under the initial policy, i.e.
-  noise as large as the value changes LVRL credits); ``grpo_shaped`` / ``ppo_shaped``: the
+  noise as large as the value changes LVRL credits); ``lvrl_drift``: the Oracle's value of
+  state t lowered by σ · t instead (a systematic downward drift with the step index, the
+  error SmolLM2's values showed, of the same per-step size); ``grpo_shaped`` / ``ppo_shaped``: the
   Oracle value as a potential-based shaping reward r_t + γ V(s_t+1) − V(s_t) (0 after the
   last action) for GRPO with step rewards and for PPO's GAE, the controls that say what
   LVRL's anchors and group baseline add beyond the shaping itself (the Oracle's V = q^plan
@@ -62,6 +64,8 @@ METHODS = {
     "ppo": ["algo.advantage=gae", "critic.kind=mlp"],
     "lvrl_oracle": ["algo.advantage=lvrl", "value={kind: oracle}"],
     "lvrl_noisy": ["algo.advantage=lvrl", "value={kind: oracle, noise: NOISE}"],
+    # the same size as a systematic error: every state's value lowered by NOISE per step
+    "lvrl_drift": ["algo.advantage=lvrl", "value={kind: oracle, drift: NOISE}"],
     # the same Oracle values as a potential-based shaping reward for GRPO and PPO (issue 40 §4)
     "grpo_shaped": ["algo.advantage=grpo_shaped", "value={kind: oracle}"],
     "ppo_shaped": ["algo.advantage=gae_shaped", "critic.kind=mlp", "value={kind: oracle}"],

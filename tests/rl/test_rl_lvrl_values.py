@@ -109,6 +109,23 @@ def test_oracle_noise_is_seeded_per_query_and_clipped():
     assert not res.ok and "task_seed" in res.error
 
 
+def test_oracle_drift_lowers_each_state_by_its_index():
+    """value.drift: state t's value lowered by drift * t (the downward drift SmolLM2's values
+    showed), clipped to [0, 1], before the noise; checked by name in the config."""
+    from jaxdm.rl.values.trainer_signal import check_value_spec, value_model_from_spec
+    traj = Trajectory("g", tuple(Step(f"o{t}", "a") for t in range(5)), "end",
+                      metadata={"oracle_values": [0.5, 0.0, 0.5, 1.0, 0.9, 1.0]})
+    (r,) = OracleValueModel(drift=0.1).values([ValueQuery(traj, "", ident=(0, 1))])
+    np.testing.assert_allclose(r.values, [0.0, 0.3, 0.7, 0.5], atol=1e-6)  # 0 - 0.1 clipped
+    model, _ = value_model_from_spec({"kind": "oracle", "drift": 0.05})
+    assert model.drift == 0.05 and "drift=0.05" in model.name
+    for bad in (-0.1, float("nan"), True, "x"):
+        with pytest.raises(ValueError, match="value.drift: must be a finite number >= 0"):
+            check_value_spec({"kind": "oracle", "drift": bad})
+    with pytest.raises(ValueError, match="drift must be a finite number >= 0"):
+        OracleValueModel(drift=-1.0)
+
+
 # ---- group context ------------------------------------------------------------------------
 def _traj(i: int, n: int, success: bool) -> Trajectory:
     steps = tuple(Step(f"Room {i}.{t}. You see a box.", f"act {t}", valid=t != 1,

@@ -18,7 +18,9 @@ answer: a failed trajectory falls back to its GRPO advantage upstream. The confi
   counted failure.
 - ``"oracle"`` (``OracleValueModel``): the env's own estimate (``ORACLE_VALUES``: BabyAI from
   the solver's plan length and the steps left, ALFWorld from the expert's remaining plan),
-  plus seeded Gaussian ``noise`` (clipped to [0, 1]) like the noisy ``Oracle`` judge.
+  plus seeded Gaussian ``noise`` (clipped to [0, 1]) like the noisy ``Oracle`` judge, and a
+  systematic ``drift``: state t's value lowered by drift · t (clipped), the downward drift
+  with the step index that SmolLM2's values showed.
 """
 from __future__ import annotations
 
@@ -264,11 +266,14 @@ class OracleValueModel:
 
     reads_context = False  # [LVRLX] the env's values ignore the group context (signal.py)
 
-    def __init__(self, noise: float = 0.0, seed: int = 0):
-        if not (isinstance(noise, (int, float)) and math.isfinite(noise) and noise >= 0):
-            raise ValueError(f"noise must be a finite number >= 0, got {noise!r}")
-        self.noise, self.seed = float(noise), int(seed)
-        self.name = f"oracle_value(noise={self.noise:g})"
+    def __init__(self, noise: float = 0.0, seed: int = 0, drift: float = 0.0):
+        for key, x in (("noise", noise), ("drift", drift)):
+            if isinstance(x, bool) or not (isinstance(x, (int, float)) and math.isfinite(x)
+                                           and x >= 0):
+                raise ValueError(f"{key} must be a finite number >= 0, got {x!r}")
+        self.noise, self.seed, self.drift = float(noise), int(seed), float(drift)
+        self.name = f"oracle_value(noise={self.noise:g}" + \
+            (f", drift={self.drift:g})" if self.drift else ")")
 
     def clean_values(self, traj: Trajectory) -> np.ndarray:
         """The noiseless oracle values [T + 1] of ``traj``: metadata['oracle_values'], else its
@@ -283,9 +288,9 @@ class OracleValueModel:
         return v
 
     def values(self, queries: Sequence[ValueQuery]) -> list[ValueResult]:
-        """Per query the oracle's interior values [T - 1], plus Gaussian noise (seeded by the
-        query's identity, clipped to [0, 1]) when noise > 0; an oracle error gives a failed
-        ValueResult."""
+        """Per query the oracle's interior values [T - 1] of states 1..T-1, lowered by drift · t
+        at state t, plus Gaussian noise (seeded by the query's identity) when noise > 0, clipped
+        to [0, 1]; an oracle error gives a failed ValueResult."""
         out = []
         for q in queries:
             t0 = time.perf_counter()
@@ -294,6 +299,8 @@ class OracleValueModel:
             except (ValueError, RuntimeError) as e:  # counted upstream; the row falls back
                 out.append(_failed(f"oracle: {e}", Cost(seconds=time.perf_counter() - t0)))
                 continue
+            if self.drift > 0 and v.size:
+                v = np.clip(v - self.drift * np.arange(1, v.size + 1), 0.0, 1.0)
             if self.noise > 0 and v.size:
                 rng = np.random.default_rng(_stable_seed(self.seed, q.ident))
                 v = np.clip(v + rng.normal(0.0, self.noise, v.shape), 0.0, 1.0)

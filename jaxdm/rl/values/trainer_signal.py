@@ -4,7 +4,7 @@
 naming ``value.<key>``):
 
 - ``kind``: a ``VALUE_MODELS`` name (registered here with the keys it takes): ``"oracle"``
-  (``noise``, ``seed``), ``"readout"`` (``backend``: a ``jaxdm.decision.make_backend`` spec, e.g. ``{"kind": "local_readout",
+  (``noise``, ``seed``, ``drift``: ``OracleValueModel``), ``"readout"`` (``backend``: a ``jaxdm.decision.make_backend`` spec, e.g. ``{"kind": "local_readout",
   "path": "smollm2"}`` or a remote one) or ``"list"`` (``generator``: ``{"base_url", "model",
   "api_key_env", "price_per_1k_in", "price_per_1k_out", "max_tokens", "timeout"}`` for an
   OpenAI-compatible endpoint, or ``{"path": "smollm2" | HF folder, "max_new_tokens"}`` for a
@@ -22,6 +22,7 @@ estimator) and ``value/...`` stats; each fallback is also logged (``value/fallba
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Mapping
 
 import jax.numpy as jnp
@@ -67,6 +68,12 @@ def check_value_spec(spec: Mapping[str, Any]) -> None:
     if kind == "readout" and not isinstance(spec.get("backend"), Mapping):
         raise ValueError("value.backend: kind 'readout' needs a decision backend spec "
                          "(e.g. {kind: local_readout, path: smollm2})")
+    if kind == "oracle":
+        for key in ("noise", "drift"):
+            x = spec.get(key, 0.0)
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or \
+                    not math.isfinite(x) or x < 0:
+                raise ValueError(f"value.{key}: must be a finite number >= 0, got {x!r}")
     if kind == "list" and not isinstance(spec.get("generator"), Mapping):
         raise ValueError("value.generator: kind 'list' needs a generator spec")
     for key in ("generator", "summary_generator"):
@@ -104,8 +111,9 @@ VALUE_MODELS.register("readout", ValueModelKind(
     frozenset({"backend"}), lambda spec: ReadoutValueModel(make_backend(spec["backend"]))))
 VALUE_MODELS.register("list", ValueModelKind(
     frozenset({"generator"}), lambda spec: ListValueModel(_generator(spec["generator"]))))
-VALUE_MODELS.register("oracle", ValueModelKind(frozenset({"noise", "seed"}), lambda spec: (
-    OracleValueModel(noise=float(spec.get("noise", 0.0)), seed=int(spec.get("seed", 0))))))
+VALUE_MODELS.register("oracle", ValueModelKind(frozenset({"noise", "seed", "drift"}), lambda spec: (
+    OracleValueModel(noise=float(spec.get("noise", 0.0)), seed=int(spec.get("seed", 0)),
+                     drift=float(spec.get("drift", 0.0))))))
 
 
 def value_model_from_spec(spec: Mapping[str, Any]):
