@@ -13,16 +13,16 @@ from jaxdm.rundir import RunFolderError
 from jaxdm.secrets import RedactingStream
 from jaxdm.train import cli as train_cli
 
-DEMO_HELP = ("the main job on the embedded default: screen SmolLM2-135M (constrained readout) "
-             "and the Oracle on ALFWorld noisy-expert trajectories (a 5-minute CPU preset)")
+DEMO_HELP = ("the main job on the embedded default: screen SmolLM2-135M (constrained readout), "
+             "the shipped trained judge and the Oracle on ALFWorld noisy-expert trajectories "
+             "(a 2.5-minute CPU preset)")
 
-# `make demo` must finish within 5 minutes on 2 CPU cores: one trajectory per task type with a
-# 20-action budget, all four question x context combinations, and the +FB / 50 % expansions
-# (SmolLM2 scores about 1.5-4 actions/s per pass on 2 cores). `jaxdm screen` runs the full set.
+# `make demo` must finish within 2.5 minutes on 2 CPU cores after the install: one trajectory per
+# task type with a 20-action budget, all four question x context combinations, and the +FB / 50 %
+# expansions, for the untrained SmolLM2, the shipped trained judge (alias 'smollm2-judge', the
+# same model with its LoRA adapter: one pass each) and the Oracle. `jaxdm screen` runs the full set.
 DEMO_CONFIG = dict(num_trajectories=6, budget=20, expansions=("FB", "50%"), out_dir="screen_out",
-                   judges=("smollm2", "oracle"))
-# The trained judge (alias 'smollm2-judge') doubles the SmolLM2 passes: with it the demo took
-# 5.5 min on 2 idle cores, over the budget, so it is screened by its own command (README).
+                   judges=("smollm2", "smollm2-judge", "oracle"))
 # Judge sets earlier demos were run with: a folder holding one of them is a demo folder.
 DEMO_JUDGE_SETS = ({"smollm2", "oracle"}, {"smollm2", "smollm2-judge", "oracle"})
 

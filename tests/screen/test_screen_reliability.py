@@ -368,8 +368,8 @@ def test_demo_replaces_only_its_own_earlier_run(tmp_path, monkeypatch):
     demo = {k: v for k, v in to_dict(ScreenConfig(**DEMO_CONFIG)).items() if k in RUN_SETTINGS}
     (out / "screen.json").write_text(json.dumps({"judges": [], "levels": [], "settings": demo}))
     assert main(["demo"]) == 0 and calls[-1] == {"resume": False, "overwrite": True}
-    # a demo run with the judge set an earlier version used (the trained judge included)
-    other = {**demo, "judges": ["smollm2", "smollm2-judge", "oracle"]}
+    # a demo run with the judge set an earlier version used (the trained judge left out)
+    other = {**demo, "judges": ["smollm2", "oracle"]}
     (out / "screen.json").write_text(json.dumps({"settings": other}))
     assert main(["demo"]) == 0 and calls[-1] == {"resume": False, "overwrite": True}
     (out / "screen.json").write_text(json.dumps({"settings": {**demo, "judges": ["x"]}}))
