@@ -51,6 +51,7 @@ from jaxdm.envs.decision_gym import tools as gym_tools
 from jaxdm.envs.decision_gym.plan import normalize
 from jaxdm.envs.decision_gym.questions import OMIT
 from jaxdm.envs.decision_gym.world import SHIFT
+from jaxdm.harness.coupling import decision_key
 from jaxdm.harness.llm import fill_args
 from jaxdm.harness.llm_call import AgentLLM, HeldQuestion, LLMReply, LLMRequest
 from jaxdm.harness.modes import Delegation, Plan, plan_after, plan_before
@@ -65,6 +66,8 @@ _SCHEMAS: dict[tuple[str, bool], dict] = {}
 EpisodeSteps = Generator[tuple, Any, "Episode"]
 READ_TOOLS = ("find_customer", "get_order", "get_product", "ask_customer")
 EASY_TOOLS = frozenset({"find_customer", "get_order", "get_product", "finish"})
+# task indices stay below the split ranges' first seed (envs/decision_gym/world.py): 1e9
+MAX_TASK_OFFSET = 100_000_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +80,9 @@ class AgentConfig:
     ``dm_price_per_call`` (USD) / ``dm_latency_s`` are added per decision-model call (a served
     model's price and time; a backend's own reported cost is added too): the defaults price a
     served model, ``BACKEND_COST_ONLY`` adds nothing. ``note_chars``: characters of a result
-    kept in a memory note.
+    kept in a memory note. ``task_offset``: task index i of a pass plays the split's task
+    i + task_offset (another harness seed's tasks, e.g. ``experiments/harness_sensitivity.py``;
+    0: the tasks of every pass so far).
     """
 
     memory: bool = False
@@ -89,6 +94,7 @@ class AgentConfig:
     dm_price_per_call: float = 0.00004
     dm_latency_s: float = 0.2
     note_chars: int = 300
+    task_offset: int = 0
 
     def __post_init__(self):
         if self.window is not None and (not isinstance(self.window, int) or self.window < 1):
@@ -103,6 +109,10 @@ class AgentConfig:
         if not (isinstance(self.note_chars, int) and self.note_chars >= 1):
             raise ValueError(f"AgentConfig.note_chars must be a positive int, got "
                              f"{self.note_chars!r}")
+        if isinstance(self.task_offset, bool) or not isinstance(self.task_offset, int) or \
+                not 0 <= self.task_offset <= MAX_TASK_OFFSET:
+            raise ValueError(f"AgentConfig.task_offset must be an int in [0, {MAX_TASK_OFFSET}], "
+                             f"got {self.task_offset!r}")
 
 
 # A harness built in code without settings: a decision-model call costs what its backend
@@ -400,6 +410,7 @@ class Harness:
         model_time = 0.0
         self._extra: list[DecisionRecord] = []
         self._last_dm_share = (0.0, 0.0)
+        seed = int(seed) + self.settings.task_offset
         obs, state = yield ("reset", seed)
         shift = params.variant == SHIFT or state.task.variant == SHIFT
         ep = Episode(state.task.task_id, int(seed), False, 0, [], [])
@@ -435,6 +446,9 @@ class Harness:
                 hq.stop_question(ctx), "stop")
             st.q["tool"] = self._with_point(
                 tool_question(state, params, ctx, require_key=False), "tool")
+            # the key both simulated parties read to couple their errors (harness.coupling)
+            st.q = {p: self._with_decision_key(q, decision_key(ep.task_id, t, p))
+                    for p, q in st.q.items()}
             # ---- the decision model's first batch -----------------------------------------
             asked = [p for p in st.q if self.shadow or p in self.deleg]
             t_dm = time.perf_counter()
@@ -520,7 +534,7 @@ class Harness:
             prompt = self._prompt(state, render_context, notes_in=prompt_notes,
                                   reflect=reflect_now)
             hidden = {"env": env, "state": state, "params": params, "shift": shift,
-                      "reflected": reflect_now}
+                      "reflected": reflect_now, "decision_step": (ep.task_id, t)}
             if needs_tool_call or held:
                 if needs_tool_call:
                     tools = self._tool_schemas(tool_opts, tool_allowed, shift, gym_tools)
@@ -624,6 +638,13 @@ class Harness:
         return dataclasses.replace(q, meta={**q.meta, "point": point})
 
     @staticmethod
+    def _with_decision_key(q: MultipleChoice, key: str) -> MultipleChoice:
+        if isinstance(q.meta, dict):  # fresh from the builders, as in _with_point
+            q.meta["decision_key"] = key
+            return q
+        return dataclasses.replace(q, meta={**q.meta, "decision_key": key})
+
+    @staticmethod
     def _notes_key(notes: Sequence[str], key: Any) -> list[int]:
         if key is None:
             return [len(notes)]
@@ -710,7 +731,8 @@ class Harness:
         tool = gym_tools.tool_named(tool_name, shift)
         if key is None or tool is None or not key.accepts_tool(tool.name):
             return [], [], []
-        qs = [self._with_point(q, "params")
+        qs = [self._with_decision_key(self._with_point(q, "params"), decision_key(
+                  ep.task_id, state.t, "params", q.meta["param"]))
               for q in param_questions(state, params, tool.name, ctx)]
         if not qs:
             return [], [], []

@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -30,7 +31,8 @@ import numpy as np
 from jaxdm.decision import make_backend
 from jaxdm.decision.specs import parse_backend_spec
 from jaxdm.decision.types import ChoiceResult, Cost, MultipleChoice, choice_failed, choice_ok
-from jaxdm.registry import Registry
+from jaxdm.harness.coupling import check_correlation, coupled_uniform
+from jaxdm.registry import Registry, UnknownNameError
 from jaxdm.roles.harness import POINTS
 
 
@@ -38,23 +40,63 @@ def _seed(*parts: Any) -> int:
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little")
 
 
+# Named confidence settings of NoisyOracle: (right, wrong) Beta parameters of the top
+# probability. "informative": the harness results' default (AUC of right vs wrong ~0.85);
+# "overlap": the two distributions overlap (AUC ~0.56), confidence says little.
+CONFIDENCE_SETTINGS: Registry[tuple[tuple[float, float], tuple[float, float]]] = Registry(
+    "oracle_noisy confidence setting")
+CONFIDENCE_SETTINGS.register("informative", ((6.0, 1.5), (2.0, 2.5)))
+CONFIDENCE_SETTINGS.register("overlap", ((3.0, 2.0), (2.5, 2.0)))
+
+
+def confidence_auc(right: tuple[float, float], wrong: tuple[float, float]) -> float:
+    """P(confidence of a right answer > that of a wrong one) for Beta(*right) vs Beta(*wrong):
+    the AUC of confidence as a right-vs-wrong classifier (before the 1/n clip, which moves it
+    by < 1e-3 for the harness's questions)."""
+    from scipy import integrate, stats  # why: report and tests only
+
+    r, w = stats.beta(*right), stats.beta(*wrong)
+    value, _ = integrate.quad(lambda x: r.pdf(x) * w.cdf(x), 0.0, 1.0, limit=200)
+    return float(value)
+
+
 class NoisyOracle:
-    """Key-reading decision model with per-point accuracy and an informative confidence."""
+    """Key-reading decision model with per-point accuracy and an informative confidence.
+
+    ``confidence``: a ``CONFIDENCE_SETTINGS`` name giving the (right, wrong) Beta parameters,
+    or ``right`` / ``wrong`` given directly (not both). ``correlation`` ρ couples its right /
+    wrong draw to the question's ``meta["decision_key"]`` latent (``jaxdm.harness.coupling``):
+    with the simulated LLM at the same ρ the two err together at latent correlation ρ; at 0
+    the draws are the independent ones of before."""
 
     def __init__(self, accuracy: Mapping[str, float] | None = None, default_accuracy: float = 0.9,
-                 right: tuple[float, float] = (6.0, 1.5), wrong: tuple[float, float] = (2.0, 2.5),
-                 seed: int = 0, price_per_call: float = 0.0, latency_s: float = 0.0,
-                 name: str | None = None):
+                 right: tuple[float, float] | None = None,
+                 wrong: tuple[float, float] | None = None, seed: int = 0,
+                 price_per_call: float = 0.0, latency_s: float = 0.0,
+                 name: str | None = None, confidence: str | None = None,
+                 correlation: float = 0.0):
         self.accuracy = dict(accuracy or {})
         for k, v in {**self.accuracy, "default_accuracy": default_accuracy}.items():
-            if not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
+            if isinstance(v, bool) or not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
                 raise ValueError(f"oracle_noisy: accuracy {k}={v!r} must be in [0, 1]")
+        if confidence is not None and (right is not None or wrong is not None):
+            raise ValueError(f"oracle_noisy: give confidence={confidence!r} or right / wrong "
+                             f"Beta parameters, not both")
+        setting = "informative" if confidence is None else confidence
+        try:
+            right_d, wrong_d = CONFIDENCE_SETTINGS.get(setting, field="oracle_noisy.confidence")
+        except UnknownNameError as e:
+            raise ValueError(str(e)) from None
+        right = right_d if right is None else right
+        wrong = wrong_d if wrong is None else wrong
         for k, ab in (("right", right), ("wrong", wrong)):
-            if len(ab) != 2 or not all(isinstance(x, (int, float)) and x > 0 for x in ab):
+            if len(ab) != 2 or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                       and math.isfinite(x) and x > 0 for x in ab):
                 raise ValueError(f"oracle_noisy: {k} must be two positive Beta parameters, "
                                  f"got {ab!r}")
         self.default_accuracy = float(default_accuracy)
         self.right, self.wrong = tuple(right), tuple(wrong)
+        self.correlation = check_correlation(correlation, "oracle_noisy")
         self.seed = int(seed)
         self.price_per_call = float(price_per_call)
         self.latency_s = float(latency_s)
@@ -63,7 +105,8 @@ class NoisyOracle:
     def choose(self, questions: Sequence[MultipleChoice]) -> list[ChoiceResult]:
         """One answer per question: with the point's accuracy the keyed option is on top (its
         confidence drawn from Beta(*right)), else a wrong one (Beta(*wrong)); the other options
-        share the rest; seeded per question; a question without a key fails by name."""
+        share the rest; seeded per question (the right / wrong draw coupled to the decision's
+        latent at ``correlation`` > 0); a question without a key fails by name."""
         out = []
         for i, q in enumerate(questions):
             if not isinstance(q, MultipleChoice):
@@ -73,11 +116,16 @@ class NoisyOracle:
             if not answer:
                 out.append(choice_failed(f"questions[{i}] has no answer key in meta['answer']"))
                 continue
+            dkey = q.meta.get("decision_key")
+            if self.correlation > 0 and not dkey:
+                out.append(choice_failed(f"questions[{i}] has no meta['decision_key'], which "
+                                         f"correlation={self.correlation} needs"))
+                continue
             point = q.meta.get("point", q.meta.get("kind", ""))
             acc = float(self.accuracy.get(point, self.default_accuracy))
             rng = np.random.default_rng(_seed(self.seed, q.context, q.question, q.options))
             wrong = [j for j in range(n) if j not in answer]
-            is_right = not wrong or rng.random() < acc
+            is_right = not wrong or coupled_uniform(rng.random(), dkey, self.correlation) < acc
             top = answer[0] if is_right else int(rng.choice(wrong))
             a, b = self.right if is_right else self.wrong
             conf = float(rng.beta(a, b))
@@ -262,5 +310,5 @@ DM_KINDS.register("random_trigger", lambda opts: _construct("random_trigger", Ra
 DM_KINDS.register("points_only", _points_only)
 
 
-__all__ = ["NoisyOracle", "BM25Shortlist", "dialogue_turns", "RandomTrigger", "PointsOnly",
+__all__ = ["NoisyOracle", "CONFIDENCE_SETTINGS", "confidence_auc", "BM25Shortlist", "dialogue_turns", "RandomTrigger", "PointsOnly",
            "make_dm", "DM_KINDS"]

@@ -31,6 +31,7 @@ from jaxdm.decision.remote import Remote, RequestFailed
 from jaxdm.envs.decision_gym import (ERROR_KINDS, candidates, expert_args, expert_call,
                                      render_context)
 from jaxdm.envs.decision_gym import tools as gym_tools
+from jaxdm.harness.coupling import check_correlation, coupled_uniform, decision_key
 from jaxdm.harness.errors import HarnessError
 from jaxdm.harness.llm_call import (ANSWER_TOOL, LLMReply, LLMRequest, answer_tool_schema,
                                     count_tokens, parse_tool_calls, questions_text, request_text)
@@ -93,24 +94,44 @@ class SimulatedLLM:
 
     Reads ``request.hidden``: ``env`` (DecisionGym), ``state``, ``params`` and, for each held
     question, the key in ``question.meta["answer"]``. Decisions are seeded by
-    (seed, request.call_id) so a rerun reproduces every call.
+    (seed, request.call_id) so a rerun reproduces every call. ``correlation`` ρ couples each
+    right / wrong draw to the decision's shared latent (``jaxdm.harness.coupling``; the keys:
+    ``hidden["decision_step"]`` = (task id, step) for its tool and parameter choices, a held
+    question's ``meta["decision_key"]``), so with a ``NoisyOracle`` at the same ρ the two err
+    together; at 0 the draws are the independent ones of before.
     """
 
-    def __init__(self, profile: LLMProfile = STRONG, seed: int = 0):
+    def __init__(self, profile: LLMProfile = STRONG, seed: int = 0, correlation: float = 0.0):
         if not isinstance(profile, LLMProfile):
             raise TypeError(f"profile must be an LLMProfile, got {type(profile).__name__}")
         self.profile = profile
         self.seed = int(seed)
+        self.correlation = check_correlation(correlation, f"simulated llm {profile.name!r}")
         self.name = profile.name
 
     # -- answering -------------------------------------------------------------------------
     def _pick(self, rng: random.Random, acc: float, allowed: Sequence[int],
-              answer: Sequence[int], preferred: int | None = None) -> int:
+              answer: Sequence[int], preferred: int | None = None,
+              key: str | None = None) -> int:
         good = [i for i in allowed if i in answer]
         bad = [i for i in allowed if i not in answer]
-        if good and (not bad or rng.random() < acc):
+        if good and (not bad or self._draw(rng, key) < acc):
             return preferred if preferred in good else good[0]
         return rng.choice(bad) if bad else allowed[0]
+
+    def _draw(self, rng: random.Random, key: str | None) -> float:
+        """The next uniform of ``rng``, coupled to decision ``key``'s latent at ρ > 0."""
+        return coupled_uniform(rng.random(), key, self.correlation)
+
+    def _step_key(self, req: LLMRequest, point: str, param: str | None = None) -> str | None:
+        step = req.hidden.get("decision_step")
+        if step is None:
+            if self.correlation > 0:
+                raise HarnessError(f"simulated llm: correlation {self.correlation} needs "
+                                   f"request.hidden['decision_step'] (task id, step), which "
+                                   f"call {req.call_id!r} lacks")
+            return None
+        return decision_key(step[0], step[1], point, param)
 
     def _tool_call(self, rng: random.Random, req: LLMRequest, acc_tool: float,
                    acc_params: float) -> tuple[str, dict[str, Any]]:
@@ -125,7 +146,7 @@ class SimulatedLLM:
         else:
             right = [t for t in (key.tools if key else ()) if t in canon]
             tool = None
-            if right and rng.random() < acc_tool:
+            if right and self._draw(rng, self._step_key(req, "tool")) < acc_tool:
                 best, _ = expert_call(state, key, context)
                 tool = best if best in right else right[0]
             if tool is None:  # a realistic error, drawn from the gym's error kinds
@@ -139,7 +160,7 @@ class SimulatedLLM:
                 # it and no note brought it back): it guesses among the values it sees
                 blind = bool(values) and param.sem != "enum" and \
                     not any(v in req.prompt for v in values)
-                if not blind and rng.random() < acc_params:
+                if not blind and self._draw(rng, self._step_key(req, "params", p)) < acc_params:
                     continue
                 wrong = [v for v in candidates(param, req.prompt if blind else context)
                          if not key.accepts_value(tool, p, v)]
@@ -194,7 +215,8 @@ class SimulatedLLM:
         for hq in req.questions:
             acc = 1.0 - (1.0 - p.acc(hq.point)) * gain
             answers.append(self._pick(rng, acc, hq.options_allowed(),
-                                      hq.question.meta.get("answer", ())))
+                                      hq.question.meta.get("answer", ()),
+                                      key=hq.question.meta.get("decision_key")))
         tool, args = None, {}
         if req.wants_tool_call:
             tool, args = self._tool_call(rng, req, 1.0 - (1.0 - p.acc("tool")) * gain,
@@ -332,11 +354,12 @@ def _simulated(opts: dict[str, Any]) -> SimulatedLLM:
     except UnknownNameError as e:
         raise HarnessError(str(e)) from None
     seed = opts.pop("seed", 0)
+    correlation = opts.pop("correlation", 0.0)
     try:
         profile = dataclasses.replace(base, **opts)
+        return SimulatedLLM(profile, seed, correlation)
     except (TypeError, ValueError) as e:
         raise HarnessError(f"llm (simulated): {e}") from None
-    return SimulatedLLM(profile, seed)
 
 
 def _remote(opts: dict[str, Any]) -> RemoteLLM:
@@ -352,7 +375,7 @@ def _remote(opts: dict[str, Any]) -> RemoteLLM:
 # make_llm's kinds: the spec keys each takes besides "kind", and build(options).
 LLM_KINDS: Registry[Kind] = Registry("llm kind")
 LLM_KINDS.register("simulated", Kind(frozenset(
-    {"profile", "seed", "accuracy", "default_accuracy", "price_per_1k_in", "price_per_1k_out",
+    {"profile", "seed", "correlation", "accuracy", "default_accuracy", "price_per_1k_in", "price_per_1k_out",
      "latency_s", "latency_per_1k_out_s", "fail_rate", "reflect_gain", "name"}), _simulated))
 LLM_KINDS.register("remote", Kind(frozenset(
     {"base_url", "model", "api_key_env", "price_per_1k_in", "price_per_1k_out", "timeout",
