@@ -155,6 +155,7 @@ REGISTRIES = [
     ("jaxdm.harness.llm", "LLM_KINDS"), ("jaxdm.harness.llm", "PROFILES"),
     ("jaxdm.harness.modes", "MODE_RULES"), ("jaxdm.roles.judge", "QUESTION_BUILDERS"),
     ("jaxdm.harness.textenv", "ADAPTERS"), ("jaxdm.harness.dm", "DM_KINDS"),
+    ("jaxdm.rl.losses", "AGGREGATIONS"),
 ]
 ROOTS = {"jaxdm": REPO / "jaxdm", "jaxdm.envs": REPO / "envs", "jaxdm.kernels": REPO / "kernels"}
 

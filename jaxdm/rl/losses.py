@@ -12,13 +12,13 @@ c = dual_clip, β = kl_coef, η = entropy_coef.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax.numpy as jnp
 
-__all__ = ["PPOTerms", "ppo_token_terms", "aggregate", "ppo_loss", "AGGREGATIONS", "k3_kl"]
+from jaxdm.registry import Registry
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+__all__ = ["PPOTerms", "ppo_token_terms", "aggregate", "ppo_loss", "AGGREGATIONS", "k3_kl"]
 
 
 class PPOTerms(NamedTuple):
@@ -91,29 +91,33 @@ def ppo_token_terms(logp, old_logp, ref_logp, advantages, mask, *, clip_eps: flo
     )
 
 
+def _seq_mean(per_row, row_tokens):
+    rows = (row_tokens > 0).astype(jnp.float32)
+    return (per_row * rows).sum() / jnp.maximum(rows.sum(), 1.0)
+
+
+# aggregation mode -> reduce(x [B, L] (0 off the mask), m [B, L] float mask) -> scalar
+AGGREGATIONS: Registry[Callable[[jnp.ndarray, jnp.ndarray], jnp.ndarray]] = Registry(
+    "aggregation mode")
+AGGREGATIONS.register("token-mean", lambda x, m: x.sum() / jnp.maximum(m.sum(), 1.0))
+AGGREGATIONS.register("seq-mean-token-sum", lambda x, m: _seq_mean(x.sum(axis=1), m.sum(axis=1)))
+AGGREGATIONS.register("seq-mean-token-mean", lambda x, m: _seq_mean(
+    x.sum(axis=1) / jnp.maximum(m.sum(axis=1), 1.0), m.sum(axis=1)))
+
+
 def aggregate(values, mask, mode: str = "token-mean"):
-    """Reduce a [B, L] per-token term to a scalar.
+    """Reduce a [B, L] per-token term to a scalar (``AGGREGATIONS``).
 
     - ``token-mean``: Σ_{b,l} m x / Σ m (every token weighs the same; veRL's default).
     - ``seq-mean-token-sum``: mean over sequences with ≥1 token of Σ_l m x.
     - ``seq-mean-token-mean``: mean over sequences with ≥1 token of their token mean.
     An empty mask gives 0.
     """
+    reduce = AGGREGATIONS.get(mode)
     values, mask = jnp.asarray(values), jnp.asarray(mask)
     _check_same(mask, values=values)
     m = mask.astype(jnp.float32)
-    x = jnp.where(mask, values.astype(jnp.float32), 0.0)
-    if mode == "token-mean":
-        return x.sum() / jnp.maximum(m.sum(), 1.0)
-    row_tokens = m.sum(axis=1)
-    rows = (row_tokens > 0).astype(jnp.float32)
-    if mode == "seq-mean-token-sum":
-        per_row = x.sum(axis=1)
-    elif mode == "seq-mean-token-mean":
-        per_row = x.sum(axis=1) / jnp.maximum(row_tokens, 1.0)
-    else:
-        raise ValueError(f"unknown aggregation mode {mode!r}; expected one of {AGGREGATIONS}")
-    return (per_row * rows).sum() / jnp.maximum(rows.sum(), 1.0)
+    return reduce(jnp.where(mask, values.astype(jnp.float32), 0.0), m)
 
 
 def ppo_loss(logp, old_logp, ref_logp, advantages, mask, *, clip_eps: float = 0.2,

@@ -37,6 +37,7 @@ from jaxdm.registry import Registry
 from jaxdm.rl import advantages as advmod
 from jaxdm.rl import losses
 from jaxdm.rl.estimators import ESTIMATORS
+from jaxdm.rl.losses import AGGREGATIONS
 
 __all__ = ["LossConfig", "StepSpec", "TermContext", "LossTerm", "LOSS_TERMS",
            "register_loss_term", "make_optimizers",
@@ -62,6 +63,7 @@ class LossConfig:
             LOSS_TERMS.validate(name, field="LossConfig.terms")
             if not isinstance(w, (int, float)) or not jnp.isfinite(w):
                 raise ValueError(f"loss term {name!r}: weight must be a finite number, got {w!r}")
+        AGGREGATIONS.validate(self.aggregation, field="LossConfig.aggregation")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,8 +8,9 @@ signals (``jaxdm.rl.signals.SIGNALS``) are configured; ``teacher.kind`` is ``"no
 ``teacher.question`` a ``jaxdm.roles.judge.QUESTION_BUILDERS`` name; ``algo.terms`` names
 registered loss terms (``jaxdm.rl.terms.LOSS_TERMS``) whose signals are configured too;
 ``critic.kind`` is ``"none"`` or a ``jaxdm.rl.critic.CRITIC_KINDS`` kind, ``policy.kind`` a
-``jaxdm.rl.build.POLICY_KINDS`` one, ``algo.lvopd_gate`` a ``jaxdm.rl.distill.GATES`` gate and
-``env.backend`` a ``jaxdm.envs.vector.WORKER_BACKENDS`` backend. Each error names the config
+``jaxdm.rl.build.POLICY_KINDS`` one, ``algo.lvopd_gate`` a ``jaxdm.rl.distill.GATES`` gate,
+``algo.aggregation`` a ``jaxdm.rl.losses.AGGREGATIONS`` mode and ``env.backend`` a
+``jaxdm.envs.vector.WORKER_BACKENDS`` backend. Each error names the config
 key to change and lists the known names.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ from jaxdm.rl.build import check_policy_kind
 from jaxdm.rl.critic import CRITIC_KINDS
 from jaxdm.rl.distill import GATES
 from jaxdm.rl.estimators import ESTIMATORS
+from jaxdm.rl.losses import AGGREGATIONS
 from jaxdm.rl.lvopd import TEACHER_POLICIES
 from jaxdm.rl.signals import SIGNALS
 from jaxdm.rl.terms import LOSS_TERMS, LossConfig, signals_needed
@@ -167,8 +169,7 @@ class AlgoSection:
     dual_clip: float = 3.0
     kl_coef: float = 0.01
     entropy_coef: float = 0.001
-    aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = \
-        "token-mean"
+    aggregation: str = "token-mean"  # a jaxdm.rl.losses.AGGREGATIONS mode
     mini_batch: int = 256
     ppo_epochs: int = 1
     terms: dict = dataclasses.field(default_factory=dict)  # extra loss terms: name -> weight
@@ -261,6 +262,7 @@ class TrainConfig:
             SIGNALS.get(need).check(self)
         check_policy_kind(self)  # the policy kind's rollout serves env / estimator / value
         GATES.validate(self.algo.lvopd_gate, field="algo.lvopd_gate")
+        AGGREGATIONS.validate(self.algo.aggregation, field="algo.aggregation")
         if self.algo.lvrl_normalize not in LVRL_NORMALIZATIONS:
             raise ValueError(f"algo.lvrl_normalize must be one of {LVRL_NORMALIZATIONS}, got "
                              f"{self.algo.lvrl_normalize!r}")

@@ -83,6 +83,8 @@ def test_registries_refuse_unknown_names_and_missing_signals(tmp_path):
            ("policy.kind=lstm", "policy.kind: unknown policy kind 'lstm'; known: ["),
            ("algo.lvopd_gate=soft", "algo.lvopd_gate: unknown gate 'soft'; known: ['lvopd', "
             "'pure', 'trajectory']"),
+           ("algo.aggregation=sum", "algo.aggregation: unknown aggregation mode 'sum'; known: "
+            "['seq-mean-token-mean', 'seq-mean-token-sum', 'token-mean']"),
            ("algo.terms={nope: 1.0}", "algo.terms: unknown loss term 'nope'"),
            ("algo.terms={value: 1.0}", "algo.terms.value"),
            ("algo.lvrl_normalize=zscore", "algo.lvrl_normalize")]
