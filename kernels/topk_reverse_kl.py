@@ -311,66 +311,17 @@ def topk_reverse_kl(
       [...] float32 KL per position.
     """
     student_logits = jnp.asarray(student_logits)
-    teacher_ids, teacher_logprobs = jnp.asarray(teacher_ids), jnp.asarray(teacher_logprobs)
     _check_floating("student_logits", student_logits)
     if student_logits.ndim < 2:
         raise ValueError(
             f"student_logits must be [..., T, V] or [T, V], got shape {student_logits.shape}"
         )
-    lead, vocab_size = tuple(student_logits.shape[:-1]), student_logits.shape[-1]
-    num_listed = _check_teacher(teacher_ids, teacher_logprobs, lead, vocab_size, k)
-    mask = _check_mask(mask, lead)
-    gate, capacity = _check_gate(gate, capacity, mask, lead)
-    _check_tiling(block_v, block_t, pallas_layout)
-    impl = resolve_impl(impl)
-    return _topk_reverse_kl_jit(
-        student_logits, teacher_ids, teacher_logprobs, mask, gate,
-        k=int(k), impl=impl, floor_min=float(floor_min), block_v=block_v, block_t=block_t,
-        pallas_layout=pallas_layout, interpret=interpret, num_listed=num_listed,
-        tail=bool(tail), capacity=capacity,
+    return _checked_call(
+        student_logits, None, student_logits.shape[-1], teacher_ids, teacher_logprobs, k=k,
+        mask=mask, impl=impl, floor_min=floor_min, block_v=block_v, block_t=block_t,
+        pallas_layout=pallas_layout, interpret=interpret, tail=tail, gate=gate,
+        capacity=capacity,
     )
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "k", "impl", "floor_min", "block_v", "block_t", "pallas_layout", "interpret",
-        "num_listed", "tail", "capacity",
-    ),
-)
-def _topk_reverse_kl_jit(
-    logits, teacher_ids, teacher_logprobs, mask, gate, *, k, impl, floor_min, block_v,
-    block_t, pallas_layout, interpret, num_listed, tail, capacity,
-):
-    del num_listed  # part of the cache key only
-    lead, vocab_size = logits.shape[:-1], logits.shape[-1]
-    rows = logits.reshape(-1, vocab_size)
-    ids = teacher_ids.reshape(rows.shape[0], -1)
-    logprobs = teacher_logprobs.reshape(rows.shape[0], -1)
-    if gate is not None:
-        def per_rows(r, i, lp):
-            return _topk_reverse_kl_jit(r, i, lp, None, None, k=k, impl=impl,
-                                        floor_min=floor_min, block_v=block_v, block_t=block_t,
-                                        pallas_layout=pallas_layout, interpret=interpret,
-                                        num_listed=0, tail=tail, capacity=None)
-        kl = _gated_rows(per_rows, rows, ids, logprobs, _active(gate, mask, rows.shape[0]),
-                         capacity)
-        return kl.reshape(lead)
-    if impl == "reference":
-        kl = _reference_kl(rows, ids, logprobs, k, floor_min)
-        if tail:
-            kl = kl + _reference_tail(rows, ids, logprobs, k, floor_min)
-    else:
-        if impl == "xla":
-            stats = lse_topk_xla.lse_topk_logits(rows, k, block_v or lse_topk_xla.DEFAULT_BLOCK_V)
-        else:
-            stats = lse_topk_pallas.lse_topk_logits(
-                rows, k=k, block_sizes=lse_topk_pallas.BlockSizes.make(block_t, block_v),
-                layout=pallas_layout, interpret=interpret,
-            )
-        kl = kl_from_stats(stats, ids, logprobs, vocab_size, floor_min, tail)
-    kl = kl.reshape(lead)
-    return kl if mask is None else jnp.where(mask, kl, 0.0)
 
 
 def fused_linear_topk_reverse_kl(
@@ -405,7 +356,6 @@ def fused_linear_topk_reverse_kl(
       [...] float32 KL per position.
     """
     hidden, lm_head = jnp.asarray(hidden), jnp.asarray(lm_head)
-    teacher_ids, teacher_logprobs = jnp.asarray(teacher_ids), jnp.asarray(teacher_logprobs)
     _check_floating("hidden", hidden)
     _check_floating("lm_head", lm_head)
     if lm_head.ndim != 2:
@@ -415,17 +365,32 @@ def fused_linear_topk_reverse_kl(
             f"hidden must be [..., T, d] with d = lm_head.shape[0] = {lm_head.shape[0]}, "
             f"got hidden {hidden.shape}, lm_head {lm_head.shape}"
         )
-    lead, vocab_size = tuple(hidden.shape[:-1]), lm_head.shape[1]
+    return _checked_call(
+        hidden, lm_head, lm_head.shape[1], teacher_ids, teacher_logprobs, k=k, mask=mask,
+        impl=impl, floor_min=floor_min, block_v=block_v, block_t=block_t,
+        pallas_layout=pallas_layout, interpret=interpret, tail=tail, gate=gate,
+        capacity=capacity,
+    )
+
+
+def _checked_call(
+    rows_in, lm_head, vocab_size, teacher_ids, teacher_logprobs, *, k, mask, impl, floor_min,
+    block_v, block_t, pallas_layout, interpret, tail, gate, capacity,
+):
+    """The validation both public functions share (teacher, mask, gate, tiling, impl), then
+    the one compiled program. ``rows_in`` is [..., V] logits (``lm_head`` None) or [..., d]
+    hidden states with ``lm_head`` [d, V]."""
+    teacher_ids, teacher_logprobs = jnp.asarray(teacher_ids), jnp.asarray(teacher_logprobs)
+    lead = tuple(rows_in.shape[:-1])
     num_listed = _check_teacher(teacher_ids, teacher_logprobs, lead, vocab_size, k)
     mask = _check_mask(mask, lead)
     gate, capacity = _check_gate(gate, capacity, mask, lead)
     _check_tiling(block_v, block_t, pallas_layout)
-    impl = resolve_impl(impl)
-    return _fused_linear_jit(
-        hidden, lm_head, teacher_ids, teacher_logprobs, mask, gate,
-        k=int(k), impl=impl, floor_min=float(floor_min), block_v=block_v, block_t=block_t,
-        pallas_layout=pallas_layout, interpret=interpret, num_listed=num_listed,
-        tail=bool(tail), capacity=capacity,
+    return _topk_reverse_kl_jit(
+        rows_in, lm_head, teacher_ids, teacher_logprobs, mask, gate,
+        k=int(k), impl=resolve_impl(impl), floor_min=float(floor_min), block_v=block_v,
+        block_t=block_t, pallas_layout=pallas_layout, interpret=interpret,
+        num_listed=num_listed, tail=bool(tail), capacity=capacity,
     )
 
 
@@ -436,43 +401,47 @@ def fused_linear_topk_reverse_kl(
         "num_listed", "tail", "capacity",
     ),
 )
-def _fused_linear_jit(
-    hidden, lm_head, teacher_ids, teacher_logprobs, mask, gate, *, k, impl, floor_min,
+def _topk_reverse_kl_jit(
+    rows_in, lm_head, teacher_ids, teacher_logprobs, mask, gate, *, k, impl, floor_min,
     block_v, block_t, pallas_layout, interpret, num_listed, tail, capacity,
 ):
-    del num_listed
-    lead, vocab_size = hidden.shape[:-1], lm_head.shape[1]
-    rows = hidden.reshape(-1, hidden.shape[-1])
+    del num_listed  # part of the cache key only
+    lead = rows_in.shape[:-1]
+    rows = rows_in.reshape(-1, rows_in.shape[-1])
     ids = teacher_ids.reshape(rows.shape[0], -1)
     logprobs = teacher_logprobs.reshape(rows.shape[0], -1)
+    rows_kl = functools.partial(
+        _rows_kl, lm_head=lm_head, k=k, impl=impl, floor_min=floor_min, block_v=block_v,
+        block_t=block_t, pallas_layout=pallas_layout, interpret=interpret, tail=tail,
+    )
     if gate is not None:
-        def per_rows(r, i, lp):
-            return _fused_linear_jit(r, lm_head, i, lp, None, None, k=k, impl=impl,
-                                     floor_min=floor_min, block_v=block_v, block_t=block_t,
-                                     pallas_layout=pallas_layout, interpret=interpret,
-                                     num_listed=0, tail=tail, capacity=None)
-        kl = _gated_rows(per_rows, rows, ids, logprobs, _active(gate, mask, rows.shape[0]),
+        kl = _gated_rows(rows_kl, rows, ids, logprobs, _active(gate, mask, rows.shape[0]),
                          capacity)
         return kl.reshape(lead)
-    if impl == "reference":
-        logits = jnp.dot(rows, lm_head, preferred_element_type=jnp.float32)
-        kl = _reference_kl(logits, ids, logprobs, k, floor_min)
-        if tail:
-            kl = kl + _reference_tail(logits, ids, logprobs, k, floor_min)
-    else:
-        if impl == "xla":
-            stats = lse_topk_xla.lse_topk_linear(
-                rows, lm_head, k, block_v or lse_topk_xla.DEFAULT_BLOCK_V
-            )
-        else:
-            stats = lse_topk_pallas.lse_topk_linear(
-                rows, lm_head, k=k,
-                block_sizes=lse_topk_pallas.BlockSizes.make(block_t, block_v),
-                layout=pallas_layout, interpret=interpret,
-            )
-        kl = kl_from_stats(stats, ids, logprobs, vocab_size, floor_min, tail)
-    kl = kl.reshape(lead)
+    kl = rows_kl(rows, ids, logprobs).reshape(lead)
     return kl if mask is None else jnp.where(mask, kl, 0.0)
+
+
+def _rows_kl(rows, ids, logprobs, *, lm_head, k, impl, floor_min, block_v, block_t,
+             pallas_layout, interpret, tail) -> jax.Array:
+    """KL [N] of N rows: logits [N, V] (``lm_head`` None) or hidden states [N, d] whose
+    logits the streaming impls form block by block (only ``"reference"`` forms them whole)."""
+    if impl == "reference":
+        logits = rows if lm_head is None else jnp.dot(
+            rows, lm_head, preferred_element_type=jnp.float32)
+        kl = _reference_kl(logits, ids, logprobs, k, floor_min)
+        return kl + _reference_tail(logits, ids, logprobs, k, floor_min) if tail else kl
+    vocab_size = rows.shape[-1] if lm_head is None else lm_head.shape[1]
+    if impl == "xla":
+        block = block_v or lse_topk_xla.DEFAULT_BLOCK_V
+        stats = (lse_topk_xla.lse_topk_logits(rows, k, block) if lm_head is None
+                 else lse_topk_xla.lse_topk_linear(rows, lm_head, k, block))
+    else:
+        pallas = dict(k=k, block_sizes=lse_topk_pallas.BlockSizes.make(block_t, block_v),
+                      layout=pallas_layout, interpret=interpret)
+        stats = (lse_topk_pallas.lse_topk_logits(rows, **pallas) if lm_head is None
+                 else lse_topk_pallas.lse_topk_linear(rows, lm_head, **pallas))
+    return kl_from_stats(stats, ids, logprobs, vocab_size, floor_min, tail)
 
 
 def _active(gate, mask, n: int) -> jax.Array:
