@@ -141,12 +141,13 @@ class SimulatedLLM:
         canon = {gym_tools.tool_named(n, shift).name: n for n in offered}
         key = env.answer_key(state)
         context = render_context(state)
+        tool_key = self._step_key(req, "tool")  # first: a missing step fails every call
         if req.forced_tool is not None:
             tool = gym_tools.tool_named(req.forced_tool, shift).name
         else:
             right = [t for t in (key.tools if key else ()) if t in canon]
             tool = None
-            if right and self._draw(rng, self._step_key(req, "tool")) < acc_tool:
+            if right and self._draw(rng, tool_key) < acc_tool:
                 best, _ = expert_call(state, key, context)
                 tool = best if best in right else right[0]
             if tool is None:  # a realistic error, drawn from the gym's error kinds
