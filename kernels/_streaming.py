@@ -37,6 +37,17 @@ class LseTopK(NamedTuple):
     indices: jax.Array  # [N, k] int32
 
 
+def empty_running_stats(n_rows: int, k: int) -> tuple[jax.Array, ...]:
+    """The running (max [N], sum [N], values [N, k], ids [N, k]) before the first vocabulary
+    block: -inf, 0, -inf and ``SENTINEL_INDEX``."""
+    return (
+        jnp.full((n_rows,), -jnp.inf, jnp.float32),
+        jnp.zeros((n_rows,), jnp.float32),
+        jnp.full((n_rows, k), -jnp.inf, jnp.float32),
+        jnp.full((n_rows, k), SENTINEL_INDEX, jnp.int32),
+    )
+
+
 def online_lse_update(
     running_max: jax.Array, running_sum: jax.Array, block: jax.Array
 ) -> tuple[jax.Array, jax.Array]:

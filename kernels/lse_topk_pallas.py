@@ -45,6 +45,7 @@ from jax.experimental import pallas as pl
 from jaxdm.kernels._streaming import (
     SENTINEL_INDEX,
     LseTopK,
+    empty_running_stats,
     finish_lse,
     logits_cotangent,
     merge_topk_select,
@@ -104,12 +105,7 @@ def _stream_tile(load_block, n_rows: int, *, k: int, block_v: int, num_blocks: i
         top_values, top_ids = merge_topk_select(top_values, top_ids, block, ids, valid)
         return run_max, run_sum, top_values, top_ids
 
-    init = (
-        jnp.full((n_rows,), -jnp.inf, jnp.float32),
-        jnp.zeros((n_rows,), jnp.float32),
-        jnp.full((n_rows, k), -jnp.inf, jnp.float32),
-        jnp.full((n_rows, k), SENTINEL_INDEX, jnp.int32),
-    )
+    init = empty_running_stats(n_rows, k)
     run_max, run_sum, top_values, top_ids = jax.lax.fori_loop(0, num_blocks, body, init)
     return finish_lse(run_max, run_sum), top_values, top_ids
 
@@ -251,7 +247,8 @@ def _forward_linear_grid_kernel(h_ref, w_ref, max_ref, sum_ref, values_ref, ids_
 
 
 def _grid_accumulator(out_ref, scratch):
-    """The float32 accumulator of a grid-layout backward kernel.
+    """The float32 accumulator of a grid-layout backward kernel, zeroed at the first
+    reduction step.
 
     A float32 output block stays resident across the reduction axis and accumulates in place.
     For a bf16/f16 output, accumulating there would round every partial sum, and a float32
@@ -259,7 +256,13 @@ def _grid_accumulator(out_ref, scratch):
     the kernel accumulates in a float32 VMEM scratch tile and writes the block once, converted,
     at the last reduction step (``_finish_grid_accumulator``).
     """
-    return scratch[0] if scratch else out_ref
+    acc_ref = scratch[0] if scratch else out_ref
+
+    @pl.when(pl.program_id(1) == 0)
+    def _():
+        acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+
+    return acc_ref
 
 
 def _finish_grid_accumulator(out_ref, scratch) -> None:
@@ -269,22 +272,26 @@ def _finish_grid_accumulator(out_ref, scratch) -> None:
             out_ref[...] = scratch[0][...].astype(out_ref.dtype)
 
 
-def _backward_hidden_grid_kernel(h_ref, w_ref, lse_ref, ids_ref, g_lse_ref, g_values_ref,
-                                 dh_ref, *scratch, block_v: int, vocab_size: int):
-    # Grid (T tiles, V blocks); dh [bt, d] accumulates in float32 over the V axis.
-    acc_ref = _grid_accumulator(dh_ref, scratch)
-
-    @pl.when(pl.program_id(1) == 0)
-    def _():
-        acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
-
-    w_block = w_ref[...]
-    block = jnp.dot(h_ref[...], w_block, preferred_element_type=jnp.float32)
-    ids = pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, block.shape, 1)
-    d_block = logits_cotangent(
+def _grid_logits_cotangent(hidden, w_block, vocab_axis: int, lse_ref, ids_ref, g_lse_ref,
+                           g_values_ref, *, block_v: int, vocab_size: int) -> jax.Array:
+    """dz [bt, bv] of one grid program: its logit block recomputed from ``hidden`` [bt, d]
+    and ``w_block`` [d, bv]; ``vocab_axis`` is the grid axis that walks the vocabulary."""
+    block = jnp.dot(hidden, w_block, preferred_element_type=jnp.float32)
+    ids = (pl.program_id(vocab_axis) * block_v
+           + jax.lax.broadcasted_iota(jnp.int32, block.shape, 1))
+    return logits_cotangent(
         block, ids, ids < vocab_size, lse_ref[...], ids_ref[...], g_lse_ref[...],
         g_values_ref[...],
     )
+
+
+def _backward_hidden_grid_kernel(h_ref, w_ref, lse_ref, ids_ref, g_lse_ref, g_values_ref,
+                                 dh_ref, *scratch, **static):
+    # Grid (T tiles, V blocks); dh [bt, d] accumulates in float32 over the V axis.
+    acc_ref = _grid_accumulator(dh_ref, scratch)
+    w_block = w_ref[...]
+    d_block = _grid_logits_cotangent(h_ref[...], w_block, 1, lse_ref, ids_ref, g_lse_ref,
+                                     g_values_ref, **static)
     acc_ref[...] += jax.lax.dot_general(
         d_block, w_block.astype(jnp.float32), (((1,), (1,)), ((), ())),
         preferred_element_type=jnp.float32,
@@ -293,21 +300,12 @@ def _backward_hidden_grid_kernel(h_ref, w_ref, lse_ref, ids_ref, g_lse_ref, g_va
 
 
 def _backward_head_grid_kernel(h_ref, w_ref, lse_ref, ids_ref, g_lse_ref, g_values_ref,
-                               dw_ref, *scratch, block_v: int, vocab_size: int):
+                               dw_ref, *scratch, **static):
     # Grid (V blocks, T tiles); dW [d, bv] accumulates in float32 over the T axis.
     acc_ref = _grid_accumulator(dw_ref, scratch)
-
-    @pl.when(pl.program_id(1) == 0)
-    def _():
-        acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
-
     hidden = h_ref[...]
-    block = jnp.dot(hidden, w_ref[...], preferred_element_type=jnp.float32)
-    ids = pl.program_id(0) * block_v + jax.lax.broadcasted_iota(jnp.int32, block.shape, 1)
-    d_block = logits_cotangent(
-        block, ids, ids < vocab_size, lse_ref[...], ids_ref[...], g_lse_ref[...],
-        g_values_ref[...],
-    )
+    d_block = _grid_logits_cotangent(hidden, w_ref[...], 0, lse_ref, ids_ref, g_lse_ref,
+                                     g_values_ref, **static)
     acc_ref[...] += jax.lax.dot_general(
         hidden.astype(jnp.float32), d_block, (((0,), (0,)), ((), ())),
         preferred_element_type=jnp.float32,

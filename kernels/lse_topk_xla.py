@@ -33,8 +33,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxdm.kernels._streaming import (
-    SENTINEL_INDEX,
     LseTopK,
+    empty_running_stats,
     finish_lse,
     logits_cotangent,
     merge_topk_lax,
@@ -161,12 +161,7 @@ def _walk_forward(block_fn, operands, n_rows: int, vocab_size: int, k: int,
         top_values, top_ids = merge_topk_lax(top_values, top_ids, block, start)
         return run_max, run_sum, top_values, top_ids
 
-    carry = (
-        jnp.full((n_rows,), -jnp.inf, jnp.float32),
-        jnp.zeros((n_rows,), jnp.float32),
-        jnp.full((n_rows, k), -jnp.inf, jnp.float32),
-        jnp.full((n_rows, k), SENTINEL_INDEX, jnp.int32),
-    )
+    carry = empty_running_stats(n_rows, k)
     run_max, run_sum, top_values, top_ids = _fold_blocks(
         step, carry, operands, vocab_size, block_v
     )
