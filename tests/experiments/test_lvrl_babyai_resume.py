@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-SCRIPT = HERE.parents[1] / "experiments" / "lvrl_babyai.py"
+from tests.experiments.resume_fixtures import NO_KILL, REPO, assert_same_results, run_killed
+
+SCRIPT = REPO / "experiments" / "lvrl_babyai.py"
 TINY = ["--quick", "--methods", "grpo", "--seeds", "0,1", "--noise", "0.02",
         *[x for kv in ("iterations=2", "eval_every=1", "eval_tasks=4", "tasks_per_iter=2",
                        "group_size=2", "max_actions=8") for x in ("--set", kv)]]
@@ -28,10 +28,8 @@ KILL_POINTS = [
 ]
 
 
-def _run(out: Path, *extra: str, kill=("(none)", 1)) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(HERE / "kill_after.py"), kill[0], str(kill[1]), str(SCRIPT),
-           "--out", str(out), *TINY, *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=HERE.parents[1])
+def _run(out: Path, *extra: str, kill=NO_KILL) -> subprocess.CompletedProcess:
+    return run_killed(SCRIPT, ["--out", str(out), *TINY, *extra], kill, timeout=240)
 
 
 TIMED = ("time", "wall_seconds", "cpu_seconds", "seconds_per_iteration",
@@ -79,19 +77,7 @@ def test_a_kill_anywhere_resumes_to_the_uninterrupted_results(tmp_path, uninterr
     assert p.returncode == 0, p.stderr[-3000:]
     done = Path(f"{out}_quick")
     got = _results(done)
-    assert sorted(got) == sorted(uninterrupted)
-    for f, value in uninterrupted.items():
-        assert got[f] == value, (f, _first_difference(got[f], value))
+    assert_same_results(got, uninterrupted)
     assert not list(done.rglob("*.tmp"))
 
 
-def _first_difference(a, b, where=""):
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in sorted(set(a) | set(b)):
-            if a.get(k) != b.get(k):
-                return _first_difference(a.get(k), b.get(k), f"{where}.{k}")
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        for i, (x, y) in enumerate(zip(a, b)):
-            if x != y:
-                return _first_difference(x, y, f"{where}[{i}]")
-    return f"{where}: {a!r} != {b!r}"

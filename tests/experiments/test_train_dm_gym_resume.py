@@ -7,15 +7,14 @@ two bench levels of a few items, one shadow and one test task per CASCADE."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-SCRIPT = HERE.parents[1] / "experiments" / "train_dm_gym.py"
+from tests.experiments.resume_fixtures import NO_KILL, REPO, assert_same_results, run_killed
+
+SCRIPT = REPO / "experiments" / "train_dm_gym.py"
 TINY = ["--quick", "--no-progress", "--levels", "l1,l2", "--train-kinds", "stop"]
 
 # (file the kill follows, its n-th write). Each point costs ~17 s on 2 loaded cores; these four
@@ -50,10 +49,8 @@ def base_model(tmp_path_factory):
                            tokenizer=load_tokenizer(path), source=path)
 
 
-def _run(out: Path, model: Path, *extra: str, kill=("(none)", 1)):
-    cmd = [sys.executable, str(HERE / "kill_after.py"), kill[0], str(kill[1]), str(SCRIPT),
-           "--out", str(out), "--model", str(model), *TINY, *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=HERE.parents[1])
+def _run(out: Path, model: Path, *extra: str, kill=NO_KILL) -> subprocess.CompletedProcess:
+    return run_killed(SCRIPT, ["--out", str(out), "--model", str(model), *TINY, *extra], kill)
 
 
 def _timeless(value, out: str):
@@ -104,22 +101,10 @@ def test_a_kill_anywhere_resumes_to_the_uninterrupted_results(tmp_path, base_mod
     p = _run(out, base_model, "--resume")
     assert p.returncode == 0, p.stderr[-3000:]
     got = _results(out)
-    assert sorted(got) == sorted(uninterrupted)
-    for f, value in uninterrupted.items():
-        assert got[f] == value, (f, _first_difference(got[f], value))
+    assert_same_results(got, uninterrupted)
     assert not list(out.rglob("*.tmp"))
 
 
-def _first_difference(a, b, where=""):
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in sorted(set(a) | set(b)):
-            if a.get(k) != b.get(k):
-                return _first_difference(a.get(k), b.get(k), f"{where}.{k}")
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        for i, (x, y) in enumerate(zip(a, b)):
-            if x != y:
-                return _first_difference(x, y, f"{where}[{i}]")
-    return f"{where}: {a!r} != {b!r}"
 
 
 def _script():
