@@ -6,16 +6,20 @@ the job fails (rc 2) after keeping what finished. Output paths (item 4): rc 2, n
 nothing half-written."""
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from jaxdm.bench.run import BenchConfig, BenchError, run
 from jaxdm.cli import main
+from tests.output_faults import (
+    assert_bad_output_refused,
+    assert_named_error,
+    bad_output_path,
+    fill_disk_at,
+)
 from tests.screen.test_screen_reliability import judge_server  # noqa: F401 (fixture)
 
 
@@ -107,15 +111,10 @@ def test_a_partial_outage_is_retried_not_kept(tmp_path, judge_server):
 
 @pytest.mark.parametrize("where", ["proc", "file"])
 def test_bad_output_paths_are_named_errors(tmp_path, capsys, where):
-    out = Path("/proc/jaxdm-x") if where == "proc" else tmp_path / "a_file"
-    if where == "file":
-        out.write_text("mine")
+    out = bad_output_path(tmp_path, where)
     rc = main(["bench", "--judge", "oracle", "--level", "l1", "--out", str(out),
                "--no-progress", "l1_tool=2", "l1_param=2"])
-    err = capsys.readouterr().err
-    assert rc == 2 and "Traceback" not in err and str(out) in err, err
-    if where == "file":
-        assert out.read_text() == "mine"
+    assert_bad_output_refused(rc, capsys.readouterr().err, out)
 
 
 def test_no_space_left_is_a_named_error_and_nothing_is_half_written(tmp_path, capsys,
@@ -123,22 +122,10 @@ def test_no_space_left_is_a_named_error_and_nothing_is_half_written(tmp_path, ca
     out = tmp_path / "out"
     args = ["bench", "--judge", "oracle", "--judge", "oracle:noise=0.3,name=noisy", "--level",
             "l1", "--out", str(out), "--no-progress", "l1_tool=3", "l1_param=3"]
-    real_fsync = os.fsync
-    calls = {"n": 0}
-
-    def full_disk(fd):   # the disk is full when the second unit is appended
-        if os.readlink(f"/proc/self/fd/{fd}").endswith("units.jsonl"):
-            calls["n"] += 1
-            if calls["n"] >= 2:
-                raise OSError(errno.ENOSPC, "No space left on device")
-        return real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", full_disk)
+    fill_disk_at(monkeypatch, "units.jsonl", 2)   # the disk is full when the second unit is appended
     rc = main(args)
     monkeypatch.undo()
-    err = capsys.readouterr().err
-    assert rc == 2 and "no space left on device" in err and "units.jsonl" in err, err
-    assert "Traceback" not in err
+    assert_named_error(rc, capsys.readouterr().err, "no space left on device", "units.jsonl")
     text = (out / "units.jsonl").read_text()
     assert text.endswith("\n") and len(text.splitlines()) == 1   # the first unit, whole
     assert not (out / "bench.json").exists()

@@ -9,12 +9,17 @@ import errno
 import hashlib
 import json
 import os
-from pathlib import Path
 
 import pytest
 
 from jaxdm.cli import main
 from jaxdm.trajectory import write_jsonl
+from tests.output_faults import (
+    assert_bad_output_refused,
+    assert_named_error,
+    bad_output_path,
+    fill_disk_at,
+)
 from tests.screen.test_screen_reliability import _rows, _trajs, _untimed, judge_server  # noqa: F401
 
 
@@ -110,17 +115,12 @@ def test_a_partial_outage_is_incomplete_and_resume_asks_only_the_failed(tmp_path
 
 @pytest.mark.parametrize("where", ["proc", "file"])
 def test_bad_output_paths_are_named_errors(tmp_path, capsys, where):
-    out = Path("/proc/jaxdm-x") if where == "proc" else tmp_path / "a_file"
-    if where == "file":
-        out.write_text("mine")
+    out = bad_output_path(tmp_path, where)
     path = tmp_path / "trajs.jsonl"
     write_jsonl(path, _trajs())
     rc = main(["screen", "--trajectories", str(path), "--judge", "oracle", "--no-progress",
                "--out", str(out), "expansions=[]"])
-    err = capsys.readouterr().err
-    assert rc == 2 and "Traceback" not in err and str(out) in err, err
-    if where == "file":
-        assert out.read_text() == "mine"
+    assert_bad_output_refused(rc, capsys.readouterr().err, out)
 
 
 def test_no_space_left_is_a_named_error_and_nothing_is_half_written(tmp_path, capsys,
@@ -130,22 +130,10 @@ def test_no_space_left_is_a_named_error_and_nothing_is_half_written(tmp_path, ca
     out = tmp_path / "out"
     args = ["screen", "--trajectories", str(path), "--judge", "oracle", "--no-progress",
             "--out", str(out), "expansions=[]"]
-    real_fsync = os.fsync
-    calls = {"n": 0}
-
-    def full_disk(fd):   # the disk is full when the third pass's rows are flushed
-        if os.readlink(f"/proc/self/fd/{fd}").endswith("scores.jsonl"):
-            calls["n"] += 1
-            if calls["n"] >= 3:
-                raise OSError(errno.ENOSPC, "No space left on device")
-        return real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", full_disk)
+    fill_disk_at(monkeypatch, "scores.jsonl", 3)   # the disk is full when the third pass's rows are flushed
     rc = main(args)
     monkeypatch.undo()
-    err = capsys.readouterr().err
-    assert rc == 2 and "no space left on device" in err and "scores.jsonl" in err, err
-    assert "Traceback" not in err
+    assert_named_error(rc, capsys.readouterr().err, "no space left on device", "scores.jsonl")
     lines = (out / "scores.jsonl").read_text().splitlines(keepends=True)
     assert all(x.endswith("\n") for x in lines) and len(lines) % 10 == 0
     assert not (out / "summary.json").exists()
