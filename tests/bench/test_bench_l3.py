@@ -8,6 +8,7 @@ import pytest
 from jaxdm.bench import l3, metrics
 from jaxdm.bench.run import BenchConfig, BenchError, run
 from jaxdm.decision import Oracle
+from tests.decision.dm_fixtures import RaisingBackend
 
 PERFECT_LLM = {"kind": "simulated", "profile": "strong", "default_accuracy": 1.0,
                "accuracy": {}}
@@ -28,23 +29,13 @@ def test_l3_perfect_model_solves_every_task():
     assert {r["kind"] for r in recs} == set(l3.L3_ENVS)
 
 
-class _Broken:
-    name = "broken"
-
-    def choose(self, questions):
-        raise RuntimeError("model server down")
-
-
-class _Refuses:
-    name = "refuses"
-
-    def choose(self, questions):
-        raise ValueError("more options than labels")
+BROKEN = RaisingBackend("broken", RuntimeError("model server down"))
+REFUSES = RaisingBackend("refuses", ValueError("more options than labels"))
 
 
 def test_l3_failing_model_is_counted_and_the_llm_decides():
     # an outage (the model raised): every episode is flagged, left out of success, counted
-    recs, rows = l3.run_l3(_Broken(), l3.L3Config(envs=("base", "alfworld"), tasks=2))
+    recs, rows = l3.run_l3(BROKEN, l3.L3Config(envs=("base", "alfworld"), tasks=2))
     s = l3.breakdown(rows)
     for env_name in ("base", "alfworld"):
         assert s[env_name]["n"] == 0 and s[env_name]["flagged"] == 2
@@ -52,7 +43,7 @@ def test_l3_failing_model_is_counted_and_the_llm_decides():
     assert all(r["flagged"] and r["dm_failures"] == r["dm_calls"] == r["dm_lost"] for r in rows)
     assert recs and all(r["failed"] and not r["correct"] and not r["refused"] for r in recs)
     # a refusal (the model cannot take the question) is the model's own failure: measured
-    recs, rows = l3.run_l3(_Refuses(), l3.L3Config(envs=("base", "alfworld"), tasks=2))
+    recs, rows = l3.run_l3(REFUSES, l3.L3Config(envs=("base", "alfworld"), tasks=2))
     s = l3.breakdown(rows)
     for env_name in ("base", "alfworld"):
         assert s[env_name]["dm_failures"] == s[env_name]["dm_calls"] > 0

@@ -1,5 +1,6 @@
 """Shared helpers for the decision tests: a tiny random model with SmolLM2's tokenizer, the
-real SmolLM2 (cached per process) and a small hand-written trajectory."""
+real SmolLM2 (cached per process), a small hand-written trajectory and a backend that
+raises."""
 from __future__ import annotations
 
 import dataclasses
@@ -51,3 +52,17 @@ def small_trajectory(success: bool = True) -> Trajectory:
         final_observation="You arrive at microwave 1. The microwave 1 is closed.",
         reward=float(success), success=success, budget=30, task_type="heat", env="alfworld",
         metadata={"id": "small-0"})
+
+
+class RaisingBackend:
+    """A decision backend whose every call (``choose`` or ``score``) raises ``error``: a
+    server that is down, a model that refuses the question."""
+
+    def __init__(self, name: str, error: Exception):
+        self.name, self.error = name, error
+
+    def choose(self, questions):
+        raise self.error
+
+    def score(self, questions):
+        raise self.error

@@ -7,7 +7,7 @@ from jaxdm.roles.jobs import score_trajectories
 from jaxdm.decision.types import Cost, score_failed, score_ok
 from jaxdm.trajectory import Trajectory
 
-from tests.decision.dm_fixtures import small_trajectory
+from tests.decision.dm_fixtures import RaisingBackend, small_trajectory
 
 
 def _batch():
@@ -63,13 +63,6 @@ def dataclass_replace_score(r, s):
     return dataclasses.replace(r, score=s)
 
 
-class _Raises:
-    name = "raises"
-
-    def score(self, qs):
-        raise ConnectionError("connection refused")
-
-
 class _Short:
     name = "short"
 
@@ -86,7 +79,8 @@ def test_failures_are_missing_and_counted():
     assert not res.ok[0, 1] and not res.ok[0, 2] and res.ok[0, 0]
     per = res.per_trajectory()
     assert np.isnan(per[0][1]) and per[0][0] == 0.25 and per[2].size == 0
-    for backend, msg in ((_Raises(), "ConnectionError"), (_Short(), "returned 1 results")):
+    refused = RaisingBackend("raises", ConnectionError("connection refused"))
+    for backend, msg in ((refused, "ConnectionError"), (_Short(), "returned 1 results")):
         res = score_trajectories(backend, trajs, question="progress", context="hindsight")
         assert res.stats["missing"] == res.stats["errors"] == 6
         assert msg in res.stats["last_error"] and res.failure_frac == 1.0

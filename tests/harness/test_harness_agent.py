@@ -11,15 +11,9 @@ from jaxdm.harness import BACKEND_COST_ONLY, Delegation, Harness, NoisyOracle, S
 from jaxdm.harness.dm import BM25Shortlist, RandomTrigger
 from jaxdm.harness.llm import STRONG, LLMProfile
 from jaxdm.roles.harness import memory_question
+from tests.decision.dm_fixtures import RaisingBackend
 
 GYM, PARAMS = DecisionGym(), GymParams(split="test")
-
-
-class Raising:
-    name = "raising"
-
-    def choose(self, questions):
-        raise RuntimeError("model server down")
 
 
 class Failing:
@@ -31,7 +25,7 @@ class Failing:
 
 def test_decision_model_failures_fall_back_to_the_llm():
     alone = [Harness(SimulatedLLM(STRONG, 0)).run_task(GYM, i, PARAMS) for i in range(3)]
-    for dm in (Raising(), Failing()):
+    for dm in (RaisingBackend("raising", RuntimeError("model server down")), Failing()):
         h = Harness(SimulatedLLM(STRONG, 0), dm, [Delegation("tool", "replace"),
                                                   Delegation("params", "cascade", 0.5)])
         eps = [h.run_task(GYM, i, PARAMS) for i in range(3)]
@@ -41,7 +35,7 @@ def test_decision_model_failures_fall_back_to_the_llm():
         tool = [r for e in eps for r in e.decisions if r.point == "tool"]
         assert {r.who for r in tool} == {"llm_fallback"}
         assert sum(e.dm_failures for e in eps) >= len(tool)
-        if isinstance(dm, Raising):
+        if isinstance(dm, RaisingBackend):
             assert any(not c.ok and "model server down" in c.error
                        for e in eps for c in e.calls if c.kind == "dm")
 
