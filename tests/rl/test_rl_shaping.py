@@ -4,10 +4,10 @@ GRPO with step rewards against hand computations, and the two registered estimat
 import numpy as np
 import pytest
 
-from jaxdm import config as cfgmod
 from jaxdm.rl import advantages as adv
 from jaxdm.rl.estimators import ESTIMATORS
-from jaxdm.rl.trainer import TrainConfig, Trainer
+from jaxdm.rl.trainer import Trainer
+from tests.rl.test_rl_jax_trainer import tiny
 
 
 def test_shaped_rewards_move_credit_and_keep_the_total():
@@ -48,12 +48,8 @@ def test_process_grpo_sums_group_normalised_step_rewards():
 
 
 def _tiny(out, *extra):
-    return cfgmod.load_config(TrainConfig, None, [
-        "policy.kind=symbolic_mlp", "policy.mlp_hidden=[16]", "env.name=babyai_jax",
-        "env.kwargs={room_size: 7, compass: true}", "teacher.kind=none", "tasks_per_iter=2",
-        "group_size=3", "max_actions=6", "algo.mini_batch=8", "algo.ppo_epochs=1",
-        "algo.kl_coef=0", "optim.lr=0.01", "eval_tasks=0", "iterations=1", "progress=false",
-        "checkpoint_every=1", f"out_dir={out}", "value={kind: oracle}", *extra])
+    # the trainer test's tiny run, one iteration of one epoch, with Oracle values to shape by
+    return tiny(out, "algo.ppo_epochs=1", "iterations=1", "value={kind: oracle}", *extra)
 
 
 @pytest.mark.parametrize("method,extra", [("grpo_shaped", ()), ("gae_shaped", ("critic.kind=mlp",))])
