@@ -46,6 +46,7 @@ Cost: tokens from the response's ``usage`` (prompt/completion tokens), money fro
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import math
 import os
 import threading
@@ -69,6 +70,26 @@ class _Failure(Exception):
         super().__init__(reason)
         self.raw = raw
         self.status = status
+
+
+def server_message(text: str, limit: int = 300) -> str:
+    """``": <message>"`` from an error body in the OpenAI shape (``{"error": {"message"}}``),
+    FastAPI's ``{"detail": ...}`` or ``{"message": ...}``, cut at ``limit`` characters; ""
+    when the body has none (so an HTTP error names what the server said, not only its code)."""
+    try:
+        data = json.loads(text)
+    except (ValueError, TypeError):
+        return ""
+    msg = None
+    if isinstance(data, dict):
+        err = data.get("error")
+        msg = err.get("message") if isinstance(err, dict) else err
+        msg = msg if msg is not None else data.get("detail", data.get("message"))
+    if msg is None:
+        return ""
+    msg = msg if isinstance(msg, str) else json.dumps(msg)
+    msg = " ".join(msg.split())
+    return ": " + (msg if len(msg) <= limit else msg[:limit] + "...")
 
 
 def normalize_base_url(base_url: str) -> str:
@@ -234,7 +255,7 @@ class Remote:
                     if not isinstance(data, dict):
                         raise _Failure("response JSON is not an object", raw=resp.text[:2000])
                     return data
-                last = f"HTTP {resp.status_code}"
+                last = f"HTTP {resp.status_code}" + server_message(resp.text)
                 if resp.status_code not in _RETRY_STATUS:
                     raise _Failure(last, raw=resp.text[:2000], status=resp.status_code)
                 retry_after = resp.headers.get("retry-after")

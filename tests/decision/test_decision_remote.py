@@ -159,8 +159,22 @@ def test_500_retried_with_backoff_then_fails(server):
 def test_400_not_retried(server):
     rm = Remote(_url(server), "err400", backoff=0.01)
     r = rm.choose([_choice()])[0]
-    assert not r.ok and "HTTP 400" in r.error and "bad request" in r.raw
+    assert not r.ok and "HTTP 400: bad request" in r.error and "bad request" in r.raw
     assert server.calls["err400"] == 1
+
+
+def test_server_error_messages_are_named():
+    """The HTTP error names what the server said: OpenAI's error shape, FastAPI's detail, a
+    plain message; nothing for a body without one; long messages cut."""
+    from jaxdm.decision.remote import server_message
+    assert server_message('{"error": {"message": "too long: 9000 > 8192", "type": "x"}}') == \
+        ": too long: 9000 > 8192"
+    assert server_message('{"detail": [{"msg": "field required"}]}') == \
+        ': [{"msg": "field required"}]'
+    assert server_message('{"message": "no\\n such  model"}') == ": no such model"
+    assert server_message("<html>oops</html>") == "" and server_message("[1]") == ""
+    assert server_message('{"error": {"code": 1}}') == ""
+    assert server_message('{"message": "' + "x" * 400 + '"}') == ": " + "x" * 300 + "..."
 
 
 def test_429_then_success(server):
