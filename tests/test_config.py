@@ -4,12 +4,7 @@ import dataclasses
 import pytest
 
 from jaxdm import config as cfgmod
-
-
-@dataclasses.dataclass(frozen=True)
-class Optim:
-    lr: float = 1e-3
-    clip: float | None = 1.0
+from tests.config_fixtures import Optim, assert_yaml_round_trip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,9 +66,7 @@ def test_lists_are_accepted_for_tuple_fields(tmp_path):
     with pytest.raises(cfgmod.ConfigError, match="judges: expected a list, got str 'oracle'"):
         cfgmod.load_config(Cfg, None, ["judges=oracle"])
     # Round trip through YAML keeps the tuple.
-    out = tmp_path / "dump.yaml"
-    cfgmod.dump_yaml(c, out)
-    assert cfgmod.load_config(Cfg, out) == c
+    assert_yaml_round_trip(c, tmp_path)
 
 
 SECRET = "sk-live-0123456789abcdef"

@@ -10,12 +10,7 @@ import pytest
 from jaxdm import config as cfgmod
 from jaxdm import runlog
 from jaxdm.rl.checkpoint import Checkpointer, numpy_rng_from_state, numpy_rng_state
-
-
-@dataclasses.dataclass(frozen=True)
-class Optim:
-    lr: float = 1e-6
-    clip: float | None = 1.0
+from tests.config_fixtures import Optim, assert_yaml_round_trip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,9 +31,7 @@ def test_config_yaml_and_dotted_overrides(tmp_path):
     assert c == Demo(steps=5, mode="grpo", seeds=(4, 5), flag=True,
                      optim=Optim(lr=3e-4, clip=None))
     assert isinstance(c.optim.lr, float)
-    out = tmp_path / "dump.yaml"
-    cfgmod.dump_yaml(c, out)
-    assert cfgmod.load_config(Demo, out) == c
+    assert_yaml_round_trip(c, tmp_path)
 
 
 @pytest.mark.parametrize("override,msg", [
