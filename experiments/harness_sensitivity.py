@@ -22,8 +22,8 @@ under ``runs/``), mean ± 95 % t-interval over the seeds (``experiments/interval
 Resumable: a finished run (its ``report.json``) is read, not rerun; an interrupted one resumes;
 ``--overwrite`` runs everything again.
 
-    python experiments/harness_sensitivity.py --quick      # ~1 min: 2 settings, 2 seeds, tiny
-    python experiments/harness_sensitivity.py              # the README table (~35 min, 2 cores)
+    python experiments/harness_sensitivity.py --quick      # ~20 s: 2 settings, 2 seeds, tiny
+    python experiments/harness_sensitivity.py              # the README table (~15 min, 2 cores)
 """
 from __future__ import annotations
 
@@ -116,13 +116,13 @@ def run_one(setting: str, seed: int, sizes: dict, root: Path, overwrite: bool) -
         for name in ("shadow", "fit", "run", "compare"):
             COMMANDS[name](cfg, overwrite=overwrite, resume=resume)
         wall = time.perf_counter() - t0
-        write_json(out / "wall.json", {"wall_s": wall})
-    elif (out / "wall.json").is_file():
-        wall = json.loads((out / "wall.json").read_text())["wall_s"]
+        write_json(out / "wall.json", {"wall_s": wall, "commit": git_head()})
+    made = json.loads((out / "wall.json").read_text()) if (out / "wall.json").is_file() else {}
+    wall, commit = made.get("wall_s"), made.get("commit")
     report = json.loads((out / "report.json").read_text())
     arms = report["summary"]["arms"]
     ref = arms["llm_alone"]
-    row = {"setting": setting, "seed": seed, "wall_s": wall, "n": ref["n"],
+    row = {"setting": setting, "seed": seed, "wall_s": wall, "commit": commit, "n": ref["n"],
            "llm_alone_success": ref["success"], "llm_alone_cost": ref["cost"]}
     for arm in ARMS:
         a = arms[arm]
@@ -175,6 +175,25 @@ def aggregate(rows: list[dict]) -> dict:
     return out
 
 
+REFERENCE = "acc0.90"  # the harness results' decision model: the paired comparisons' baseline
+
+
+def paired(rows: list[dict], reference: str = REFERENCE) -> dict:
+    """Per setting: mean ± 95 % t half-width over seeds of (setting − ``reference``) for each
+    arm's gap and saving, seed by seed (same seed: same tasks and model seeds)."""
+    by = {(r["setting"], r["seed"]): r for r in rows}
+    out = {}
+    for setting in SETTINGS:
+        seeds = [s for (name, s) in by if name == setting and (reference, s) in by]
+        if setting == reference or len(seeds) < 2:
+            continue
+        out[setting] = {arm: {k: _mean_ci([by[(setting, s)][arm][k] - by[(reference, s)][arm][k]
+                                           for s in seeds]) for k in ("gap", "saving")}
+                        for arm in ARMS}
+        out[setting]["seeds"] = len(seeds)
+    return out
+
+
 def _fmt(mh: tuple[float, float], pct: bool = False, signed: bool = False) -> str:
     m, h = mh
     if not np.isfinite(m):
@@ -186,7 +205,7 @@ def _fmt(mh: tuple[float, float], pct: bool = False, signed: bool = False) -> st
     return f"{body}{half}{unit}"
 
 
-def table_md(agg: dict, sizes: dict) -> str:
+def table_md(agg: dict, sizes: dict, diffs: dict | None = None) -> str:
     """The README table: one line per setting."""
     lines = [
         "# Harness sensitivity (simulations): CASCADE vs the LLM alone", "",
@@ -211,9 +230,19 @@ def table_md(agg: dict, sizes: dict) -> str:
             f"{_fmt(a['llm_alone_success'])} | {_fmt(f['gap'], True, True)} | "
             f"{_fmt(f['saving'], True)} | {_fmt(f['delegated'], True)} | "
             f"{_fmt(x['gap'], True, True)} | {_fmt(x['saving'], True)} | {taus} | "
-            f"{a['stage1_passed']}/{a['seeds']} , {a['stage2_passed']}/{a['seeds']} | "
+            f"{a['stage1_passed']}/{a['seeds']}, {a['stage2_passed']}/{a['seeds']} | "
             f"{sh['dm_accuracy'][0]:.3f} / {sh['llm_accuracy'][0]:.3f} / "
             f"{sh['error_phi'][0]:.2f} / {sh['confidence_auc'][0]:.2f} |")
+    if diffs:
+        lines += ["", f"Paired over seeds, setting − {REFERENCE} (the same seed plays the same "
+                  "tasks; pp of gap / of saving):", "",
+                  "| setting | fitted: Δ gap | fitted: Δ saving | fixed 0.5: Δ gap | "
+                  "fixed 0.5: Δ saving |", "|---|---|---|---|---|"]
+        for name, d in diffs.items():
+            f, x = d["tool_cascade_fitted"], d["tool_cascade_fixed_0.5"]
+            lines.append(f"| {name} | {_fmt(f['gap'], True, True)} | "
+                         f"{_fmt(f['saving'], True, True)} | {_fmt(x['gap'], True, True)} | "
+                         f"{_fmt(x['saving'], True, True)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -244,13 +273,19 @@ def plot(agg: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def produced_by(path: Path, argv: list[str], rows: list[dict], total_s: float) -> None:
-    """Who made the results: command, commit, machine, wall time per run."""
+def git_head() -> str:
+    """The checkout's HEAD commit ("unknown" without git)."""
     try:
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"],
-                                capture_output=True, text=True, check=False).stdout.strip()
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=False).stdout.strip() \
+            or "unknown"
     except OSError:
-        commit = "unknown"
+        return "unknown"
+
+
+def produced_by(path: Path, argv: list[str], rows: list[dict], total_s: float) -> None:
+    """Who made the results: command, commit, machine, wall time and commit per run."""
+    commit = git_head()
     cpu = "unknown"
     try:
         for line in subprocess.run(["lscpu"], capture_output=True, text=True,
@@ -260,20 +295,22 @@ def produced_by(path: Path, argv: list[str], rows: list[dict], total_s: float) -
     except OSError:
         pass
     walls = [f"{r['setting']}_seed{r['seed']}: "
-             + ("(earlier)" if r["wall_s"] is None else f"{r['wall_s']:.0f} s") for r in rows]
+             + ("(unrecorded)" if r["wall_s"] is None else f"{r['wall_s']:.0f} s")
+             + f" at commit {r.get('commit') or 'unrecorded'}" for r in rows]
     write_atomic(path, "\n".join([
         "python experiments/harness_sensitivity.py " + " ".join(argv),
-        f"commit {commit} (the code that ran; results committed after it)",
+        f"HEAD {commit} when this file was written (each run's own commit below; "
+        "the results are committed after it)",
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.python_version()}, "
         f"CPU {cpu}, 2 cores shared with other jobs (a loaded machine)",
-        f"this invocation: {total_s:.0f} s", "wall time per run:", *walls]) + "\n")
+        f"this invocation: {total_s:.0f} s", "wall time per run (that run alone):", *walls]) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true",
-                    help="2 settings x 2 seeds at tiny sizes into --out (default: a temp-like "
-                         "quick/ folder)")
+                    help="2 settings x 2 seeds at tiny sizes (default --out: "
+                         "runs/harness_sensitivity_quick)")
     ap.add_argument("--settings", default=",".join(SETTINGS))
     ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
     ap.add_argument("--out", default=None)
@@ -292,7 +329,9 @@ def main(argv: list[str] | None = None) -> int:
             seeds = [0, 1]
     else:
         sizes = SIZES
-    root = Path(args.out) if args.out else (OUT / "quick" if args.quick else OUT)
+    # --quick writes under the git-ignored runs/, never over the README's results
+    root = Path(args.out) if args.out else (ROOT / "runs" / "harness_sensitivity_quick"
+                                            if args.quick else OUT)
     t0 = time.perf_counter()
     rows = []
     for setting in settings:
@@ -305,8 +344,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['shadow']['error_phi']:.2f}"
                   + ("" if row["wall_s"] is None else f" ({row['wall_s']:.0f} s)"), flush=True)
     agg = aggregate(rows)
-    write_json(root / "summary.json", {"sizes": sizes, "settings": agg, "runs": rows})
-    text = table_md(agg, sizes)
+    diffs = paired(rows)
+    write_json(root / "summary.json", {"sizes": sizes, "settings": agg,
+                                       f"paired_vs_{REFERENCE}": diffs, "runs": rows})
+    text = table_md(agg, sizes, diffs)
     write_atomic(root / "table.md", text)
     plot(agg, root / "sensitivity.png")
     produced_by(root / "PRODUCED_BY.txt", list(argv if argv is not None else sys.argv[1:]),
