@@ -1,9 +1,7 @@
 """CodeAct: tasks, validation, the sandboxed persistent REPL, pure states, pools, trainer."""
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 
 import pytest
 
@@ -12,6 +10,7 @@ from jaxdm.envs.codeact.sandbox import SandboxLimits
 from jaxdm.envs.codeact.tasks import make_task
 from jaxdm.envs.local import LocalVectorEnv
 from jaxdm.envs.vector import EnvFactory, VectorEnv
+from tests.http_fixtures import JSONHandler, serve
 
 
 def _seed_of_type(task_type: str, split: str = "train") -> int:
@@ -152,26 +151,17 @@ def test_vector_env_workers_match_in_process_and_survive_a_killed_worker():
     local.env.close()
 
 
-class _ValueHandler(http.server.BaseHTTPRequestHandler):
+class _ValueHandler(JSONHandler):
     """A JSON-list value model; keeps the prompts it was sent."""
     prompts: list = []
 
-    def log_message(self, *args):
-        pass
-
     def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body = self.request_json()
         user = body["messages"][-1]["content"]
         type(self).prompts.append(user)
         n = int(user.split("JSON list of exactly ")[1].split()[0])
         text = json.dumps([round(0.3 + 0.4 * j / max(n - 1, 1), 3) for j in range(n)])
-        data = json.dumps({"choices": [{"message": {"content": text}}],
-                           "usage": {"prompt_tokens": 10, "completion_tokens": 5}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self.reply_chat(text, 10, 5)
 
 
 def test_trainer_runs_lvrl_on_codeact(tmp_path):
@@ -190,20 +180,14 @@ def test_trainer_runs_lvrl_on_codeact(tmp_path):
             "env.eval_kwargs={split: test}", "max_actions=6", "tasks_per_iter=2",
             "group_size=2", "algo.mini_batch=16", "teacher.kind=none", "optim.lr=1e-3",
             "checkpoint_every=0"]
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ValueHandler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{srv.server_address[1]}"
-    try:
+    with serve(_ValueHandler) as srv:
         cfg = cfgmod.load_config(TrainConfig, None, [
             *base, f"out_dir={tmp_path / 'lvrl'}", "algo.advantage=lvrl", "iterations=1",
-            "value={kind: list, generator: {base_url: '" + url + "', model: m, "
+            "value={kind: list, generator: {base_url: '" + srv.url + "', model: m, "
             "concurrency: 1}}"])
         tr = Trainer(cfg, log=False)
         recs = tr.run()
         tr.close()
-    finally:
-        srv.shutdown()
-        srv.server_close()
     (train,) = [r for r in recs if "train/success" in r]
     assert 0.0 <= train["train/success"] <= 1.0 and train["env/errors"] == 0
     assert train["train/actions"] >= 1 and train["value/queries"] >= 1 and train["value/failures"] == 0

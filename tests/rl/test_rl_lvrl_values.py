@@ -3,7 +3,6 @@ the JSON-list value model and LLM summariser against a real HTTP server, group c
 from __future__ import annotations
 
 import functools
-import http.server
 import json
 import threading
 
@@ -20,6 +19,7 @@ from jaxdm.rl.values import (HttpChatGenerator, ListValueModel, OracleValueModel
                              parse_value_list, plot_value_curves, render_group_context,
                              summarize_deterministic, summarize_group, values_signal)
 from jaxdm.trajectory import Step, Trajectory
+from tests.http_fixtures import JSONHandler, serve
 
 
 # ---- Oracle values ------------------------------------------------------------------------
@@ -187,12 +187,9 @@ def test_packed_value_pass_equals_one_request_per_state():
 
 
 # ---- JSON-list value model and LLM summaries over HTTP -------------------------------------
-class _Handler(http.server.BaseHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
+class _Handler(JSONHandler):
     def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body = self.request_json()
         user = body["messages"][-1]["content"]
         model = body["model"]
         if model == "err500":
@@ -211,23 +208,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             n = int(user.split("JSON list of exactly ")[1].split()[0])
             text = json.dumps([f"did step {k}" for k in range(n)]) if model == "good" \
                 else "Sure! Here is a summary."
-        data = json.dumps({"choices": [{"message": {"content": text}}],
-                           "usage": {"prompt_tokens": 1000, "completion_tokens": 20}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self.reply_chat(text, 1000, 20)
 
 
 @pytest.fixture(scope="module")
 def server():
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    th = threading.Thread(target=srv.serve_forever, daemon=True)
-    th.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
+    with serve(_Handler) as srv:
+        yield srv.url
 
 
 def test_list_value_model_failures_fall_back_to_grpo(server):
@@ -337,16 +324,13 @@ def test_registry_values_signal_and_lvrl_estimator():
 
 
 # ---- inside the trainer: value failures fall back, value curves at every evaluation ---------
-class _FlakyValueHandler(http.server.BaseHTTPRequestHandler):
+class _FlakyValueHandler(JSONHandler):
     """A JSON-list value endpoint whose requests 2, 5, 8, ... get a malformed reply."""
     lock = threading.Lock()
     count = 0
 
-    def log_message(self, *args):
-        pass
-
     def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body = self.request_json()
         user = body["messages"][-1]["content"]
         n = int(user.split("JSON list of exactly ")[1].split()[0])
         with self.lock:
@@ -354,13 +338,7 @@ class _FlakyValueHandler(http.server.BaseHTTPRequestHandler):
             k = type(self).count
         text = "no idea" if k % 3 == 2 else json.dumps([round(0.2 + 0.6 * j / n, 3)
                                                          for j in range(n)])
-        data = json.dumps({"choices": [{"message": {"content": text}}],
-                           "usage": {"prompt_tokens": 100, "completion_tokens": 10}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self.reply_chat(text, 100, 10)
 
 
 def test_trainer_value_failures_fall_back_and_eval_writes_value_curves(tmp_path):
@@ -372,20 +350,14 @@ def test_trainer_value_failures_fall_back_and_eval_writes_value_curves(tmp_path)
     from jaxdm.runlog import read_metrics
     from tests.rl.test_rl_trainer import ordering_cfg
 
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FlakyValueHandler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{srv.server_address[1]}"
-    try:
+    with serve(_FlakyValueHandler) as srv:
         cfg = ordering_cfg(tmp_path, "algo.advantage=lvrl", "teacher.kind=none", "iterations=1",
                            "eval_tasks=3", "eval_seeds=[0, 1]", "checkpoint_every=0",
                            "value={kind: list, eval_trajectories: 4, generator: "
-                           f"{{base_url: '{url}', model: m, concurrency: 1}}}}")
+                           f"{{base_url: '{srv.url}', model: m, concurrency: 1}}}}")
         tr = Trainer(cfg, log=False)
         recs = tr.run()
         tr.close()
-    finally:
-        srv.shutdown()
-        srv.server_close()
     (train,) = [r for r in recs if "train/success" in r]
     # 8 rollouts, every one of >= 2 actions is one request: requests 2, 5, 8 fail
     assert train["value/queries"] >= 2 and train["value/failures"] >= 1

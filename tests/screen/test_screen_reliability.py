@@ -4,7 +4,6 @@ failing judge does not sink the others, a dead server is marked down, lists in Y
 from __future__ import annotations
 
 import hashlib
-import http.server
 import json
 import math
 import os
@@ -22,6 +21,7 @@ from jaxdm.cli import main
 from jaxdm.decision import make_backend
 from jaxdm.screen import ScreenError, screen
 from jaxdm.trajectory import Step, Trajectory, write_jsonl
+from tests.http_fixtures import JSONHandler, serve
 
 M = {"milestone": True, "no_op": False}
 Z = {"milestone": False, "no_op": True}
@@ -49,29 +49,24 @@ def _trajs():
     return [a, b]
 
 
-class _Judge(http.server.BaseHTTPRequestHandler):
+class _Judge(JSONHandler):
     """A deterministic OpenAI-compatible judge: P(Yes) from a hash of the messages; sleeps
     ``server.delay`` seconds per request so a run can be interrupted in the middle. Optional
     (set on the server): ``fail_if(body)`` -> True answers that request 503 (a partial
     outage), ``labels`` > 0 adds that many choice labels A, B, ... to the top log-probs (a
     multiple-choice judge), ``requests`` counts the POSTs."""
 
-    def log_message(self, *args):
-        pass
-
     def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body = self.request_json()
         time.sleep(self.server.delay)
         srv = self.server
         with _COUNT:
             srv.requests = getattr(srv, "requests", 0) + 1
         fail_if = getattr(srv, "fail_if", None)
         if srv.fail or (fail_if is not None and fail_if(body)):
-            data = b'{"error": "overloaded"}'
-            self.send_response(503)
+            status, data = 503, b'{"error": "overloaded"}'
         elif self.path != "/v1/chat/completions":
-            data = b'{"error": "not found"}'
-            self.send_response(404)
+            status, data = 404, b'{"error": "not found"}'
         else:
             h = int(hashlib.sha256(json.dumps(body["messages"]).encode()).hexdigest()[:8], 16)
             p = 0.02 + 0.96 * (h % 1000) / 999
@@ -81,11 +76,8 @@ class _Judge(http.server.BaseHTTPRequestHandler):
             data = json.dumps({"choices": [{"message": {"content": "Yes"}, "logprobs": {"content": [
                 {"token": "Yes", "logprob": math.log(p), "top_logprobs": top}]}}],
                 "usage": {"prompt_tokens": 50, "completion_tokens": 1}}).encode()
-            self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+            status = 200
+        self.reply(status, data)
 
 
 _COUNT = threading.Lock()
@@ -93,12 +85,9 @@ _COUNT = threading.Lock()
 
 @pytest.fixture()
 def judge_server():
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Judge)
-    srv.delay, srv.fail = 0.0, False
-    threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+    with serve(_Judge, poll_interval=0.05) as srv:
+        srv.delay, srv.fail = 0.0, False
+        yield srv
 
 
 def _remote_spec(srv, name="remote-judge"):
