@@ -18,21 +18,17 @@ Usage: python benchmarks/harness_env_workers.py [--quick] [--ray]
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
+
+from jaxdm.jsonl import without_keys   # light: no JAX
 
 # Light imports only at the top: spawned env workers import this script again as their main
 # module (the ``jaxdm`` CLI's main module is light too); the harness is imported in the calls.
 
 TIMING = {"seconds", "overhead_s"}
-
-
-def _timeless(value):
-    if isinstance(value, dict):
-        return {k: _timeless(v) for k, v in value.items() if k not in TIMING}
-    if isinstance(value, list):
-        return [_timeless(v) for v in value]
-    return value
+_timeless = functools.partial(without_keys, keys=TIMING)
 
 
 def _factory(workload: str):

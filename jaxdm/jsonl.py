@@ -24,7 +24,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator
+from typing import IO, Any, Collection, Iterable, Iterator
 
 from jaxdm.secrets import redact
 
@@ -167,3 +167,13 @@ def write_atomic(path: str | Path, text: str) -> None:
         if isinstance(e, OSError):
             raise _failed(path, e) from e
         raise
+
+
+def without_keys(value: Any, keys: Collection[str]) -> Any:
+    """``value`` (JSON-like: dicts, lists, scalars) with every dict entry whose key is in
+    ``keys`` removed at any depth; e.g. the timings, to compare two runs' records."""
+    if isinstance(value, dict):
+        return {k: without_keys(v, keys) for k, v in value.items() if k not in keys}
+    if isinstance(value, list):
+        return [without_keys(v, keys) for v in value]
+    return value

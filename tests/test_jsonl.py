@@ -147,3 +147,11 @@ def test_writers_redact_url_credentials(tmp_path):
         text = (tmp_path / name).read_text()
         assert "SECRET" not in text and "bob" not in text, (name, text)
         assert "http://***@127.0.0.1:9/v1?api_key=***" in text
+
+
+def test_without_keys_drops_the_keys_at_any_depth_and_keeps_the_rest():
+    from jaxdm.jsonl import without_keys
+    value = {"seconds": 1.5, "a": [{"seconds": 2, "b": 1}, 3], "c": {"d": {"seconds": 0}}}
+    assert without_keys(value, {"seconds"}) == {"a": [{"b": 1}, 3], "c": {"d": {}}}
+    assert value["seconds"] == 1.5   # the input is left as it was
+    assert without_keys([1, "x", None], {"x"}) == [1, "x", None]   # only dict keys go

@@ -23,6 +23,7 @@ from jaxdm.harness import passes
 from jaxdm.harness.config import load
 from jaxdm.harness.errors import HarnessError
 from jaxdm.harness.passes import build_harness, run_episodes
+from jaxdm.jsonl import without_keys
 from jaxdm.harness.pool import (EnvWorkersConfig, EnvWorkersFailed, EpisodeRunner,
                                close_kept_pools)
 
@@ -33,14 +34,7 @@ TIMING = {"seconds", "overhead_s", "dm_seconds", "seconds_per_task", "seconds_pe
 # hook warns about in a process that has imported JAX; nothing runs between fork and exec.
 pytestmark = pytest.mark.filterwarnings(r"ignore:os\.fork\(\) was called:RuntimeWarning")
 PROCESS = ["env.backend=process", "env.num_workers=2"]
-
-
-def _timeless(value):
-    if isinstance(value, dict):
-        return {k: _timeless(v) for k, v in value.items() if k not in TIMING}
-    if isinstance(value, list):
-        return [_timeless(v) for v in value]
-    return value
+_timeless = functools.partial(without_keys, keys=TIMING)
 
 
 def _pass(overrides, tasks=6, dm=None, delegations=()):

@@ -5,6 +5,7 @@ errors; no credential of a spec reaches any output."""
 from __future__ import annotations
 
 import errno
+import functools
 import http.server
 import json
 import os
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from jaxdm.jsonl import without_keys
 from jaxdm.cli import main
 from test_harness_remote import _Handler, server  # noqa: F401  (the real test server)
 
@@ -28,14 +30,7 @@ TIMING = {"seconds", "overhead_s", "wall_s", "latency_s"}   # measured, not resu
 def _harness(out, action, *extra):
     return main(["harness", action, "--config", "smoke", "--out", str(out), "--no-progress",
                  *extra])
-
-
-def _timeless(value):
-    if isinstance(value, dict):
-        return {k: _timeless(v) for k, v in value.items() if k not in TIMING}
-    if isinstance(value, list):
-        return [_timeless(v) for v in value]
-    return value
+_timeless = functools.partial(without_keys, keys=TIMING)
 
 
 def _results(out: Path) -> dict[str, object]:
