@@ -444,10 +444,10 @@ def grpo_results(args, t: dict, j: dict) -> None:
     print(f"RESULT grpo_iteration_s: baseline {t['iteration_s']:.3f} s, jaxdm "
           f"{j['iteration_s']:.3f} s, ratio {t['iteration_s'] / j['iteration_s']:.2f}x "
           f"(TRL GRPOTrainer vs jaxdm Trainer, {what})")
+    ratio = j["completions_per_s"] / t["completions_per_s"]
     print(f"RESULT grpo_completions_per_s: baseline {t['completions_per_s']:.3f}, jaxdm "
-          f"{j['completions_per_s']:.3f}, ratio {j['completions_per_s'] / t['completions_per_s']:.2f}x"
-          f" (completion tokens/s {t['completion_tokens_per_s']:.1f} vs "
-          f"{j['completion_tokens_per_s']:.1f})")
+          f"{j['completions_per_s']:.3f}, ratio {ratio:.2f}x (completion tokens/s "
+          f"{t['completion_tokens_per_s']:.1f} vs {j['completion_tokens_per_s']:.1f})")
     print(f"RESULT grpo_peak_rss: baseline {t['peak_rss_gb']:.2f} GiB, jaxdm "
           f"{j['peak_rss_gb']:.2f} GiB, ratio {t['peak_rss_gb'] / j['peak_rss_gb']:.2f}x "
           "(each side's own process)")
