@@ -78,12 +78,17 @@ def _sps():
 # ----------------------------------------------------------------------------- validation
 
 
-def _as_binary(x: Any, name: str) -> np.ndarray:
+def _as_nonempty_1d(x: Any, name: str, what: str) -> np.ndarray:
     arr = np.asarray(x)
     if arr.ndim != 1:
-        raise ValueError(f"{name} must be a 1-D array of task outcomes, got shape {arr.shape}")
+        raise ValueError(f"{name} must be a 1-D array of {what}, got shape {arr.shape}")
     if arr.size == 0:
         raise ValueError(f"{name} is empty")
+    return arr
+
+
+def _as_binary(x: Any, name: str) -> np.ndarray:
+    arr = _as_nonempty_1d(x, name, "task outcomes")
     if arr.dtype == bool:
         return arr.astype(np.int64)
     if not np.issubdtype(arr.dtype, np.number):
@@ -96,11 +101,7 @@ def _as_binary(x: Any, name: str) -> np.ndarray:
 
 
 def _as_cost(x: Any, name: str) -> np.ndarray:
-    arr = np.asarray(x)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be a 1-D array of per-task costs, got shape {arr.shape}")
-    if arr.size == 0:
-        raise ValueError(f"{name} is empty")
+    arr = _as_nonempty_1d(x, name, "per-task costs")
     if not np.issubdtype(arr.dtype, np.number) or arr.dtype == bool:
         raise TypeError(f"{name} must be numeric, got dtype {arr.dtype}")
     arr = arr.astype(np.float64)
