@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from jaxdm.rl.values.models import ValueQuery, ValueResult, value_requests
+from jaxdm.rl.values.models import ValueQuery, ValueResult, value_requests, wrapped_name
 
 __all__ = ["ValueLabeller", "value_lines"]
 
@@ -24,11 +24,8 @@ class ValueLabeller:
     """A value model that answers through ``labeller`` and records what it was asked."""
 
     def __init__(self, labeller: Any):
-        if not hasattr(labeller, "values"):
-            raise TypeError(f"labeller must be a value model with .values, got "
-                            f"{type(labeller).__name__}")
+        self.name = wrapped_name("labels", labeller, "labeller", "values", "a value model")
         self.labeller = labeller
-        self.name = f"labels({getattr(labeller, 'name', type(labeller).__name__)})"
         self.asked: list[tuple[ValueQuery, ValueResult]] = []
 
     def values(self, queries: Sequence[ValueQuery]) -> list[ValueResult]:

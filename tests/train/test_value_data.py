@@ -103,3 +103,16 @@ def test_failed_and_out_of_range_labels():
     bad[2] = 1.5
     with pytest.raises(ValueError, match="state 3: label 1.5 is not a finite value"):
         value_lines([(q, ValueResult(bad))])
+
+
+def test_wrappers_name_their_inner_model_and_refuse_one_without_the_method():
+    from jaxdm.rl.values import ListValueModel
+
+    oracle = OracleValueModel()
+    assert ValueLabeller(oracle).name == f"labels({oracle.name})"
+    assert ReadoutValueModel(_Unasked()).name == "readout(_Unasked)"
+    for build, role, method in ((ValueLabeller, "labeller", "values"),
+                                (ReadoutValueModel, "backend", "score"),
+                                (ListValueModel, "generator", "generate")):
+        with pytest.raises(TypeError, match=rf"{role} must be .* with \.{method}, got object"):
+            build(object())

@@ -44,7 +44,7 @@ from jaxdm.trajectory import Trajectory
 __all__ = ["ValueQuery", "ValueResult", "state_context", "state_question", "value_requests",
            "list_messages",
            "parse_value_list", "ReadoutValueModel", "ListValueModel", "OracleValueModel",
-           "ORACLE_VALUES"]
+           "ORACLE_VALUES", "wrapped_name"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,16 +131,21 @@ def value_requests(q: ValueQuery) -> list[YesNo]:
             for t in range(1, len(traj.steps))]
 
 
+def wrapped_name(kind: str, inner: Any, role: str, method: str, what: str) -> str:
+    """The display name ``kind(inner's name)`` of a value model built around ``inner``;
+    ``inner`` without ``.method`` is a TypeError saying that ``role`` must be ``what``."""
+    if not hasattr(inner, method):
+        raise TypeError(f"{role} must be {what} with .{method}, got {type(inner).__name__}")
+    return f"{kind}({getattr(inner, 'name', type(inner).__name__)})"
+
+
 # ---- models ------------------------------------------------------------------------------
 class ReadoutValueModel:
     """YesNo per interior state through a decision backend (see module docstring)."""
 
     def __init__(self, backend: Any):
-        if not hasattr(backend, "score"):
-            raise TypeError(f"backend must be a decision model with .score, got "
-                            f"{type(backend).__name__}")
+        self.name = wrapped_name("readout", backend, "backend", "score", "a decision model")
         self.backend = backend
-        self.name = f"readout({getattr(backend, 'name', type(backend).__name__)})"
 
     def requests(self, q: ValueQuery) -> list[YesNo]:
         """The YesNo questions of ``q``'s interior states (value_requests)."""
@@ -181,11 +186,8 @@ class ListValueModel:
     """One generation per trajectory returning a JSON list of values (see module docstring)."""
 
     def __init__(self, generator: Any):
-        if not hasattr(generator, "generate"):
-            raise TypeError(f"generator must have .generate (a TextGenerator), got "
-                            f"{type(generator).__name__}")
+        self.name = wrapped_name("list", generator, "generator", "generate", "a TextGenerator")
         self.generator = generator
-        self.name = f"list({getattr(generator, 'name', type(generator).__name__)})"
 
     def values(self, queries: Sequence[ValueQuery]) -> list[ValueResult]:
         """Per query one generation asked for the JSON list of the T - 1 interior values
