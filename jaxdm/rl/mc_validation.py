@@ -284,6 +284,17 @@ class BabyAIEpisodes:
         return jax.tree.map(lambda x: x[i, t], self.states)
 
 
+def _field_step(env, params, keys, st, fields, eps, done):
+    """One step of the noisy shortest-path agent on a batch [N]: the states after it (rows
+    already ``done`` keep theirs), the actions [N] and the env's terminated / truncated [N]."""
+    a = jax.vmap(field_policy, in_axes=(0, 0, 0, None))(keys, st, fields, eps)
+    _, st2, _, term, trunc, _ = jax.vmap(env.step_env, in_axes=(None, 0, 0, None))(
+        jax.random.key(0), st, a, params)
+    st_new = jax.tree.map(lambda o, n: jnp.where(
+        done.reshape((-1,) + (1,) * (o.ndim - 1)), o, n), st, st2)
+    return st_new, a, term, trunc
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _record(env, params, task_keys, policy_keys, eps):
     _, s0 = jax.vmap(env.reset_env, in_axes=(0, None))(task_keys, params)
@@ -291,11 +302,7 @@ def _record(env, params, task_keys, policy_keys, eps):
 
     def body(carry, _):
         st, done, succ = carry
-        a = jax.vmap(field_policy, in_axes=(0, 0, 0, None))(policy_keys, st, fields, eps)
-        _, st2, _, term, trunc, _ = jax.vmap(env.step_env, in_axes=(None, 0, 0, None))(
-            jax.random.key(0), st, a, params)
-        st_new = jax.tree.map(lambda o, n: jnp.where(
-            done.reshape((-1,) + (1,) * (o.ndim - 1)), o, n), st, st2)
+        st_new, a, term, trunc = _field_step(env, params, policy_keys, st, fields, eps, done)
         out = (st_new, jnp.where(done, -1, a), done)
         return (st_new, done | term | trunc, succ | (~done & term)), out
 
@@ -330,11 +337,7 @@ def _continue(env, params, states, fields, keys, eps):
 
     def body(c):
         st, done, succ = c
-        a = jax.vmap(field_policy, in_axes=(0, 0, 0, None))(keys, st, fields, eps)
-        _, st2, _, term, trunc, _ = jax.vmap(env.step_env, in_axes=(None, 0, 0, None))(
-            jax.random.key(0), st, a, params)
-        st = jax.tree.map(lambda o, n: jnp.where(
-            done.reshape((-1,) + (1,) * (o.ndim - 1)), o, n), st, st2)
+        st, _, term, trunc = _field_step(env, params, keys, st, fields, eps, done)
         return st, done | term | trunc, succ | (~done & term)
 
     done0 = states.step_count >= params.max_steps
