@@ -292,7 +292,7 @@ def _construct(kind: str, cls: type, opts: dict[str, Any]) -> Any:
 
 def _oracle_noisy(opts: dict[str, Any]) -> NoisyOracle:
     for key in ("right", "wrong"):
-        if key in opts:
+        if opts.get(key) is not None:
             opts[key] = tuple(opts[key])
     return _construct("oracle_noisy", NoisyOracle, opts)
 
