@@ -745,6 +745,20 @@ def forward_with_cache(params: Params, config: ModelConfig, tokens: jax.Array,
     return _final_norm(params, config, x), ks, vs
 
 
+def _check_segment_rows(fn: str, params: Params, config: ModelConfig, tokens: jax.Array,
+                        positions: jax.Array, segments: jax.Array,
+                        visible: jax.Array) -> tuple[int, int]:
+    """The checks the segment-row forwards share (params, tokens / positions, segments and
+    visible [B, S]); returns (B, S)."""
+    _check_params(params, config)
+    _check_tokens(fn, tokens, positions)
+    b, s = tokens.shape
+    for name, arr in (("segments", segments), ("visible", visible)):
+        if arr.shape != (b, s):
+            raise ValueError(f"{fn}: {name} must be [B, S]={(b, s)}, got {arr.shape}")
+    return b, s
+
+
 @functools.partial(jax.jit, static_argnames=("config", "trunk", "window", "attn_chunk",
                                              "context_cuts"))
 def forward_trunk_suffixes(params: Params, config: ModelConfig, tokens: jax.Array,
@@ -768,13 +782,8 @@ def forward_trunk_suffixes(params: Params, config: ModelConfig, tokens: jax.Arra
     continuation token costs no matmul products (the CPU kernel skips those rows, ``_mm``):
     the hidden states there are unspecified.
     """
-    _check_params(params, config)
-    _check_tokens("forward_trunk_suffixes", tokens, positions)
-    b, s = tokens.shape
-    for name, arr in (("segments", segments), ("visible", visible)):
-        if arr.shape != (b, s):
-            raise ValueError(f"forward_trunk_suffixes: {name} must be [B, S]={(b, s)}, got "
-                             f"{arr.shape}")
+    b, s = _check_segment_rows("forward_trunk_suffixes", params, config, tokens, positions,
+                               segments, visible)
     if not 0 < trunk <= s or window < 1:
         raise ValueError(f"forward_trunk_suffixes: need 0 < trunk={trunk} <= S={s} and "
                          f"window={window} >= 1")
@@ -831,13 +840,8 @@ def forward_cached_suffixes(params: Params, config: ModelConfig, tokens: jax.Arr
     layer (the CPU kernel skips every 16-key block no query of a group sees, unused past slots
     included); elsewhere XLA's over all keys (no block plan: the offset key space).
     """
-    _check_params(params, config)
-    _check_tokens("forward_cached_suffixes", tokens, positions)
-    b, s = tokens.shape
-    for name, arr in (("segments", segments), ("visible", visible)):
-        if arr.shape != (b, s):
-            raise ValueError(f"forward_cached_suffixes: {name} must be [B, S]={(b, s)}, got "
-                             f"{arr.shape}")
+    b, s = _check_segment_rows("forward_cached_suffixes", params, config, tokens, positions,
+                               segments, visible)
     c = past.k.shape[2]
     expected = (config.num_layers, b, c, config.num_kv_heads, config.head_dim)
     if past.k.shape != expected or past.v.shape != expected or past.lengths.shape != (b,):
