@@ -41,8 +41,7 @@ from jaxdm.decision import make_backend
 from jaxdm.registry import Registry
 from jaxdm.roles.jobs import score_trajectories
 
-__all__ = ["Signal", "SignalSpec", "SIGNALS", "register_signal", "signal_spec",
-           "teacher_backend_spec"]
+__all__ = ["Signal", "SignalSpec", "SIGNALS", "register_signal", "teacher_backend_spec"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,12 +75,6 @@ def register_signal(name: str, produce: Callable, *, build: Callable | None = No
     registered twice is a ``jaxdm.registry.DuplicateNameError``."""
     return SIGNALS.register(name, SignalSpec(produce, build or (lambda cfg, trainer: None),
                                              check or (lambda cfg: None)))
-
-
-def signal_spec(name: str) -> SignalSpec:
-    """``SIGNALS.get(name)``, the registered signal (its provider module imported on first
-    use), as ``jaxdm.rl.trainer`` looks it up; new code calls ``SIGNALS.get``."""
-    return SIGNALS.get(name)
 
 
 # ---- teacher_scores ---------------------------------------------------------------------

@@ -50,7 +50,7 @@ from jaxdm.rl.checkpoint import Checkpointer
 from jaxdm.rl.errors import NonFiniteLossError, TeacherFailureError, TrainingStopped
 from jaxdm.rl.estimators import ESTIMATORS, EpisodeBatch
 from jaxdm.rl.lvopd import LVOPDBatcher
-from jaxdm.rl.signals import signal_spec
+from jaxdm.rl.signals import SIGNALS
 from jaxdm.rl.state import TrainState, check_restored, from_checkpoint, place_key, to_checkpoint
 from jaxdm.rl.terms import StepSpec, cached_train_step, signals_needed
 from jaxdm.rl.train_config import (AlgoSection, CriticSection, EnvSection,  # noqa: F401
@@ -98,7 +98,7 @@ class Trainer:
         self.ref_params = params["policy"]
         self.state = TrainState(params, opts, place_key(jax.random.key(cfg.seed), rep),
                                 0, 0, np.random.default_rng(cfg.seed))
-        self.signal_backends = {n: signal_spec(n).build(cfg, self) for n in signals_needed(cfg)}
+        self.signal_backends = {n: SIGNALS.get(n).build(cfg, self) for n in signals_needed(cfg)}
         self.collector = build.make_collector(
             cfg, self.policy, self.train_factory, self.eval_factory, dist=self.dist,
             with_values=cfg.value.get("kind") == "oracle")
@@ -162,7 +162,7 @@ class Trainer:
         signals, metrics = {}, {}
         for name, backend in self.signal_backends.items():
             t0 = time.perf_counter()
-            signals[name] = signal_spec(name).produce(eb, backend, cfg)
+            signals[name] = SIGNALS.get(name).produce(eb, backend, cfg)
             metrics.update(signals[name].stats)
             metrics[f"time/{name}"] = time.perf_counter() - t0
         metrics = self.dist.signal_stats(metrics)  # [MULTIHOST] counts over all processes
