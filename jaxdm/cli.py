@@ -7,7 +7,7 @@ import json
 import sys
 
 from jaxdm.bench import cli as bench_cli
-from jaxdm.config import ConfigError, load_config, to_dict
+from jaxdm.config import ConfigError, command_overrides, load_config, to_dict
 from jaxdm.jsonl import OutputError
 from jaxdm.rundir import RunFolderError
 from jaxdm.secrets import RedactingStream
@@ -98,14 +98,9 @@ def _dispatch(args, commands) -> int:
             if not args.resume and _holds_demo(cfg, RUN_SETTINGS):
                 args.overwrite = True  # `make demo` is idempotent: it replaces its own run
         else:
-            overrides = list(args.overrides)
-            for key in ("trajectories", "out_dir"):
-                if getattr(args, key):
-                    overrides.append(f"{key}={getattr(args, key)}")
-            if args.no_progress:
-                overrides.append("progress=false")
             try:
-                cfg = load_config(ScreenConfig, args.config, overrides)
+                cfg = load_config(ScreenConfig, args.config,
+                                  command_overrides(args, ("trajectories", "out_dir")))
             except ConfigError as e:
                 raise ScreenError(str(e)) from e
             if args.judges:

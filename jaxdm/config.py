@@ -38,7 +38,8 @@ from jaxdm.secrets import is_secret_key
 
 __all__ = ["ConfigError", "Kind", "kind_and_options", "from_dict", "load_config",
            "apply_overrides", "parse_override", "to_dict", "dump_yaml", "config_from_argv",
-           "check_finite", "is_secret_key", "shown", "shown_override", "SECRET_HINT"]
+           "check_finite", "is_secret_key", "shown", "shown_override", "SECRET_HINT",
+           "command_overrides"]
 
 C = TypeVar("C")
 
@@ -336,6 +337,19 @@ def apply_overrides(cls: type[C], data: Mapping[str, Any] | None,
         path, value = parse_override(text)
         _set_path(out, cls, path, value, text)
     return out
+
+
+def command_overrides(args: Any, flags: Sequence[str]) -> list[str]:
+    """A command's dotted overrides from its parsed ``args``: the positional
+    ``args.overrides``, then ``key=value`` for each of ``flags`` given (``args.<key>`` set),
+    then ``progress=false`` for ``--no-progress``."""
+    overrides = list(args.overrides)
+    for key in flags:
+        if getattr(args, key):
+            overrides.append(f"{key}={getattr(args, key)}")
+    if args.no_progress:
+        overrides.append("progress=false")
+    return overrides
 
 
 def load_config(cls: type[C], path: str | Path | None = None,

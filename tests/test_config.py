@@ -137,3 +137,12 @@ def test_kind_and_options_names_the_kind_and_the_keys():
     with pytest.raises(ValueError, match=r"thing kind 'a': unknown key\(s\) \['z'\]; allowed: "
                                          r"\['x', 'y'\]"):
         kind_and_options({"kind": "a", "z": 0}, allowed, "thing")
+
+
+def test_command_overrides_add_the_given_flags_and_no_progress():
+    import argparse
+    args = argparse.Namespace(overrides=["a.b=1"], out_dir="o", data=None, no_progress=True)
+    assert cfgmod.command_overrides(args, ("data", "out_dir")) == [
+        "a.b=1", "out_dir=o", "progress=false"]
+    args.no_progress = False
+    assert cfgmod.command_overrides(args, ()) == ["a.b=1"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from jaxdm.config import ConfigError, load_config
+from jaxdm.config import ConfigError, command_overrides, load_config
 
 
 def add_parser(sub) -> None:
@@ -39,13 +39,8 @@ def main(args) -> int:
     BenchError."""
     from jaxdm.bench.run import BenchConfig, BenchError, run  # why: envs, JAX
 
-    overrides = list(args.overrides)
-    if args.out_dir:
-        overrides.append(f"out_dir={args.out_dir}")
-    if args.no_progress:
-        overrides.append("progress=false")
     try:
-        cfg = load_config(BenchConfig, args.config, overrides)
+        cfg = load_config(BenchConfig, args.config, command_overrides(args, ("out_dir",)))
         if args.judges:
             cfg = type(cfg)(**{**cfg.__dict__, "judges": tuple(args.judges)})
         if args.levels:

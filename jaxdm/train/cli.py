@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
-from jaxdm.config import ConfigError, load_config
+from jaxdm.config import ConfigError, command_overrides, load_config
 from jaxdm.rundir import lock_run_dir
 
 
@@ -33,14 +33,9 @@ def main(args) -> int:
     from jaxdm.train.packing import IndistinctOptions  # why: JAX, with the command
     from jaxdm.train.sft import TrainDMConfig, TrainingError, train  # why: JAX
 
-    overrides = list(args.overrides)
-    for key in ("data", "model", "out_dir"):
-        if getattr(args, key):
-            overrides.append(f"{key}={getattr(args, key)}")
-    if args.no_progress:
-        overrides.append("progress=false")
     try:
-        cfg = load_config(TrainDMConfig, args.config, overrides)
+        cfg = load_config(TrainDMConfig, args.config,
+                          command_overrides(args, ("data", "model", "out_dir")))
         # the run folder is this job's for its whole life; a run that fails before writing
         # anything leaves no folder behind
         lock = lock_run_dir(cfg.out_dir, "run folder")
