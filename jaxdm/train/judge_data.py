@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
+from jaxdm.roles import judge_requests
 from jaxdm.trajectory import Trajectory
 
 # How actions that are neither milestone nor no-op are labelled (module docstring).
@@ -37,7 +38,6 @@ def judge_lines(trajectories: Sequence[Trajectory], *, question: str = "progress
     """(lines, stats): one line per trajectory with at least one labelled action.
     ``class_weights``: None (every question weight 1), "balanced" or {kind: weight} (module
     docstring); the weights used are in ``stats["weights"]``."""
-    from jaxdm.roles import judge_requests
     if other not in OTHER_LABELS:
         raise ValueError(f"other must be one of {sorted(OTHER_LABELS)}, got {other!r}")
     if class_weights is not None and class_weights != "balanced":
