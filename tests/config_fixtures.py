@@ -1,7 +1,10 @@
-"""Pieces the config-system tests share: a small nested section and the YAML round trip."""
+"""Pieces the config-system tests share: a small nested section, the YAML round trip and a
+bad YAML file's error."""
 from __future__ import annotations
 
 import dataclasses
+
+import pytest
 
 from jaxdm import config as cfgmod
 
@@ -19,3 +22,10 @@ def assert_yaml_round_trip(config, tmp_path) -> None:
     out = tmp_path / "dump.yaml"
     cfgmod.dump_yaml(config, out)
     assert cfgmod.load_config(type(config), out) == config
+
+
+def assert_file_refused(config_type, path, text: str, match: str) -> None:
+    """A config file ``path`` holding ``text`` is a ConfigError matching ``match``."""
+    path.write_text(text)
+    with pytest.raises(cfgmod.ConfigError, match=match):
+        cfgmod.load_config(config_type, path)

@@ -10,7 +10,7 @@ import pytest
 from jaxdm import config as cfgmod
 from jaxdm import runlog
 from jaxdm.rl.checkpoint import Checkpointer, numpy_rng_from_state, numpy_rng_state
-from tests.config_fixtures import Optim, assert_yaml_round_trip
+from tests.config_fixtures import Optim, assert_file_refused, assert_yaml_round_trip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,10 +50,8 @@ def test_config_errors_name_the_key(override, msg):
 
 
 def test_config_unknown_key_in_file(tmp_path):
-    p = tmp_path / "bad.yaml"
-    p.write_text("optim:\n  beta: 2\n")
-    with pytest.raises(cfgmod.ConfigError, match=r"bad.yaml: unknown config key optim.beta"):
-        cfgmod.load_config(Demo, p)
+    assert_file_refused(Demo, tmp_path / "bad.yaml", "optim:\n  beta: 2\n",
+                        r"bad.yaml: unknown config key optim.beta")
 
 
 @dataclasses.dataclass(frozen=True)
