@@ -17,12 +17,10 @@ QWEN2_5_1_5B = ModelConfig(
     tie_embeddings=True, max_position_embeddings=32768, family="qwen2",
     architecture="Qwen2ForCausalLM", eos_token_ids=(151645, 151643), pad_token_id=151643)
 
-# Qwen2.5-7B(-Instruct).
-QWEN2_5_7B = ModelConfig(
-    vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28, num_heads=28,
-    num_kv_heads=4, head_dim=128, rope_theta=1000000.0, rms_norm_eps=1e-6, qkv_bias=True,
-    tie_embeddings=False, max_position_embeddings=32768, family="qwen2",
-    architecture="Qwen2ForCausalLM", eos_token_ids=(151645, 151643), pad_token_id=151643)
+# Qwen2.5-7B(-Instruct): the 1.5B's family and tokens, wider, untied embeddings.
+QWEN2_5_7B = QWEN2_5_1_5B.replace(
+    vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_heads=28, num_kv_heads=4,
+    tie_embeddings=False)
 
 # Qwen3-0.6B: a decision-model base (q/k norm, tied embeddings).
 QWEN3_0_6B = ModelConfig(
