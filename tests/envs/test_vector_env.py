@@ -18,6 +18,7 @@ import pytest
 from jaxdm.envs.core import Environment, seed_of
 from jaxdm.envs.vector import EnvFactory, VectorEnv
 from jaxdm.trajectory import Trajectory
+from tests.ray_fixtures import local_ray_with
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # ray.init starts Ray's processes with subprocess (fork + exec at once), which JAX's at-fork
@@ -114,16 +115,8 @@ def _gone_soon(pids, seconds: float = 30.0) -> bool:
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray = pytest.importorskip("ray", reason="the [ray] extra is not installed")
-    # The actors import this module (its env class) under the name pytest gave it; Ray's
-    # workers inherit the environment of the instance started here (a runtime_env would
-    # do the same but costs seconds per actor).
-    path = os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PYTHONPATH", path)
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+    with local_ray_with(HERE) as ray:   # the actors import this module (its env class)
+        yield ray
 
 
 @pytest.fixture(scope="module", params=["process", "ray"])

@@ -23,9 +23,10 @@ from jaxdm.harness import passes
 from jaxdm.harness.config import load
 from jaxdm.harness.errors import HarnessError
 from jaxdm.harness.passes import build_harness, run_episodes
-from jaxdm.jsonl import without_keys
 from jaxdm.harness.pool import (EnvWorkersConfig, EnvWorkersFailed, EpisodeRunner,
                                close_kept_pools)
+from jaxdm.jsonl import without_keys
+from tests.ray_fixtures import local_ray_with
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # measured, not results
@@ -169,13 +170,8 @@ def test_bench_l3_rows_equal_on_worker_processes():
 def local_ray():
     """A local Ray instance (the VectorEnv tests' fixture, with this folder on the actors'
     path so they can build the DyingGym)."""
-    ray = pytest.importorskip("ray", reason="the [ray] extra is not installed")
-    path = os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PYTHONPATH", path)
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+    with local_ray_with(HERE) as ray:
+        yield ray
 
 
 def test_ray_episodes_equal_inline_and_survive_a_killed_actor(local_ray, tmp_path, monkeypatch,
