@@ -31,7 +31,8 @@ from jaxdm.envs.core import Environment, seed_of
 from jaxdm.envs.decision_gym import plan as plan_lib
 from jaxdm.envs.decision_gym.tools import FINISH, TOOLS, Tool, tool_named, validate_args
 from jaxdm.envs.decision_gym.world import (BASE, CANCELLABLE, FEE_RATE, SHIFT, SPLIT_RANGES,
-                                           VARIANTS, Customer, Order, Task, generate_task)
+                                           VARIANTS, Customer, Order, Task, find,
+                                           generate_task)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,17 +87,11 @@ class GymState:
     def order(self, order_id: str) -> Order | None:
         """The order ``order_id`` as it stands in this state (after the episode's writes), None when
         there is none."""
-        for o in self.orders:
-            if o.order_id == order_id:
-                return o
-        return None
+        return find(self.orders, "order_id", order_id)
 
     def customer(self, customer_id: str) -> Customer | None:
         """The customer ``customer_id`` as it stands in this state, None when there is none."""
-        for c in self.customers:
-            if c.customer_id == customer_id:
-                return c
-        return None
+        return find(self.customers, "customer_id", customer_id)
 
     @property
     def solvable(self) -> bool:

@@ -55,6 +55,14 @@ def split_of(seed: int) -> str:
     raise ValueError(f"seed {seed} is outside every split range {dict(SPLIT_RANGES.items())}")
 
 
+def find(items, field: str, value):
+    """The first of ``items`` whose ``field`` equals ``value``, None when there is none."""
+    for item in items:
+        if getattr(item, field) == value:
+            return item
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class Customer:
     """A shop customer: id, name, email, phone, address, city, region, loyalty tier and gift
@@ -159,17 +167,11 @@ class Task:
 
     def customer(self, customer_id: str) -> Customer | None:
         """The customer with ``customer_id``, None when there is none."""
-        for c in self.customers:
-            if c.customer_id == customer_id:
-                return c
-        return None
+        return find(self.customers, "customer_id", customer_id)
 
     def product(self, product_id: str) -> Product | None:
         """The product with ``product_id``, None when there is none."""
-        for p in self.products:
-            if p.product_id == product_id:
-                return p
-        return None
+        return find(self.products, "product_id", product_id)
 
     @property
     def requester(self) -> Customer:
