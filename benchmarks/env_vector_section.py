@@ -18,6 +18,7 @@ import statistics
 import sys
 import time
 
+from env_rounds import alternated_rates
 from jaxdm.envs.vector import EnvFactory, VectorEnv
 
 SEARCH = "search[<your query>]"
@@ -86,19 +87,9 @@ def _measure(name: str, batch: int, steps: int, rounds: int) -> list[str]:
     pools = {n: VectorEnv(factory, batch, num_workers=n, auto_reset=True, env_name=name)
              for n in (2, 8)}
     startup = time.perf_counter() - t0
-    rates: dict = {"baseline": [], 2: [], 8: []}
-    try:
-        _baseline_round(env, batch, 2, seed=999)  # warm caches on every side
-        for pool in pools.values():
-            _vector_round(pool, batch, 2, seed=999)
-        for r in range(rounds):
-            rates["baseline"].append(_baseline_round(env, batch, steps, seed=r))
-            for n, pool in pools.items():
-                rates[n].append(_vector_round(pool, batch, steps, seed=r))
-    finally:
-        for pool in pools.values():
-            pool.close()
-    base = statistics.median(rates["baseline"])
+    baseline, rates = alternated_rates(_baseline_round, _vector_round, env, pools, batch=batch,
+                                       steps=steps, rounds=rounds, warm_steps=2)
+    base = statistics.median(baseline)
     lines = [f"# VectorEnv {name}: batch {batch}, {steps} steps x {rounds} rounds; "
              f"start-up of the 2- and 8-worker pools {startup:.1f}s"]
     for n in (2, 8):

@@ -22,6 +22,7 @@ import statistics
 import sys
 import time
 
+from env_rounds import alternated_rates
 from jaxdm.envs.vector import EnvFactory, VectorEnv
 
 TOY = "jaxdm.envs.toy:make_ordering_env"
@@ -85,18 +86,13 @@ def measure(name: str, batch: int, workers: int, steps: int, rounds: int,
             pools[backend] = VectorEnv(factory, batch, num_workers=workers, auto_reset=True,
                                        env_name=name, backend=backend)
             startup[backend] = time.perf_counter() - t0
-        rates = {"inprocess": [], **{b: [] for b in backends}}
-        _inprocess_round(env, batch, 1, seed=999)  # warm caches on every side
-        for pool in pools.values():
-            _vector_round(pool, batch, 1, seed=999)
-        for r in range(rounds):
-            rates["inprocess"].append(_inprocess_round(env, batch, steps, seed=r))
-            for backend, pool in pools.items():
-                rates[backend].append(_vector_round(pool, batch, steps, seed=r))
-    finally:
+    except BaseException:
         for pool in pools.values():
             pool.close()
-    base = statistics.median(rates["inprocess"])
+        raise
+    inprocess, rates = alternated_rates(_inprocess_round, _vector_round, env, pools,
+                                        batch=batch, steps=steps, rounds=rounds, warm_steps=1)
+    base = statistics.median(inprocess)
     starts = ", ".join(f"{b} {s:.1f}s" for b, s in startup.items())
     lines = [f"# {name}: batch {batch}, {workers} workers, {steps} steps x {rounds} rounds; "
              f"in-process {base:.1f} steps/s; pool start-up {starts}"]
