@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from jaxdm.harness.cli import COMMANDS  # noqa: E402
 from jaxdm.harness.config import load  # noqa: E402
+from jaxdm.harness.errors import HarnessError  # noqa: E402
 from jaxdm.jsonl import write_json  # noqa: E402
 from jaxdm.models.smollm2 import smollm2_path  # noqa: E402
 
@@ -58,7 +59,10 @@ def start_vllm(python: str, port: int, log_path: Path, timeout_s: float = 900.0)
     cmd = [python, str(ROOT / "benchmarks" / "vllm_serve.py"), str(smollm2_path()),
            "--port", str(port), "--dtype", "float32", "--block-size", "32",
            "--enable-prefix-caching", "--max-model-len", "8192",
-           "--served-model-name", "smollm2"]
+           "--served-model-name", "smollm2",
+           # tool_choice "required" (RemoteLLM's) needs a parser set; vLLM then enforces the
+           # call by guided decoding (measured: without it every call is a 400)
+           "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
     log = open(log_path, "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     t0 = time.time()
@@ -89,6 +93,17 @@ def overrides(args, base_url: str) -> list[str]:
             f"progress={'false' if args.no_progress else 'true'}"]
 
 
+def vllm_requests(log: Path) -> dict:
+    """HTTP status -> count of the chat/completions requests the vLLM server logged."""
+    counts: dict = {}
+    if log.is_file():
+        for line in log.read_text(errors="replace").splitlines():
+            if "POST /v1/chat/completions HTTP" in line:
+                code = line.rsplit('"', 1)[-1].split()[0] if '"' in line else "?"
+                counts[code] = counts.get(code, 0) + 1
+    return counts
+
+
 def pass_stats(out: Path) -> dict:
     """Per pass (shadow and each arm): episodes, successes, steps, how episodes ended, the
     agent LLM's calls, failures and seconds per call; for shadow, per decision point, how often
@@ -97,6 +112,8 @@ def pass_stats(out: Path) -> dict:
              **{p.parent.name: p for p in sorted(out.glob("runs/*/episodes.jsonl"))}}
     stats = {}
     for name, path in files.items():
+        if not path.is_file():   # a pass the harness refused writes no episodes
+            continue
         rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
         calls = sum(r["llm_calls"] for r in rows)
         ends: dict = {}
@@ -146,10 +163,14 @@ def main(argv=None) -> dict:
     started = time.perf_counter() - t0
     try:
         cfg = load("decision_gym", overrides(args, f"http://127.0.0.1:{port}"))
-        times = {}
+        times, errors = {}, {}
         for name in ("shadow", "run"):
             t = time.perf_counter()
-            COMMANDS[name](cfg, overwrite=args.overwrite, resume=args.resume)
+            try:
+                COMMANDS[name](cfg, overwrite=args.overwrite, resume=args.resume)
+            except HarnessError as e:  # the harness refused the pass (e.g. every call failed)
+                errors[name] = str(e)
+                print(f"{name}: {e}", file=sys.stderr)
             times[name] = round(time.perf_counter() - t, 1)
     finally:
         proc.terminate()
@@ -158,13 +179,16 @@ def main(argv=None) -> dict:
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text()) \
+        if (out / "summary.json").is_file() else {"arms": {}}
     result = {"settings": {k: v for k, v in vars(args).items() if k != "vllm_python"},
               "overrides": overrides(args, "http://127.0.0.1:<port>"),
-              "vllm_start_s": round(started, 1), "seconds": times,
+              "vllm_start_s": round(started, 1), "seconds": times, "errors": errors,
+              "llm_requests": vllm_requests(out / "vllm.log"),
               "arms": summary["arms"], "passes": pass_stats(out)}
     write_json(out / "real_llm.json", result, indent=2)
-    print(json.dumps({k: result[k] for k in ("seconds", "passes")}, indent=2))
+    print(json.dumps({k: result[k] for k in ("seconds", "errors", "llm_requests", "passes")},
+                     indent=2))
     for name, s in summary["arms"].items():
         print(f"{name:24s} success {s['success']:.3f}  LLM calls {s['llm_calls']} "
               f"({s['llm_failures']} failed)  DM calls {s['dm_calls']} ({s['dm_failures']} "

@@ -67,3 +67,14 @@ def test_pass_stats_count_ends_calls_and_shadow_accuracy(tmp_path):
 def test_a_vllm_that_exits_is_a_named_error(tmp_path):
     with pytest.raises(RuntimeError, match="vllm serve exited with"):
         script.start_vllm(sys.executable, 1, tmp_path / "vllm.log", timeout_s=60)
+
+
+def test_vllm_request_counts_by_status(tmp_path):
+    log = tmp_path / "vllm.log"
+    log.write_text('INFO:     127.0.0.1:1 - "POST /v1/chat/completions HTTP/1.1" 400 Bad Request\n'
+                   'INFO:     127.0.0.1:2 - "POST /v1/chat/completions HTTP/1.1" 200 OK\n'
+                   'INFO:     127.0.0.1:3 - "POST /v1/chat/completions HTTP/1.1" 200 OK\n'
+                   'INFO:     127.0.0.1:4 - "GET /v1/models HTTP/1.1" 200 OK\n')
+    assert script.vllm_requests(log) == {"400": 1, "200": 2}
+    assert script.vllm_requests(tmp_path / "missing.log") == {}
+    assert script.pass_stats(tmp_path) == {}        # no pass wrote episodes
