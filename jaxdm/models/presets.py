@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from jaxdm.models.config import ModelConfig
+from jaxdm.registry import Registry
 
 # SmolLM2-135M(-Instruct): the packaged default decision model.
 SMOLLM2_135M = ModelConfig(
@@ -38,19 +39,15 @@ TINY_QWEN2 = TINY_LLAMA.replace(family="qwen2", architecture="Qwen2ForCausalLM",
 TINY_QWEN3 = TINY_LLAMA.replace(family="qwen3", architecture="Qwen3ForCausalLM", qk_norm=True,
                                 tie_embeddings=True, head_dim=16)
 
-PRESETS: dict[str, ModelConfig] = {
-    "smollm2-135m": SMOLLM2_135M,
-    "qwen2.5-1.5b": QWEN2_5_1_5B,
-    "qwen2.5-7b": QWEN2_5_7B,
-    "qwen3-0.6b": QWEN3_0_6B,
-    "tiny-llama": TINY_LLAMA,
-    "tiny-qwen2": TINY_QWEN2,
-    "tiny-qwen3": TINY_QWEN3,
-}
+PRESETS: Registry[ModelConfig] = Registry("model preset")
+for _name, _config in (("smollm2-135m", SMOLLM2_135M), ("qwen2.5-1.5b", QWEN2_5_1_5B),
+                       ("qwen2.5-7b", QWEN2_5_7B), ("qwen3-0.6b", QWEN3_0_6B),
+                       ("tiny-llama", TINY_LLAMA), ("tiny-qwen2", TINY_QWEN2),
+                       ("tiny-qwen3", TINY_QWEN3)):
+    PRESETS.register(_name, _config)
 
 
 def preset(name: str) -> ModelConfig:
-    """The preset called `name` (see PRESETS); unknown names raise KeyError listing them."""
-    if name not in PRESETS:
-        raise KeyError(f"unknown model preset {name!r}; known: {sorted(PRESETS)}")
-    return PRESETS[name]
+    """The preset called `name` (see PRESETS); an unknown name raises UnknownNameError (a
+    KeyError) listing them."""
+    return PRESETS.get(name)

@@ -22,6 +22,7 @@ import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 from jaxdm.models.decoder import init_params
+from jaxdm.registry import Registry
 
 Rules = Sequence[tuple[str, str | tuple[str, ...] | None]]
 
@@ -68,18 +69,15 @@ DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
 # Named (data, model) mesh shapes; -1 = every device the other axis leaves. Memory per device
 # for a model and device count: ``train_memory_per_device`` (or ``python
 # experiments/mesh_memory.py --model qwen2.5-7b --mesh fsdp-tp2 --devices 8``).
-MESH_PRESETS: dict[str, tuple[int, int]] = {
-    "fsdp": (-1, 1),      # Qwen2.5-1.5B anywhere; Qwen2.5-7B on 8+ GPUs of 80 GB
-    "fsdp-tp2": (-1, 2),  # Qwen2.5-7B with long sequences (activations split over heads)
-    "fsdp-tp4": (-1, 4),  # Qwen2.5-7B on 16 GB chips (TPU v5e)
-}
+MESH_PRESETS: Registry[tuple[int, int]] = Registry("mesh preset")
+MESH_PRESETS.register("fsdp", (-1, 1))      # Qwen2.5-1.5B anywhere; Qwen2.5-7B on 8+ 80 GB GPUs
+MESH_PRESETS.register("fsdp-tp2", (-1, 2))  # Qwen2.5-7B, long sequences (activations split)
+MESH_PRESETS.register("fsdp-tp4", (-1, 4))  # Qwen2.5-7B on 16 GB chips (TPU v5e)
 
 
 def mesh_shape(preset: str, num_devices: int) -> tuple[int, int]:
     """(data, model) of a ``MESH_PRESETS`` entry on ``num_devices`` devices."""
-    if preset not in MESH_PRESETS:
-        raise ValueError(f"unknown mesh preset {preset!r}; known: {sorted(MESH_PRESETS)}")
-    data, model = MESH_PRESETS[preset]
+    data, model = MESH_PRESETS.get(preset)  # unknown: UnknownNameError (a ValueError)
     if num_devices < 1 or num_devices % model:
         raise ValueError(f"mesh preset {preset!r}: model={model} must divide the "
                          f"{num_devices} devices")
