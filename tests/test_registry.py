@@ -157,6 +157,7 @@ REGISTRIES = [
     ("jaxdm.harness.modes", "MODE_RULES"), ("jaxdm.roles.judge", "QUESTION_BUILDERS"),
     ("jaxdm.harness.textenv", "ADAPTERS"), ("jaxdm.harness.dm", "DM_KINDS"),
     ("jaxdm.rl.losses", "AGGREGATIONS"),
+    ("jaxdm.bench.run", "LEVELS"), ("jaxdm.bench.l3", "L3_ENVS"),
 ]
 ROOTS = {"jaxdm": REPO / "jaxdm", "jaxdm.envs": REPO / "envs", "jaxdm.kernels": REPO / "kernels"}
 

@@ -22,8 +22,9 @@ def add_parser(sub) -> None:
     p.add_argument("--config", help="YAML file of BenchConfig keys")
     p.add_argument("--judge", action="append", dest="judges", metavar="SPEC",
                    help="backend: 'smollm2', 'oracle', or 'kind:key=value,...' (repeatable)")
-    p.add_argument("--level", action="append", dest="levels", choices=("l1", "l2", "l3"),
-                   help="a bench level to run (repeatable; default: the config's levels)")
+    p.add_argument("--level", action="append", dest="levels", metavar="LEVEL",
+                   help="a bench level to run: l1, l2 or l3 (repeatable; default: the "
+                        "config's levels; checked against jaxdm.bench.run.LEVELS)")
     p.add_argument("--out", dest="out_dir", help="output folder")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--resume", action="store_true",

@@ -44,19 +44,59 @@ from jaxdm.harness.llm import make_llm
 from jaxdm.harness.modes import Delegation
 from jaxdm.harness.pool import EnvWorkersConfig, EpisodeRunner
 from jaxdm.harness.textenv import TextEnvHarness
+from jaxdm.registry import Registry
 from jaxdm.runlog import MAX_FAILED_SHARE
 
-L3_ENVS = ("base", "shift", "hard", "alfworld")
 GYM_VARIANTS = ("base", "shift", "hard")
 DEFAULT_LLM: Mapping[str, Any] = {"kind": "simulated", "profile": "strong"}
 
 
 @dataclasses.dataclass(frozen=True)
+class L3Env:
+    """One L3 environment: ``point``, the decision point the model takes over (its choices are
+    executed); ``make(env_name, cfg)`` -> (picklable env factory, params, task seeds);
+    ``harness(env_name, llm, dm, settings)`` -> the harness that plays it (REPLACE on
+    ``point``, everything else with the LLM)."""
+
+    point: str
+    make: Callable[[str, "L3Config"], tuple[Any, Any, list[int]]]
+    harness: Callable[[str, Any, Any, AgentConfig], Any]
+
+
+def _gym_env(env_name: str, cfg: "L3Config") -> tuple[Any, Any, list[int]]:
+    params = GymParams(variant=env_name, strict=True, max_steps=cfg.gym_max_steps,
+                       split=cfg.gym_split)
+    return DecisionGym, params, list(range(cfg.tasks))
+
+
+def _gym_harness(env_name: str, llm: Any, dm: Any, settings: AgentConfig) -> Harness:
+    return Harness(llm, dm, [Delegation("tool", "replace")], settings)
+
+
+def _alfworld_env(env_name: str, cfg: "L3Config") -> tuple[Any, Any, list[int]]:
+    params = AlfWorldParams(split=cfg.alfworld_split, max_steps=cfg.alfworld_max_steps)
+    return functools.partial(AlfWorldEnv, params), params, list(range(cfg.tasks))
+
+
+def _alfworld_harness(env_name: str, llm: Any, dm: Any,
+                      settings: AgentConfig) -> TextEnvHarness:
+    return TextEnvHarness(llm, dm, [Delegation("next_action", "replace")], settings,
+                          adapter="alfworld")
+
+
+# The L3 environments, in the bench's order: DECISION GYM base / Shift / Hard, then ALFWorld.
+L3_ENVS: Registry[L3Env] = Registry("L3 env")
+for _variant in GYM_VARIANTS:
+    L3_ENVS.register(_variant, L3Env("tool", _gym_env, _gym_harness))
+L3_ENVS.register("alfworld", L3Env("next_action", _alfworld_env, _alfworld_harness))
+
+
+@dataclasses.dataclass(frozen=True)
 class L3Config:
-    """envs: subset of ``L3_ENVS``; tasks: tasks per env (indices 0..tasks-1 of the test
+    """envs: names of ``L3_ENVS``; tasks: tasks per env (indices 0..tasks-1 of the test
     split, or of ALFWorld's ``alfworld_split``); llm: the agent LLM spec."""
 
-    envs: tuple[str, ...] = L3_ENVS
+    envs: tuple[str, ...] = tuple(L3_ENVS)
     tasks: int = 20
     llm: Mapping[str, Any] = dataclasses.field(default_factory=lambda: dict(DEFAULT_LLM))
     gym_split: str = "test"
@@ -67,9 +107,10 @@ class L3Config:
     dm_latency_s: float = 0.0
 
     def __post_init__(self):
-        bad = sorted(set(self.envs) - set(L3_ENVS))
-        if bad or not self.envs:
-            raise ValueError(f"L3 envs {bad or '(none)'} unknown; known: {list(L3_ENVS)}")
+        if not self.envs:
+            raise ValueError(f"envs: no L3 env given; known: {L3_ENVS.names()}")
+        for env_name in self.envs:
+            L3_ENVS.validate(env_name, field="envs")
         if not isinstance(self.tasks, int) or self.tasks < 1:
             raise ValueError(f"L3 tasks must be a positive int, got {self.tasks!r}")
         for k in ("gym_max_steps", "alfworld_max_steps"):
@@ -79,26 +120,17 @@ class L3Config:
 
 def takeover_harness(env_name: str, llm: Any, dm: Any, *, dm_price_per_call: float = 0.0,
                      dm_latency_s: float = 0.0):
-    """The L3 harness for one env: REPLACE on ``tool`` (DECISION GYM) or ``next_action``
-    (ALFWorld), everything else with the LLM."""
+    """The L3 harness for one env of ``L3_ENVS``: REPLACE on ``tool`` (DECISION GYM) or
+    ``next_action`` (ALFWorld), everything else with the LLM."""
+    env = L3_ENVS.get(env_name)
     settings = AgentConfig(dm_price_per_call=dm_price_per_call, dm_latency_s=dm_latency_s)
-    if env_name == "alfworld":
-        return TextEnvHarness(llm, dm, [Delegation("next_action", "replace")], settings,
-                              adapter="alfworld")
-    if env_name not in GYM_VARIANTS:
-        raise ValueError(f"L3 env {env_name!r} unknown; known: {list(L3_ENVS)}")
-    return Harness(llm, dm, [Delegation("tool", "replace")], settings)
+    return env.harness(env_name, llm, dm, settings)
 
 
 def make_env(env_name: str, cfg: L3Config) -> tuple[Any, Any, list[int]]:
     """(env factory, params, task seeds) of one L3 environment; the factory is picklable (env
     workers build their env with it)."""
-    if env_name == "alfworld":
-        params = AlfWorldParams(split=cfg.alfworld_split, max_steps=cfg.alfworld_max_steps)
-        return functools.partial(AlfWorldEnv, params), params, list(range(cfg.tasks))
-    params = GymParams(variant=env_name, strict=True, max_steps=cfg.gym_max_steps,
-                       split=cfg.gym_split)
-    return DecisionGym, params, list(range(cfg.tasks))
+    return L3_ENVS.get(env_name).make(env_name, cfg)
 
 
 def irreversible_errors(ep: Any) -> int:
@@ -152,7 +184,7 @@ def episode_row(env_name: str, ep: Any, dm_lost: int = 0,
                 usage: tuple[int, int, float] = (0, 0, 0.0)) -> dict[str, Any]:
     """The bench's row of one L3 episode; ``usage``: the decision model's (questions,
     tokens_in, seconds) in it (``WatchedModel.usage`` differences)."""
-    point = "next_action" if env_name == "alfworld" else "tool"
+    point = L3_ENVS.get(env_name).point
     own = [r for r in ep.decisions if r.point == point and r.who == "dm"]
     keyed = [r for r in own if r.answer is not None and r.choice is not None]
     row = {"env": env_name, **ep.summary(),
@@ -169,7 +201,7 @@ def step_records(env_name: str, ep: Any, flagged: bool = False) -> list[dict[str
     """One bench record (``jaxdm.bench.metrics`` shape) per keyed takeover decision: the
     model's own choice (or its failure, then the LLM's choice executed) against the key. In a
     flagged episode a failure is a lost answer (left out of accuracy), else a refusal."""
-    point = "next_action" if env_name == "alfworld" else "tool"
+    point = L3_ENVS.get(env_name).point
     out = []
     for r in ep.decisions:
         if r.point != point or r.answer is None or r.who == "implied":
@@ -258,6 +290,6 @@ def breakdown(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["L3Config", "L3_ENVS", "GYM_VARIANTS", "takeover_harness", "make_env", "run_l3",
+__all__ = ["L3Config", "L3Env", "L3_ENVS", "GYM_VARIANTS", "takeover_harness", "make_env", "run_l3",
            "episode_row", "step_records", "summarize_episodes", "breakdown",
            "irreversible_errors", "WatchedModel"]

@@ -39,7 +39,7 @@ import dataclasses
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -55,11 +55,38 @@ from jaxdm.harness.errors import HarnessError
 from jaxdm.harness.llm import make_llm
 from jaxdm.harness.pool import EnvWorkersConfig, EnvWorkersFailed
 from jaxdm.jsonl import write_atomic, write_json, write_records
+from jaxdm.registry import Registry, UnknownNameError
 from jaxdm.runlog import MAX_FAILED_SHARE, check_failed_share, pyplot
 from jaxdm.screen.figures import save_figure
 from jaxdm.screen.run import ScreenError, build_judges, normalize_judge_spec
 
-LEVELS = ("l1", "l2", "l3")
+@dataclasses.dataclass(frozen=True)
+class BenchLevel:
+    """One bench level: ``questions(cfg)`` -> (its questions, how they were drawn), or None for
+    a level that asks while it plays (L3); ``units(cfg)``: the names of its units (a backend
+    x unit is run, saved and resumed as one), in order."""
+
+    questions: Callable[[Any], tuple[list, Any]] | None
+    units: Callable[[Any], list[str]]
+
+
+def _l1_questions(cfg: BenchConfig) -> tuple[list, Any]:
+    return l1_lib.build_l1(cfg.l1_tool, cfg.l1_param, cfg.seed)
+
+
+def _l2_questions(cfg: BenchConfig) -> tuple[list, Any]:
+    return build_l2(L2Config(
+        tasks=cfg.l2_tasks, variant=cfg.l2_variant, agent_error_rate=cfg.l2_agent_error_rate,
+        after_error_share=cfg.l2_after_error_share, max_states=cfg.l2_max_states,
+        seed=cfg.seed))
+
+
+# The levels, in the bench's order (questions are built in it): L1 and L2 are one unit each,
+# L3 one unit per env ("l3/<env>", the longest part of a bench).
+LEVELS: Registry[BenchLevel] = Registry("bench level")
+LEVELS.register("l1", BenchLevel(_l1_questions, lambda cfg: ["l1"]))
+LEVELS.register("l2", BenchLevel(_l2_questions, lambda cfg: ["l2"]))
+LEVELS.register("l3", BenchLevel(None, lambda cfg: [f"l3/{env}" for env in cfg.l3_envs]))
 
 
 class BenchError(ValueError):
@@ -78,7 +105,7 @@ class BenchConfig:
     rest is written; one in which every answer failed always does (1.0: only then). A unit
     with fewer failed answers is kept as incomplete: ``--resume`` asks them again."""
 
-    levels: tuple[str, ...] = LEVELS
+    levels: tuple[str, ...] = tuple(LEVELS)
     judges: tuple[str, ...] = ("oracle:noise=0.2,name=oracle-noisy", "smollm2")
     out_dir: str = "bench_out"
     l1_tool: int | None = 200
@@ -88,7 +115,7 @@ class BenchConfig:
     l2_agent_error_rate: float = 0.25
     l2_after_error_share: float | None = AFTER_ERROR_SHARE
     l2_max_states: int | None = None
-    l3_envs: tuple[str, ...] = l3_lib.L3_ENVS
+    l3_envs: tuple[str, ...] = tuple(l3_lib.L3_ENVS)
     l3_tasks: int = 20
     l3_llm: dict = dataclasses.field(default_factory=lambda: dict(l3_lib.DEFAULT_LLM))
     l3_max_steps: int = 30
@@ -103,9 +130,16 @@ class BenchConfig:
 
     def __post_init__(self):
         check_failed_share(self.max_failed_share, error=BenchError)
-        bad = sorted(set(self.levels) - set(LEVELS))
-        if bad or not self.levels:
-            raise BenchError(f"unknown bench level(s) {bad or '(none)'}; known: {list(LEVELS)}")
+        if not self.levels:
+            raise BenchError(f"levels: no bench level given; known: {LEVELS.names()}")
+        try:
+            for level in self.levels:
+                LEVELS.validate(level, field="levels")
+            if "l3" in self.levels:
+                for env in self.l3_envs:
+                    l3_lib.L3_ENVS.validate(env, field="l3_envs")
+        except UnknownNameError as e:
+            raise BenchError(str(e)) from None
         if not self.judges:
             raise BenchError("bench needs at least one judge (backend spec)")
         if self.batch < 1 or self.ece_bins < 1:
@@ -129,13 +163,9 @@ def build_questions(cfg: BenchConfig) -> tuple[dict[str, list], dict[str, Any]]:
     were drawn}); L3 asks its questions while it plays, so it has none here."""
     qs: dict[str, list] = {}
     stats: dict[str, Any] = {}
-    if "l1" in cfg.levels:
-        qs["l1"], stats["l1"] = l1_lib.build_l1(cfg.l1_tool, cfg.l1_param, cfg.seed)
-    if "l2" in cfg.levels:
-        qs["l2"], stats["l2"] = build_l2(L2Config(
-            tasks=cfg.l2_tasks, variant=cfg.l2_variant, agent_error_rate=cfg.l2_agent_error_rate,
-            after_error_share=cfg.l2_after_error_share, max_states=cfg.l2_max_states,
-            seed=cfg.seed))
+    for name, level in LEVELS.items():
+        if name in cfg.levels and level.questions is not None:
+            qs[name], stats[name] = level.questions(cfg)
     return qs, stats
 
 
@@ -237,9 +267,7 @@ def _run(cfg: BenchConfig, judges, store, done) -> dict[str, Any]:
     result: dict[str, Any] = {"config": dataclasses.asdict(cfg), "data": stats, "backends": {}}
     all_recs, l3_rows, all_failed = [], [], []
     failed_answers: dict[str, dict[str, int]] = {}
-    # units: L1, L2, and L3 one env at a time (the longest part of a bench)
-    parts = [p for lv in cfg.levels
-             for p in ([f"l3/{env}" for env in cfg.l3_envs] if lv == "l3" else [lv])]
+    parts = [p for lv in cfg.levels for p in LEVELS.get(lv).units(cfg)]
     for name, backend in judges:
         units = {}
         for part in parts:

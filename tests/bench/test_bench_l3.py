@@ -2,6 +2,7 @@
 solves every task; a failing model leaves every decision to the LLM, counted; Kendall τ on a
 hand case; the bench job with L3 writes τ and the level figure."""
 import json
+import re
 
 import pytest
 
@@ -163,3 +164,40 @@ def test_l3_flaky_agent_llm_episodes_are_flagged_and_resume_reruns_only_them(tmp
     assert (out / "records.jsonl").read_text() == (tmp_path / "healthy" / "records.jsonl"
                                                    ).read_text()
     assert len((out / "units.jsonl").read_text().splitlines()) == 1
+
+
+def test_levels_and_l3_envs_are_registries_whose_errors_name_the_field():
+    from jaxdm.bench.run import LEVELS
+
+    assert list(LEVELS) == ["l1", "l2", "l3"] and BenchConfig().levels == ("l1", "l2", "l3")
+    assert list(l3.L3_ENVS) == ["base", "shift", "hard", "alfworld"]
+    assert BenchConfig().l3_envs == l3.L3Config().envs == tuple(l3.L3_ENVS)
+    assert [l3.L3_ENVS[e].point for e in l3.L3_ENVS] == ["tool"] * 3 + ["next_action"]
+    with pytest.raises(BenchError, match=re.escape(
+            "levels: unknown bench level 'l9'; known: ['l1', 'l2', 'l3']")):
+        BenchConfig(levels=("l1", "l9"))
+    with pytest.raises(BenchError, match=re.escape("levels: no bench level given")):
+        BenchConfig(levels=())
+    with pytest.raises(BenchError, match=re.escape(
+            "l3_envs: unknown L3 env 'web'; known: ['alfworld', 'base', 'hard', 'shift']")):
+        BenchConfig(levels=("l3",), l3_envs=("base", "web"))
+    assert BenchConfig(levels=("l1",), l3_envs=("web",)).levels == ("l1",)  # L3 not run
+    with pytest.raises(ValueError, match=re.escape("envs: unknown L3 env 'web'")):
+        l3.L3Config(envs=("web",))
+    with pytest.raises(ValueError, match=re.escape("envs: no L3 env given")):
+        l3.L3Config(envs=())
+    with pytest.raises(ValueError, match=re.escape("unknown L3 env 'web'; known: ['alfworld'")):
+        l3.takeover_harness("web", None, Oracle())
+    factory, params, seeds = l3.make_env("hard", l3.L3Config(tasks=3, gym_max_steps=7))
+    assert (params.variant, params.max_steps, params.strict, seeds) == ("hard", 7, True,
+                                                                         [0, 1, 2])
+
+
+def test_an_unknown_level_on_the_command_line_is_the_registry_error(tmp_path, capsys):
+    from jaxdm.cli import main
+
+    assert main(["bench", "--judge", "oracle", "--level", "l9", "--out", str(tmp_path / "o"),
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "jaxdm bench: error: levels: unknown bench level 'l9'; known: ['l1', 'l2', 'l3']" \
+        in err and "Traceback" not in err and not (tmp_path / "o").exists()
