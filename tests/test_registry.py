@@ -156,7 +156,7 @@ REGISTRIES = [
     ("jaxdm.harness.llm", "LLM_KINDS"), ("jaxdm.harness.llm", "PROFILES"),
     ("jaxdm.harness.modes", "MODE_RULES"), ("jaxdm.roles.judge", "QUESTION_BUILDERS"),
     ("jaxdm.harness.textenv", "ADAPTERS"), ("jaxdm.harness.dm", "DM_KINDS"),
-    ("jaxdm.rl.losses", "AGGREGATIONS"),
+    ("jaxdm.rl.losses", "AGGREGATIONS"), ("jaxdm.models.cpu.build", "KERNELS"),
     ("jaxdm.bench.run", "LEVELS"), ("jaxdm.bench.l3", "L3_ENVS"),
 ]
 ROOTS = {"jaxdm": REPO / "jaxdm", "jaxdm.envs": REPO / "envs", "jaxdm.kernels": REPO / "kernels"}

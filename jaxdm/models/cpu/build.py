@@ -29,6 +29,7 @@ from typing import Any
 import jax
 
 from jaxdm.models.paths import cache_root
+from jaxdm.registry import Registry
 
 HERE = Path(__file__).parent
 SOURCES = (HERE / "attention.cc", HERE / "matmul.cc")
@@ -207,8 +208,10 @@ MATMUL = Kernel("cpu_matmul", "JAXDM_CPU_MATMUL", "jaxdm_cpu_matmul", "JaxdmCpuM
 MATMUL_F32 = Kernel("cpu_matmul_f32", "JAXDM_CPU_MATMUL", "jaxdm_cpu_matmul_f32",
                     "JaxdmCpuMatmulF32", ("avx512f", "avx512bw", "avx512vl"),
                     what="fp32 matmul kernel", instead="XLA's dot")
-KERNELS: dict[str, Kernel] = {k.name: k for k in (ATTENTION, ATTENTION_SEGMENTS, MATMUL,
-                                                       MATMUL_F32)}
+# Every kernel by name (its status line, the programs' fingerprint).
+KERNELS: Registry[Kernel] = Registry("CPU kernel")
+for _kernel in (ATTENTION, ATTENTION_SEGMENTS, MATMUL, MATMUL_F32):
+    KERNELS.register(_kernel.name, _kernel)
 
 
 def fingerprint() -> str:
