@@ -158,6 +158,7 @@ REGISTRIES = [
     ("jaxdm.harness.textenv", "ADAPTERS"), ("jaxdm.harness.dm", "DM_KINDS"),
     ("jaxdm.rl.losses", "AGGREGATIONS"), ("jaxdm.models.cpu.build", "KERNELS"),
     ("jaxdm.bench.run", "LEVELS"), ("jaxdm.bench.l3", "L3_ENVS"),
+    ("jaxdm.screen.run", "EXPANSIONS"),
 ]
 ROOTS = {"jaxdm": REPO / "jaxdm", "jaxdm.envs": REPO / "envs", "jaxdm.kernels": REPO / "kernels"}
 

@@ -38,6 +38,7 @@ from jaxdm.decision.types import score_failed, score_ok
 from jaxdm.envs.alfworld import noisy_expert_trajectories
 from jaxdm.jsonl import write_atomic, write_json
 from jaxdm.judges import SMOLLM2_PROGRESS
+from jaxdm.registry import Registry, UnknownNameError
 from jaxdm.roles.jobs import score_trajectories
 from jaxdm.runlog import MAX_FAILED_SHARE, check_failed_share
 from jaxdm.screen import figures, metrics
@@ -46,9 +47,13 @@ from jaxdm.secrets import redact
 from jaxdm.trajectory import Trajectory, read_jsonl
 
 COMBOS = (("progress", "prefix"), ("progress", "hindsight"), ("value", "prefix"), ("value", "hindsight"))
-# Progress-question context expansions for the rank-shift analysis (seed 000, Fig. 6):
-# (label, roles expansion). 100 % of the remaining trajectory is the Hindsight context.
-EXPANSIONS = (("FB", "fb"), ("25%", 0.25), ("50%", 0.5), ("75%", 0.75), ("100%", None))
+# Progress-question context expansions for the rank-shift analysis (seed 000, Fig. 6), in
+# report order: label -> roles expansion. 100 % of the remaining trajectory is the Hindsight
+# context (None: always scored, never chosen).
+EXPANSIONS: Registry[Any] = Registry("context expansion")
+for _label, _expansion in (("FB", "fb"), ("25%", 0.25), ("50%", 0.5), ("75%", 0.75),
+                           ("100%", None)):
+    EXPANSIONS.register(_label, _expansion)
 GROUPS = ("single", "dependency", "independent")
 
 JUDGE_ALIASES: dict[str, dict[str, Any]] = {
@@ -294,19 +299,20 @@ def _metrics_block(scored: PassResult, trajs: list[Trajectory]) -> dict:
 
 def _expansion_plan(expansions) -> list[tuple[str, Any]]:
     """(label, roles expansion) pairs to score, in order, plus 100 % (= Hindsight)."""
-    known = {lab: exp for lab, exp in EXPANSIONS}
     if expansions is True:
-        expansions = [lab for lab, exp in EXPANSIONS if exp is not None]
+        expansions = [lab for lab, exp in EXPANSIONS.items() if exp is not None]
     elif not expansions:
         return []
     chosen = []
     for lab in expansions:
-        if lab not in known:
-            raise ScreenError(f"unknown context expansion {lab!r}; choose from {list(known)}")
-        if known[lab] is not None and lab not in chosen:
+        try:
+            exp = EXPANSIONS.get(lab, field="expansions")
+        except UnknownNameError as e:
+            raise ScreenError(str(e)) from None
+        if exp is not None and lab not in chosen:
             chosen.append(lab)
-    chosen.sort(key=[lab for lab, _ in EXPANSIONS].index)
-    return [(lab, known[lab]) for lab in chosen] + [("100%", None)]
+    chosen.sort(key=list(EXPANSIONS).index)
+    return [(lab, EXPANSIONS[lab]) for lab in chosen] + [("100%", None)]
 
 
 def screen(trajs: Sequence[Trajectory], judges, *, expansions=True, progress: bool = True,

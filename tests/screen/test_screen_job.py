@@ -117,6 +117,21 @@ def test_bad_input(tmp_path, capsys):
     assert "num_trajectoriez" in capsys.readouterr().err
     with pytest.raises(ScreenError, match="key=value"):
         normalize_judge_spec("oracle:noise")
+    assert main(["screen", "--judge", "oracle", "expansions=[FB,10%]"]) == 2
+    assert ("expansions: unknown context expansion '10%'; known: ['100%', '25%', '50%', "
+            "'75%', 'FB']") in capsys.readouterr().err
+
+
+def test_expansions_are_a_registry_in_report_order():
+    from jaxdm.screen.run import EXPANSIONS, _expansion_plan
+
+    assert list(EXPANSIONS) == ["FB", "25%", "50%", "75%", "100%"]
+    assert _expansion_plan(True) == [("FB", "fb"), ("25%", 0.25), ("50%", 0.5), ("75%", 0.75),
+                                     ("100%", None)]
+    # chosen once each, in report order; 100 % (Hindsight) is always scored, never chosen
+    assert _expansion_plan(["75%", "FB", "FB", "100%"]) == [("FB", "fb"), ("75%", 0.75),
+                                                           ("100%", None)]
+    assert _expansion_plan([]) == []
 
 
 def test_outputs_when_no_trajectory_has_a_no_op(tmp_path):
