@@ -35,6 +35,7 @@ import numpy as np
 
 from jaxdm import config as cfgmod
 from jaxdm import runlog
+from jaxdm.registry import UnknownNameError
 from jaxdm.rl.estimators import ESTIMATORS
 import jaxdm.train.harness_rollout  # noqa: F401  registers policy.kind: harness (--config harness)
 from jaxdm.rl.errors import TrainingStopped
@@ -87,8 +88,10 @@ def compare(cfg: TrainConfig, estimators: list[str], seeds: list[int], resume: b
     teachers = {}                       # every entry checked before the first run starts
     for est in estimators:
         name, _, judge = est.partition("@")
-        if name not in ESTIMATORS:
-            raise SystemExit(f"--compare: unknown estimator {name!r}; known {sorted(ESTIMATORS)}")
+        try:
+            ESTIMATORS.validate(name, field="--compare")
+        except UnknownNameError as e:
+            raise SystemExit(str(e)) from None
         if judge and name != "teacher":
             raise SystemExit(f"--compare: {est!r}: only the 'teacher' estimator takes a judge")
         if name != "teacher":

@@ -3,6 +3,8 @@ teacher.path=<adapter folder>`` builds the ``teacher_scores`` backend on the ada
 model with the LoRA adapters merged (``jaxdm.decision.make_backend`` reads adapter folders),
 the judge ``jaxdm screen --judge <folder>`` builds the same way
 (tests/screen/test_screen_judge_folder.py)."""
+import re
+
 import numpy as np
 import pytest
 
@@ -61,6 +63,10 @@ def test_compare_names_teachers_as_the_screen_names_judges():
         script.teacher_for("local_readout:path=x,max_groups_per_call=2", base)
     with pytest.raises(SystemExit, match="teacher@nosuch: unknown judge"):
         script.teacher_for("nosuch", base)
+    # an estimator name is looked up in rl.estimators.ESTIMATORS, before any run starts
+    with pytest.raises(SystemExit, match=re.escape(
+            "--compare: unknown estimator 'nope'; known: ['gae', ")):
+        script.compare(TrainConfig(), ["grpo", "nope"], [0], resume=False)
 
 
 def test_compare_summarises_whole_runs_when_resumed(tmp_path, monkeypatch):
