@@ -329,6 +329,11 @@ class LocalReadout(_LocalBase):
         self.name = f"local_readout({self._model_name})"
 
     def choose(self, questions: Sequence[MultipleChoice]) -> list[ChoiceResult]:
+        """Probabilities over each question's options: the next-token distribution at the end
+        of the constrained prompt, restricted to the single-token labels A, B, ... of its K
+        options and renormalised (probs [K] summing to 1; one forward per shared context).
+        A question with more options than labels is a ValueError, a non-MultipleChoice a
+        TypeError."""
         if not questions:
             return []
         for i, q in enumerate(questions):
@@ -404,6 +409,11 @@ class LocalLikelihood(_LocalBase):
         return reqs
 
     def choose(self, questions: Sequence[MultipleChoice]) -> list[ChoiceResult]:
+        """Probabilities over each question's K options: the softmax over options of each
+        option's log-likelihood after the prompt (its text, then the end-of-turn tokens when
+        ``append_end``; ``reduction``: the mean or the sum of those token log-probs), probs
+        [K]; all options of a question share one prompt trunk. A non-MultipleChoice is a
+        TypeError."""
         if not questions:
             return []
         reqs, owner = [], []

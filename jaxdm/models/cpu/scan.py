@@ -46,13 +46,16 @@ class BitView:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The bf16 array's shape (that of its bits)."""
         return tuple(self.bits.shape)
 
     def tree_flatten(self):
+        """Pytree children (the uint16 bits) and aux data (the float dtype)."""
         return (self.bits,), self.dtype
 
     @classmethod
     def tree_unflatten(cls, dtype, children):
+        """The BitView of ``tree_flatten``'s (bits,) and dtype."""
         return cls(children[0], dtype)
 
     def __repr__(self) -> str:
@@ -74,10 +77,12 @@ class Whole:
         self.stack = stack
 
     def tree_flatten(self):
+        """Pytree children (the stack [L, ...]); no aux data."""
         return (self.stack,), None
 
     @classmethod
     def tree_unflatten(cls, _, children):
+        """The Whole of ``tree_flatten``'s (stack,)."""
         return cls(children[0])
 
 
@@ -92,6 +97,7 @@ class LayerOf:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """One layer's weight shape: the stack's [L, ...] without L."""
         return tuple(self.stack.shape[1:])
 
     def value(self) -> jax.Array:
@@ -99,10 +105,13 @@ class LayerOf:
         return cpu_matmul.layer_of(self.stack, self.layer)
 
     def tree_flatten(self):
+        """Pytree children (the stack [L, ...] and the layer index, a scalar) and aux data
+        (the weight's float dtype)."""
         return (self.stack, self.layer), self.dtype
 
     @classmethod
     def tree_unflatten(cls, dtype, children):
+        """The LayerOf of ``tree_flatten``'s (stack, layer) and dtype."""
         return cls(*children, dtype)
 
 
