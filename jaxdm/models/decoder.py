@@ -921,11 +921,28 @@ def token_logprobs(params: Params, config: ModelConfig, hidden: jax.Array, targe
     Rows are processed chunk_size at a time (each chunk rematerialised in the backward pass),
     so peak memory is O(chunk_size * V). Differentiable with respect to params and hidden.
     """
+    return _head_chunks(params, config, hidden, targets, chunk_size, "token_logprobs",
+                        with_entropy=False)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "chunk_size"))
+def token_logprobs_and_entropy(params: Params, config: ModelConfig, hidden: jax.Array,
+                               targets: jax.Array, *, chunk_size: int = 256
+                               ) -> tuple[jax.Array, jax.Array]:
+    """(log p(targets | hidden), entropy of p) as two [B, S] fp32 arrays, chunk_size rows of
+    [chunk_size, V] logits at a time (``token_logprobs``' memory bound, the entropy from the
+    same logits)."""
+    return _head_chunks(params, config, hidden, targets, chunk_size,
+                        "token_logprobs_and_entropy", with_entropy=True)
+
+
+def _head_chunks(params, config, hidden, targets, chunk_size: int, name: str, *,
+                 with_entropy: bool):
     if hidden.ndim != 3 or targets.shape != hidden.shape[:2]:
-        raise ValueError(f"token_logprobs: hidden must be [B, S, D] and targets [B, S]; got "
+        raise ValueError(f"{name}: hidden must be [B, S, D] and targets [B, S]; got "
                          f"hidden {hidden.shape}, targets {targets.shape}")
     if chunk_size <= 0:
-        raise ValueError(f"token_logprobs: chunk_size must be positive, got {chunk_size}")
+        raise ValueError(f"{name}: chunk_size must be positive, got {chunk_size}")
     b, s, d = hidden.shape
     total = b * s
     chunks = -(-total // chunk_size)
@@ -938,11 +955,17 @@ def token_logprobs(params: Params, config: ModelConfig, hidden: jax.Array, targe
         h, t = args
         chunk_logits = jnp.einsum("TD,VD->TV", h, head, preferred_element_type=jnp.float32)
         picked = jnp.take_along_axis(chunk_logits, t[:, None], axis=-1)[:, 0]
-        return picked - jax.nn.logsumexp(chunk_logits, axis=-1)
+        logz = jax.nn.logsumexp(chunk_logits, axis=-1)
+        if not with_entropy:
+            return picked - logz
+        p = jax.nn.softmax(chunk_logits, axis=-1)
+        # H = log Z - E_p[logit]: no [chunk, V] log-softmax kept beside p
+        return picked - logz, logz - (p * chunk_logits).sum(-1)
 
     out = jax.lax.map(one_chunk, (flat_h.reshape(chunks, chunk_size, d),
                                   flat_t.reshape(chunks, chunk_size)))
-    return out.reshape(-1)[:total].reshape(b, s)
+    unflat = lambda x: x.reshape(-1)[:total].reshape(b, s)  # noqa: E731
+    return tuple(map(unflat, out)) if with_entropy else unflat(out)
 
 
 def init_params(config: ModelConfig, key: jax.Array, dtype: Any = None) -> Params:

@@ -76,12 +76,12 @@ def decoder_model(cfg, texts: Callable[[], Sequence[str]]):
     m = cfg.model
     if m.path:
         pre = load_model(m.path, dtype=m.dtype)
-        return pre.params, pre.config, rltext.HFTokenizer(pre.tokenizer)
+        return pre.params, pre.config.replace(remat=m.remat), rltext.HFTokenizer(pre.tokenizer)
     tokenizer = rltext.WordTokenizer.from_texts(texts())
     mcfg = ModelConfig(vocab_size=tokenizer.vocab_size, hidden_size=m.hidden_size,
                        intermediate_size=m.intermediate_size, num_layers=m.num_layers,
                        num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
-                       head_dim=m.head_dim, tie_embeddings=True, dtype=m.dtype)
+                       head_dim=m.head_dim, tie_embeddings=True, dtype=m.dtype, remat=m.remat)
     return decoder.init_params(mcfg, jax.random.key(m.init_seed)), mcfg, tokenizer
 
 

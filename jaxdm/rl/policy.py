@@ -295,13 +295,15 @@ class TokenBatch(NamedTuple):
     response_mask: Any  # [R, S] bool: the token at s was generated (its log-prob trains)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "with_entropy"))
+@functools.partial(jax.jit, static_argnames=("config", "with_entropy", "response_window"))
 def token_log_probs_and_entropy(params, config: ModelConfig, batch: TokenBatch, *,
-                                with_entropy: bool = True):
-    """log p of every token given its prefix [R, S] (0 at s = 0) and the entropy there."""
+                                with_entropy: bool = True, response_window: int | None = None):
+    """log p of every token given its prefix [R, S] (0 at s = 0) and the entropy there, both
+    0 outside the response mask (``log_probs_and_entropy_from_hidden``)."""
     hidden = token_hidden_states(params, config, batch)
     return log_probs_and_entropy_from_hidden(params, config, hidden, batch,
-                                             with_entropy=with_entropy)
+                                             with_entropy=with_entropy,
+                                             response_window=response_window)
 
 
 def token_hidden_states(params, config: ModelConfig, batch: TokenBatch):
@@ -315,19 +317,40 @@ def token_hidden_states(params, config: ModelConfig, batch: TokenBatch):
 
 
 def log_probs_and_entropy_from_hidden(params, config: ModelConfig, hidden, batch: TokenBatch,
-                                      *, with_entropy: bool = True):
-    """``token_log_probs_and_entropy`` from ``token_hidden_states``' output."""
+                                      *, with_entropy: bool = True,
+                                      response_window: int | None = None):
+    """``token_log_probs_and_entropy`` from ``token_hidden_states``' output [R, S, d].
+
+    ``response_window`` W: each row's response is one contiguous run of at most W tokens
+    (``GenerativePolicy.training_batch`` guarantees it), so the LM head runs only at the W
+    positions from the row's first response token ([R, W] head rows instead of [R, S - 1]:
+    TRL's ``logits_to_keep``; a 200-token prompt with a 32-token response runs the 49k-wide
+    head at 1/7 of the positions). None: the head at every position."""
     tokens = jnp.asarray(batch.tokens)
-    lp = decoder.token_logprobs(params, config, hidden[:, :-1], tokens[:, 1:])
-    lp = jnp.pad(lp, ((0, 0), (1, 0)))
-    if with_entropy:
-        logits = decoder.lm_logits(params, config, hidden[:, :-1])
-        logz = jax.nn.log_softmax(logits, axis=-1)
-        ent = -(jnp.exp(logz) * logz).sum(-1)
-        ent = jnp.pad(ent, ((0, 0), (1, 0)))
-    else:
-        ent = jnp.zeros_like(lp)
     mask = jnp.asarray(batch.response_mask, bool)
+    r, s = tokens.shape
+    if response_window is None or response_window >= s - 1:
+        h, targets, pos = hidden[:, :-1], tokens[:, 1:], None
+    else:
+        # token s is predicted from hidden s - 1; the window starts at the first response token
+        first = jnp.argmax(mask, axis=1)
+        want = first[:, None] + jnp.arange(response_window)[None, :]
+        pos = jnp.clip(want, 1, s - 1)
+        h = jnp.take_along_axis(hidden, (pos - 1)[:, :, None], axis=1)
+        targets = jnp.take_along_axis(tokens, pos, axis=1)
+    if with_entropy:
+        lp, ent = decoder.token_logprobs_and_entropy(params, config, h, targets)
+    else:
+        lp, ent = decoder.token_logprobs(params, config, h, targets), None
+    if pos is None:
+        lp = jnp.pad(lp, ((0, 0), (1, 0)))
+        ent = jnp.zeros_like(lp) if ent is None else jnp.pad(ent, ((0, 0), (1, 0)))
+    else:  # back to [R, S]; a window slot outside the response is masked below
+        keep = jnp.take_along_axis(mask, pos, axis=1) & (want == pos)  # clipped: duplicates
+        rows = jnp.arange(r)[:, None]
+        lp = jnp.zeros((r, s), lp.dtype).at[rows, pos].add(jnp.where(keep, lp, 0.0))
+        ent = (jnp.zeros((r, s), jnp.float32) if ent is None else
+               jnp.zeros((r, s), ent.dtype).at[rows, pos].add(jnp.where(keep, ent, 0.0)))
     return jnp.where(mask, lp, 0.0), jnp.where(mask, ent, 0.0), mask
 
 
@@ -360,10 +383,16 @@ class GenerativePolicy:
         self.generate_fn = generate_fn
 
     @property
+    def response_window(self) -> int:
+        """The LM head's positions per training row: a response has at most this many tokens
+        (``training_batch`` refuses longer ones), so the head never runs over the prompt."""
+        return self.max_response_tokens
+
+    @property
     def static_key(self) -> tuple:
-        """What fixes this policy's compiled programs (form, model config, entropy on or off):
-        jitted steps are cached per key."""
-        return (self.form, self.config, self.with_entropy)
+        """What fixes this policy's compiled programs (form, model config, entropy on or off,
+        the response window): jitted steps are cached per key."""
+        return (self.form, self.config, self.with_entropy, self.response_window)
 
     def prompt_ids(self, s: TurnInput) -> tuple[list[int], int]:
         """The prompt token ids of one turn (goal, observation, admissible actions and the last
@@ -423,6 +452,9 @@ class GenerativePolicy:
         resp = np.zeros((pad_to, s), bool)
         for i, u in enumerate(units):
             p, r = u["prompt"], u["response"]
+            if len(r) > self.response_window:  # the head runs only over the window
+                raise ValueError(f"unit {i}: response of {len(r)} tokens exceeds "
+                                 f"max_response_tokens={self.max_response_tokens}")
             tokens[i, :len(p) + len(r)] = list(p) + list(r)
             valid[i, :len(p) + len(r)] = True
             resp[i, len(p):len(p) + len(r)] = True
@@ -432,7 +464,8 @@ class GenerativePolicy:
         """log p of each token given its prefix and the entropy there, both [R, S]
         (token_log_probs_and_entropy)."""
         return token_log_probs_and_entropy(params, self.config, batch,
-                                           with_entropy=self.with_entropy)
+                                           with_entropy=self.with_entropy,
+                                           response_window=self.response_window)
 
     # One decoder forward shared by every loss term of a train step (``jaxdm.rl.terms``).
     def hidden_states(self, params, batch: TokenBatch):
@@ -443,4 +476,5 @@ class GenerativePolicy:
     def logp_and_entropy_from_hidden(self, params, hidden, batch: TokenBatch):
         """logp_and_entropy() from hidden_states()' output [R, S, d], without a second forward."""
         return log_probs_and_entropy_from_hidden(params, self.config, hidden, batch,
-                                                 with_entropy=self.with_entropy)
+                                                 with_entropy=self.with_entropy,
+                                                 response_window=self.response_window)

@@ -5,7 +5,8 @@ A loss term is a pure function ``term(params, batch, aux) -> (loss scalar, metri
 - ``params``: the trainable pytrees by name, ``{"policy": ..., "critic": ...}`` ("critic"
   only when a critic is configured);
 - ``batch``: one mini-batch of device arrays: ``policy`` (the policy's training batch),
-  ``adv`` [M], ``old_logp`` / ``ref_logp`` [M, L], and for the value term ``critic``
+  ``adv`` [M], ``old_logp`` / ``ref_logp`` [M, L] (``old_logp`` absent when the step is the
+  iteration's only update: π_old is then the step's own π), and for the value term ``critic``
   (the critic's ``batch``), ``returns`` [M], ``old_values`` [M], ``row_mask`` [M];
 - ``aux``: a ``TermContext`` (the policy object, the critic object and the frozen
   ``LossConfig``), static under jit.
@@ -114,7 +115,10 @@ def _ppo_term(params, batch, aux: TermContext):
     adv = batch["adv"]
     adv_tok = advmod.broadcast_to_tokens(adv[:, None], jnp.zeros(mask.shape, jnp.int32), mask)
     use_kl = cfg.kl_coef != 0.0
-    return losses.ppo_loss(logp, batch["old_logp"], batch["ref_logp"] if use_kl else None,
+    # No "old_logp": the step is the iteration's only update (one epoch, one mini-batch), so
+    # π_old is this very forward's π (its value; the trainer skips a separate π_old pass).
+    old = batch["old_logp"] if "old_logp" in batch else jax.lax.stop_gradient(logp)
+    return losses.ppo_loss(logp, old, batch["ref_logp"] if use_kl else None,
                            adv_tok, mask, clip_eps=cfg.clip_eps, dual_clip=cfg.dual_clip,
                            kl_coef=cfg.kl_coef, entropy=ent, entropy_coef=cfg.entropy_coef,
                            aggregation=cfg.aggregation)

@@ -44,6 +44,10 @@ class ModelSection:
 
     path: str | None = None
     dtype: str = "float32"
+    # Recompute each decoder layer in the backward pass (``ModelConfig.remat``): the update
+    # keeps one layer's activations instead of all of them (a full-depth multi-turn step
+    # otherwise holds every layer's, see benchmarks/RESULTS.md), for ~1/3 more trunk FLOPs.
+    remat: bool = False
     init_seed: int = 0
     hidden_size: int = 64
     intermediate_size: int = 128

@@ -6,8 +6,7 @@ One iteration, from the previous ``TrainState`` (``jaxdm.rl.state``) to the next
      ``host`` text envs through ``jaxdm.rl.rollout``, ``jax``: one jitted scan over a
      vmapped JAX env, ``jaxdm.rl.jax_rollout``, or ``harness``: a decision model inside the
      agent harness, ``jaxdm.train.harness_rollout``); ``EpisodeBatch`` is their array view
-     (``jaxdm.rl.estimators``; episodes lost to env errors are masked out, counted as
-     ``env/errors``).
+     (``jaxdm.rl.estimators``; episodes lost to env errors are masked, ``env/errors``).
   2. **Signals** (``jaxdm.rl.signals``): the estimator's and the loss terms' signals only —
      teacher scores per action (``jaxdm.roles.jobs.score_trajectories`` on a
      ``make_backend`` backend), the critic's values, the LVRL value model's values, the
@@ -218,15 +217,16 @@ class Trainer:
             self.policy, units, adv.adv[eb.unit_rows, eb.unit_cols], eb.unit_logp, order, m,
             critic=self.critic_config if cols is not None else None, columns=cols,
             extra=None if lvopd is None else lambda idx: lvopd.arrays(idx, m))
-        # π_old and π_ref log-probs before any update of this iteration. The option form's
-        # sampling log-prob comes from the same jitted function and params, so it *is* the
-        # recomputed π_old; other samplers' numerics differ, so π_old is recomputed.
+        # π_old / π_ref before any update: the option form's sampling log-prob *is* π_old; other
+        # samplers' differ, so π_old is recomputed unless the iteration's one step is its own
+        # π_old (no extra terms: the ppo term then reads its forward's; TRL does the same)
+        own = cfg.algo.ppo_epochs * len(mbs) == 1 and not cfg.algo.terms
         for batch, rec in zip(mbs, recorded):
-            old = rec if self.policy.exact_sampling_logp else \
-                self.logp_fn(st.params["policy"], batch["policy"])
-            batch["old_logp"] = old
-            batch["ref_logp"] = self.logp_fn(self.ref_params, batch["policy"]) \
-                if cfg.algo.kl_coef else old
+            old = rec if self.policy.exact_sampling_logp else None if own else self.logp_fn(
+                st.params["policy"], batch["policy"])
+            batch.update({} if old is None else {"old_logp": old, "ref_logp": old})
+            if cfg.algo.kl_coef:
+                batch["ref_logp"] = self.logp_fn(self.ref_params, batch["policy"])
         sums: dict[str, float] = {}
         count = 0
         for epoch in range(cfg.algo.ppo_epochs):
