@@ -266,7 +266,8 @@ def grpo_config(args, *, multi_turn: bool, out_dir: str, model_path: str) -> dic
         "seed": 0, "iterations": args.iterations, "tasks_per_iter": args.prompts,
         "group_size": args.group, "max_actions": args.turns if multi_turn else 1,
         "checkpoint_every": 0, "mesh_data": 1, "out_dir": out_dir, "progress": False,
-        "model": {"path": model_path, "dtype": "float32"}, "env": env,
+        "model": {"path": model_path, "dtype": "float32", "remat": bool(args.remat)},
+        "env": env,
         "policy": {"form": "generative", "history": 2 if multi_turn else 0,
                    "max_prompt_tokens": 1024, "max_response_tokens": args.completion_tokens,
                    "temperature": 1.0, "top_p": 1.0},
@@ -430,7 +431,7 @@ def grpo_argv(args) -> list[str]:
     """The GRPO settings as child-process arguments."""
     return ["--prompts", str(args.prompts), "--group", str(args.group), "--completion-tokens",
             str(args.completion_tokens), "--iterations", str(args.iterations), "--warmup",
-            str(args.warmup), "--turns", str(args.turns)]
+            str(args.warmup), "--turns", str(args.turns)] + (["--remat"] if args.remat else [])
 
 
 def grpo_results(args, t: dict, j: dict) -> None:
@@ -514,6 +515,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--completion-tokens", type=int, default=32,
                     help="GRPO: max new tokens per completion")
     ap.add_argument("--iterations", type=int, default=5, help="GRPO: iterations per side, round")
+    ap.add_argument("--remat", action="store_true",
+                    help="GRPO: jaxdm sides recompute each layer in the backward pass "
+                         "(model.remat; bounds the multi-turn update's memory)")
     ap.add_argument("--warmup", type=int, default=1, help="GRPO: iterations left out of medians")
     ap.add_argument("--turns", type=int, default=3,
                     help="GRPO: actions per multi-turn episode (0: no multi-turn side)")

@@ -128,6 +128,7 @@ def cascade(model_path: str, tag: str, out: Path, args, progress: bool,
         dm={"kind": "points_only", "points": list(args.cascade_points.split(",")),
             "dm": inner or {"kind": "local_likelihood", "path": model_path, "name": tag}},
         shadow_tasks=args.shadow_tasks, test_tasks=args.cascade_tasks, stage2_tasks=1,
+        **({"llm": json.loads(args.cascade_llm)} if args.cascade_llm else {}),
         arms=(ArmConfig("cascade_fitted", tuple(
             DelegationConfig(p, "cascade", fitted=True)
             for p in args.cascade_points.split(",")), candidate=True),),
@@ -159,7 +160,8 @@ DATA_ARGS = ("train_tasks", "train_states", "train_kinds", "whole_states", "erro
 STAGE_ARGS = {"data": DATA_ARGS, "sft": DATA_ARGS + ("model", "epochs", "max_steps"),
               "bench": ("model", "test_tasks", "test_states", "l1", "l3_envs", "l3_tasks",
                         "l3_max_steps"),
-              "cascade": ("model", "cascade_points", "shadow_tasks", "cascade_tasks")}
+              "cascade": ("model", "cascade_points", "shadow_tasks", "cascade_tasks",
+                          "cascade_llm")}
 # Every output of the job (``--overwrite`` removes them; ``stage_outputs``: a stage's own).
 OUTPUTS = ("results.json", "train_states.jsonl", "run", "model", "bench", "before_after.md",
            "before_after.png", "harness_*")
@@ -317,6 +319,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--cascade-points", default="stop,params")
     ap.add_argument("--shadow-tasks", type=int, default=8)
     ap.add_argument("--cascade-tasks", type=int, default=8)
+    ap.add_argument("--cascade-llm", default="",
+                    help="the agent LLM of the CASCADE stage as a JSON spec "
+                         "(jaxdm.harness.llm.make_llm; default: the harness's strong simulated "
+                         "LLM), e.g. '{\"kind\": \"simulated\", \"profile\": \"weak\", "
+                         "\"accuracy\": {\"stop\": 0.8, \"params\": 0.8}}'")
     ap.add_argument("--skip", default="", help="comma list of stages to skip: sft,bench,cascade")
     ap.add_argument("--quick", action="store_true", help="tiny smoke run (2 steps)")
     ap.add_argument("--no-progress", action="store_true")

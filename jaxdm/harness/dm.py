@@ -17,7 +17,11 @@
   points; questions of other points get a failed answer naming the restriction (the harness
   then leaves them to the LLM and counts the failure), so a slow model can shadow / decide the
   cheap points only (e.g. ``stop`` and ``params``, not the 69-option ``tool`` question).
-- ``make_dm(spec)``: these four kinds, else ``jaxdm.decision.make_backend``; a spec string
+- ``RandomConfidence`` ("random_confidence"): another decision model's answers with their
+  confidence replaced by a seeded uniform draw (the answer stays the top option), so a
+  CASCADE at τ delegates a share of decisions set by τ alone: RouteLLM's random router, the
+  control a cost-quality curve (and its APGR) is compared with.
+- ``make_dm(spec)``: these five kinds, else ``jaxdm.decision.make_backend``; a spec string
   (``"oracle_noisy:default_accuracy=0.8"``, ``"oracle"``, ``"local_likelihood:path=smollm2"``)
   is parsed by ``jaxdm.decision.parse_backend_spec``.
 """
@@ -283,6 +287,40 @@ class RandomTrigger:
         return out
 
 
+class RandomConfidence:
+    """``dm``'s answers, each with a confidence drawn uniformly from [1/n, 1] (n options),
+    seeded per question, independent of whether the answer is right: the rest of the
+    probability is spread evenly over the other options, so the answer stays the top one."""
+
+    def __init__(self, dm: Any, seed: int = 0):
+        self.dm, self.seed = dm, int(seed)
+        self.name = f"random_confidence({getattr(dm, 'name', 'dm')})"
+
+    def choose(self, questions: Sequence[MultipleChoice]) -> list[ChoiceResult]:
+        """The wrapped model's answers (its failures kept) with random confidences."""
+        out = []
+        for q, r in zip(questions, self.dm.choose(questions)):
+            n = len(q.options)
+            if not r.ok or n < 2:
+                out.append(r)
+                continue
+            rng = np.random.default_rng(_seed("rc", self.seed, q.context, q.question, q.options))
+            top = 1.0 / n + (1.0 - 1.0 / n) * rng.random()
+            # ties at top = 1/n would let max() pick another option: nudge the chosen one up
+            top = max(top, 1.0 / n + 1e-6)
+            rest = (1.0 - top) / (n - 1)
+            out.append(choice_ok([top if j == r.choice else rest for j in range(n)],
+                                 cost=r.cost, raw=r.raw))
+        return out
+
+
+def _random_confidence(opts: dict[str, Any]) -> RandomConfidence:
+    if "dm" not in opts or set(opts) - {"dm", "seed"}:
+        raise ValueError(f"decision model kind 'random_confidence' takes 'dm' and optionally "
+                         f"'seed', got {sorted(opts)}")
+    return RandomConfidence(make_dm(opts["dm"]), opts.get("seed", 0))
+
+
 def _construct(kind: str, cls: type, opts: dict[str, Any]) -> Any:
     try:
         return cls(**opts)
@@ -310,7 +348,8 @@ DM_KINDS.register("oracle_noisy", _oracle_noisy)
 DM_KINDS.register("bm25", lambda opts: _construct("bm25", BM25Shortlist, opts))
 DM_KINDS.register("random_trigger", lambda opts: _construct("random_trigger", RandomTrigger, opts))
 DM_KINDS.register("points_only", _points_only)
+DM_KINDS.register("random_confidence", _random_confidence)
 
 
 __all__ = ["NoisyOracle", "CONFIDENCE_SETTINGS", "confidence_auc", "BM25Shortlist", "dialogue_turns", "RandomTrigger", "PointsOnly",
-           "make_dm", "DM_KINDS"]
+           "RandomConfidence", "make_dm", "DM_KINDS"]

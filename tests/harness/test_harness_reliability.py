@@ -334,3 +334,33 @@ def test_no_credential_of_a_spec_reaches_any_output(tmp_path, capsys, server):  
     assert any(p.name == "report.md" for p in files)
     for p in files:
         assert b"SECRET" not in p.read_bytes(), p
+
+
+def test_random_confidence_keeps_the_answers_and_randomises_the_confidence():
+    from jaxdm.decision.types import MultipleChoice, choice_failed
+    from jaxdm.harness.dm import NoisyOracle, make_dm
+
+    class Half(NoisyOracle):  # fails every second question: failures pass through unchanged
+        def choose(self, questions):
+            return [choice_failed("down") if i % 2 else r
+                    for i, r in enumerate(super().choose(questions))]
+
+    qs = [MultipleChoice(f"ctx {i}", "stop?", ("continue", "finish", "ask"),
+                         meta={"answer": [i % 3], "point": "stop"}) for i in range(200)]
+    inner = NoisyOracle(seed=2, default_accuracy=0.8)
+    rc = make_dm({"kind": "random_confidence", "dm": {"kind": "oracle_noisy", "seed": 2,
+                                                      "default_accuracy": 0.8}, "seed": 5})
+    base, rand = inner.choose(qs), rc.choose(qs)
+    assert [r.choice for r in rand] == [r.choice for r in base]       # same answers
+    conf = [max(r.probs) for r in rand]
+    assert all(1 / 3 < c <= 1 for c in conf) and abs(sum(p for p in rand[0].probs) - 1) < 1e-9
+    # independent of correctness: right and wrong answers get the same confidence on average
+    right = [c for c, q, r in zip(conf, qs, rand) if r.choice == q.meta["answer"][0]]
+    wrong = [c for c, q, r in zip(conf, qs, rand) if r.choice != q.meta["answer"][0]]
+    assert wrong and abs(sum(right) / len(right) - sum(wrong) / len(wrong)) < 0.12
+    assert [max(r.probs) for r in rc.choose(qs)] == conf              # seeded per question
+    from jaxdm.harness.dm import RandomConfidence
+    half = RandomConfidence(Half(seed=2)).choose(qs[:4])
+    assert [r.ok for r in half] == [True, False, True, False]
+    with pytest.raises(ValueError, match="'random_confidence' takes 'dm'"):
+        make_dm({"kind": "random_confidence", "seed": 1})
