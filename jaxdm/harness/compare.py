@@ -47,7 +47,13 @@ def cmd_compare(cfg: HarnessConfig) -> dict[str, Any]:
     if not sp.is_file():
         raise HarnessError(f"{sp} does not exist (run `jaxdm harness run` first)")
     summary = read_json(sp)
-    cands = [(n, s["point"]) for n, s in summary["arms"].items() if s.get("candidate")]
+    # A candidate's point is its configured delegation's: a fitted CASCADE whose fit left the
+    # point to the LLM runs with no delegation (the summary's point is None) and is still
+    # tested (it is the LLM alone, so it cannot pass the cost test).
+    configured = {a.name: a.delegations for a in cfg.arms}
+    cands = [(n, s["point"] or (configured[n][0].point if len(configured.get(n, ())) == 1
+                                else None))
+             for n, s in summary["arms"].items() if s.get("candidate")]
     if any(p is None for _, p in cands):
         raise HarnessError("candidate arms must have exactly one delegation (their point)")
     report: dict[str, Any] = {"summary": summary}

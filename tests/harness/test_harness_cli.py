@@ -48,6 +48,24 @@ def test_harness_all_on_the_smoke_preset(tmp_path, capsys):
     assert "shadow:" in out and "fit tool" in out
 
 
+def test_a_fitted_candidate_the_fit_leaves_to_the_llm_is_still_compared(tmp_path, capsys):
+    # min_support above every count: the fit keeps the point at the LLM, so the arm runs with
+    # no delegation (its summary has no live point); compare still tests it (found live:
+    # "candidate arms must have exactly one delegation")
+    arms = ("arms=[{name: params_cascade_fitted, candidate: true, delegations: "
+            "[{point: params, mode: cascade, fitted: true}]}]")
+    rc = main(["harness", "all", "--config", "smoke", "--out", str(tmp_path), "--no-progress",
+               "shadow_tasks=4", "test_tasks=4", "stage2_tasks=2", "frontier_thresholds=[]",
+               "fit.min_support=1000", arms])
+    assert rc == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "thresholds.json").read_text())["params"]["threshold"] is None
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["arms"]["params_cascade_fitted"]["point"] is None
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert "params_cascade_fitted" in json.dumps(rep["stage1"])
+    assert rep["stage2_delegations"] == []   # the LLM alone cannot cost less than itself
+
+
 @pytest.mark.parametrize("override,match", [
     ("shadow_taks=3", "did you mean shadow_tasks"),
     ("agent.windw=3", "agent.windw"),
