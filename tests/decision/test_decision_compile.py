@@ -33,9 +33,8 @@ def _demo_keys(n_traj: int) -> tuple[int, list[tuple]]:
     model has SmolLM2's tokenizer, so the token streams and shapes are the demo's."""
     trajs = noisy_expert_trajectories(n_traj, seed=0, budget=20)
     model = LocalReadout(tiny_pretrained())
-    expansions = dict(EXPANSIONS)
     passes = [(q, c, None) for q, c in COMBOS]
-    passes += [("progress", "prefix", expansions[lab]) for lab in ("FB", "50%")]
+    passes += [("progress", "prefix", EXPANSIONS.get(lab)) for lab in ("FB", "50%")]
     keys, n_req = [], 0
     for q, c, exp in passes:
         qs, _, _ = judge_request_batch(trajs, question=q, context=c, expansion=exp)
