@@ -417,8 +417,14 @@ def cut_model_folder(layers: int, into: str) -> str:
 
 
 def run_grpo_child(args, side: str, model_path: str, tasks_file: str) -> dict:
-    cmd = [sys.executable, __file__, "--workload", "grpo", "--child", side, "--model-path",
-           model_path, "--rows", tasks_file, *grpo_argv(args)]
+    return child_result(side, [sys.executable, __file__, "--workload", "grpo", "--child", side,
+                               "--model-path", model_path, "--rows", tasks_file,
+                               *grpo_argv(args)])
+
+
+def child_result(side: str, cmd: list[str]) -> dict:
+    """Run one side in its own process (its own peak RSS) and return its CHILD line's record,
+    or an error record with the tail of its stderr; printed as it arrives."""
     p = subprocess.run(cmd, capture_output=True, text=True)
     line = [x for x in p.stdout.splitlines() if x.startswith("CHILD ")]
     got = (json.loads(line[0][6:]) if line and not p.returncode else
@@ -487,15 +493,9 @@ def grpo_main(args) -> None:
 
 
 def run_child(args, side: str, rows_file: str) -> dict:
-    cmd = [sys.executable, __file__, "--child", side, "--layers", str(args.layers), "--budget",
-           str(args.budget), "--steps", str(args.steps), "--dtype", args.dtype,
-           "--rows", rows_file]
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    line = [x for x in p.stdout.splitlines() if x.startswith("CHILD ")]
-    got = (json.loads(line[0][6:]) if line and not p.returncode else
-           {"side": side, "error": f"exit {p.returncode}: {p.stderr.strip()[-600:]}"})
-    print(json.dumps(got), flush=True)
-    return got
+    return child_result(side, [sys.executable, __file__, "--child", side, "--layers",
+                               str(args.layers), "--budget", str(args.budget), "--steps",
+                               str(args.steps), "--dtype", args.dtype, "--rows", rows_file])
 
 
 def parse_args(argv=None) -> argparse.Namespace:
