@@ -599,13 +599,18 @@ class Adapted:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The frozen weight's shape (the adapter leaves it unchanged)."""
         return tuple(self.base.shape)
 
     @property
     def dtype(self):
+        """The frozen weight's dtype (the adapters keep their own)."""
         return jnp.dtype(self.base.dtype)
 
     def project(self, spec: str, x: jax.Array, valid: jax.Array | None = None) -> jax.Array:
+        """``einsum(spec, x, W + scale·A·B)`` without forming W + scale·A·B: the base product
+        (the CPU kernel where it applies) plus ``scale · (x A) B`` in fp32; ``spec`` must be one
+        matmul over the weight's leading axes (else ValueError)."""
         plan = cpu_dispatch.as_matmul(spec, x.shape, self.shape)
         if plan is None:
             raise ValueError(f"Adapted: {spec} is not one matmul over the weight's leading "
@@ -618,10 +623,12 @@ class Adapted:
         return out + self.scale * low.reshape(out_shape)
 
     def tree_flatten(self):
+        """Pytree children (base, A, B); the scale is static."""
         return (self.base, self.a, self.b), self.scale
 
     @classmethod
     def tree_unflatten(cls, scale, children):
+        """The inverse of ``tree_flatten``."""
         return cls(*children, scale)
 
 

@@ -29,6 +29,8 @@ class ValueLabeller:
         self.asked: list[tuple[ValueQuery, ValueResult]] = []
 
     def values(self, queries: Sequence[ValueQuery]) -> list[ValueResult]:
+        """The labeller's values for ``queries`` (one result each, failures included), each
+        pair appended to ``asked``."""
         results = self.labeller.values(queries)
         self.asked += list(zip(queries, results))
         return results
