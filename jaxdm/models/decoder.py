@@ -484,7 +484,10 @@ def segment_attention_vjp(q, k, v, out, dout, slot, seg, sees, kseg, need, *,
     ``VJP_QUERY_BLOCK`` queries over all keys). Per block: logits over its key ranges (the
     context cut picked at run time as in the forward), probabilities P, then with
     Δ = Σ_h dout·out:  dv += Pᵀ·dout,  dS = P ∘ (dout·vᵀ - Δ),  dq = dS·k / √H,
-    dk += dSᵀ·q / √H. fp32 throughout; pure, so it runs on every platform."""
+    dk += dSᵀ·q / √H. fp32 softmax and accumulation; the products take q's precision: with
+    bf16 q, k, v the operands (dout, P and dS rounded to bf16) are bf16 as in FlashAttention's
+    bf16 backward (XLA:CPU's fp32 products were 3-5x slower on AMX), with fp32 q, k, v
+    everything is fp32. Pure, so it runs on every platform."""
     b, sq, kh, g, hd = q.shape
     t = k.shape[1]
     scale = 1.0 / math.sqrt(hd)
@@ -492,6 +495,9 @@ def segment_attention_vjp(q, k, v, out, dout, slot, seg, sees, kseg, need, *,
         (qs, min(sq, qs + VJP_QUERY_BLOCK), ((0, t),), ())
         for qs in range(0, sq, VJP_QUERY_BLOCK))
     f32 = lambda a: a.astype(jnp.float32)
+    low = jnp.dtype(q.dtype) if jnp.dtype(q.dtype) in (jnp.bfloat16, jnp.float16) else None
+    op = (lambda a: a.astype(low)) if low else f32   # a product's operand
+    dot = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
     dout = f32(dout).reshape(b, sq, kh, g, hd)
     out = f32(out).reshape(b, sq, kh, g, hd)
     mask_fn = functools.partial(segment_mask, slot, seg, sees, kseg)
@@ -506,17 +512,17 @@ def segment_attention_vjp(q, k, v, out, dout, slot, seg, sees, kseg, need, *,
         rows = lambda a: jnp.transpose(a, (0, 2, 1, 3)).reshape(b, g * nq, hd)  # [B,q,G,H]->
         dq_heads, dk_heads, dv_heads = [], [], []
         for h in range(kh):
-            kb = jnp.concatenate([f32(k[:, a:e, h]) for a, e in ranges], axis=1)  # [B, n, H]
-            vb = jnp.concatenate([f32(v[:, a:e, h]) for a, e in ranges], axis=1)
-            qh = rows(f32(q[:, qs:qe, h]) * scale)                       # [B, G*q, H]
+            kb = jnp.concatenate([op(k[:, a:e, h]) for a, e in ranges], axis=1)  # [B, n, H]
+            vb = jnp.concatenate([op(v[:, a:e, h]) for a, e in ranges], axis=1)
+            qh = rows(op(q[:, qs:qe, h]))                                # [B, G*q, H]
             do = rows(dout[:, qs:qe, h])
             delta = jnp.sum(do * rows(out[:, qs:qe, h]), axis=-1, keepdims=True)
-            logits = jnp.einsum("BRH,BNH->BRN", qh, kb).reshape(b, g, nq, -1) + bias
+            logits = dot("BRH,BNH->BRN", qh, kb).reshape(b, g, nq, -1) * scale + bias
             p = jax.nn.softmax(logits, axis=-1).reshape(b, g * nq, -1)   # [B, G*q, n]
-            ds = p * (jnp.einsum("BRH,BNH->BRN", do, vb) - delta)
-            dq_heads.append(jnp.einsum("BRN,BNH->BRH", ds, kb).reshape(b, g, nq, hd) * scale)
-            dk_heads.append(jnp.einsum("BRN,BRH->BNH", ds, qh))
-            dv_heads.append(jnp.einsum("BRN,BRH->BNH", p, do))
+            ds = op(p * (dot("BRH,BNH->BRN", op(do), vb) - delta))
+            dq_heads.append(dot("BRN,BNH->BRH", ds, kb).reshape(b, g, nq, hd) * scale)
+            dk_heads.append(dot("BRN,BRH->BNH", ds, qh) * scale)
+            dv_heads.append(dot("BRN,BRH->BNH", op(p), op(do)))
         dq = jnp.transpose(jnp.stack(dq_heads, axis=1), (0, 3, 1, 2, 4))  # [B, q, K, G, H]
         dkb, dvb = jnp.stack(dk_heads, axis=2), jnp.stack(dv_heads, axis=2)  # [B, n, K, H]
         at = 0
