@@ -68,26 +68,46 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sft_memory import first_layers, judge_items, peak_rss_gb  # noqa: E402
+from sft_memory import first_layers, gym_items, judge_items, peak_rss_gb  # noqa: E402
 
 
-def trl_rows(budget: int) -> list[dict]:
-    """TRL's dataset: per question our Encoder's prompt ids + the label id, loss on the label
-    (built here, in the parent: the TRL child then holds no JAX model)."""
+def workload_items(workload: str, budget: int):
+    """(items, mode) of an SFT workload: "judge", every action of the judge trajectory as a
+    Yes/No readout question; "tool", the 69-option DECISION GYM tool question alone
+    (``sft_memory.gym_items``' state, option likelihood)."""
+    if workload == "judge":
+        return judge_items(budget)
+    its, mode = gym_items()
+    return [max(its, key=lambda it: it.n_options)], mode
+
+
+def trl_rows(budget: int, workload: str = "judge") -> list[dict]:
+    """TRL's dataset (built here, in the parent: the TRL child then holds no JAX model).
+    judge: per question our Encoder's prompt ids + the label id, loss on the label. tool:
+    TRL's standard SFT of the question: our prompt + the correct option's tokens (its
+    likelihood request), loss on the option tokens (our step reads all 69 options)."""
     from jaxdm.models.smollm2 import smollm2
     from jaxdm.train import packing
-    its, mode = judge_items(budget)
+    its, mode = workload_items(workload, budget)
     enc = packing.Encoder(smollm2(), mode)
     rows = []
     for it in its:
-        (req,), _ = enc.requests(it)
-        prompt = list(req.tokens)
-        rows.append({"input_ids": prompt + [enc.yes_no[it.answer[0]]],
-                     "completion_mask": [0] * len(prompt) + [1]})
+        reqs, how = enc.requests(it)
+        if how == "readout":
+            prompt = list(reqs[0].tokens)
+            rows.append({"input_ids": prompt + [enc.yes_no[it.answer[0]]],
+                         "completion_mask": [0] * len(prompt) + [1]})
+            continue
+        req = reqs[it.answer[0]]              # the correct option's request
+        mask = [0] * len(req.tokens)
+        for p in req.answer_positions:        # the option's tokens follow these positions
+            mask[p + 1] = 1
+        rows.append({"input_ids": list(req.tokens), "completion_mask": mask})
     return rows
 
 
-def jaxdm_child(layers: int, budget: int, steps: int, dtype: str) -> dict:
+def jaxdm_child(layers: int, budget: int, steps: int, dtype: str,
+                workload: str = "judge") -> dict:
     import jax
     import jax.numpy as jnp
 
@@ -95,7 +115,7 @@ def jaxdm_child(layers: int, budget: int, steps: int, dtype: str) -> dict:
     from jaxdm.models.smollm2 import smollm2
     from jaxdm.train import packing, sft
     pre = first_layers(smollm2(dtype), layers)
-    its, mode = judge_items(budget)
+    its, mode = workload_items(workload, budget)
     batch, window, full_vocab, stats = packing.pack_items(packing.Encoder(pre, mode), its)
     batch = jax.tree.map(jnp.asarray, batch)
     lcfg = lora.LoraConfig(32, 32.0)
@@ -493,7 +513,8 @@ def grpo_main(args) -> None:
 
 
 def run_child(args, side: str, rows_file: str) -> dict:
-    return child_result(side, [sys.executable, __file__, "--child", side, "--layers",
+    return child_result(side, [sys.executable, __file__, "--workload", args.workload,
+                               "--child", side, "--layers",
                                str(args.layers), "--budget", str(args.budget), "--steps",
                                str(args.steps), "--dtype", args.dtype, "--rows", rows_file])
 
@@ -502,7 +523,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     """The command line, with ``--quick``'s reduced settings applied per workload."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--workload", default="sft", choices=("sft", "grpo"))
+    ap.add_argument("--workload", default="sft", choices=("sft", "tool", "grpo"),
+                    help="sft: the judge trajectory; tool: the 69-option DECISION GYM tool "
+                         "question; grpo: one GRPO iteration")
     ap.add_argument("--child", choices=("jaxdm", "trl", "jaxdm_multiturn"),
                     help=argparse.SUPPRESS)
     ap.add_argument("--layers", type=int, default=30)
@@ -542,7 +565,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--group must be >= 2 (GRPO normalises within a group)")
     if args.warmup < 0:
         ap.error("--warmup must be >= 0")
-    if args.quick and args.workload == "sft":
+    if args.quick and args.workload in ("sft", "tool"):
         args.layers, args.budget, args.steps, args.rounds = 4, 12, 5, 1
     elif args.quick:
         args.layers, args.prompts, args.group, args.completion_tokens = 2, 1, 2, 8
@@ -562,7 +585,8 @@ def main(argv=None):
         print("CHILD " + json.dumps(got), flush=True)
         return
     if args.child:
-        got = (jaxdm_child(args.layers, args.budget, args.steps, args.dtype)
+        got = (jaxdm_child(args.layers, args.budget, args.steps, args.dtype,
+                           "judge" if args.workload == "sft" else args.workload)
                if args.child == "jaxdm" else
                trl_child(args.layers, args.rows, args.steps, args.dtype))
         print("CHILD " + json.dumps(got), flush=True)
@@ -570,28 +594,36 @@ def main(argv=None):
     runs: dict[str, list[dict]] = {"trl": [], "jaxdm": []}
     with tempfile.TemporaryDirectory() as tmp:
         rows_file = str(Path(tmp) / "trl_rows.json")
-        Path(rows_file).write_text(json.dumps(trl_rows(args.budget)))
+        workload = "judge" if args.workload == "sft" else args.workload
+        Path(rows_file).write_text(json.dumps(trl_rows(args.budget, workload)))
         for _ in range(args.rounds):
             for side in runs:  # alternated: the machine's load hits both alike
                 runs[side].append(run_child(args, side, rows_file))
     ok = {s: [r for r in rs if "step_s" in r] for s, rs in runs.items()}
     if not all(ok.values()):
-        print("RESULT train_judge_questions_per_s: a side failed; see the lines above")
+        print(f"RESULT train_{workload}_questions_per_s: a side failed; see the lines above")
         return
     med = {s: {k: statistics.median(r[k] for r in rs)
-               for k in ("questions_per_s", "tokens_per_s", "peak_rss_gb")}
+               for k in ("questions_per_s", "tokens_per_s", "peak_rss_gb", "step_s")}
            for s, rs in ok.items()}
     t, j = med["trl"], med["jaxdm"]
-    what = (f"{args.layers} layers, {args.dtype}, {ok['jaxdm'][0]['questions']}-question judge "
-            f"trajectory; tokens per question {ok['trl'][0]['tokens']:.0f} (TRL) vs "
-            f"{ok['jaxdm'][0]['tokens'] / ok['jaxdm'][0]['questions']:.1f} (jaxdm)")
-    print(f"RESULT train_judge_questions_per_s: baseline {t['questions_per_s']:.3f}, jaxdm "
+    if workload == "tool":
+        what = (f"{args.layers} layers, {args.dtype}, the 69-option DECISION GYM tool question; "
+                f"objectives differ: TRL trains prompt + correct option ({ok['trl'][0]['tokens']:.0f}"
+                f" tokens, CE on its tokens), train-dm the whole option distribution (CE + 0.5 SE "
+                f"over 69 option likelihoods, {ok['jaxdm'][0]['tokens']} tokens packed); step s "
+                f"TRL {t['step_s']:.2f}, jaxdm {j['step_s']:.2f}")
+    else:
+        what = (f"{args.layers} layers, {args.dtype}, {ok['jaxdm'][0]['questions']}-question "
+                f"judge trajectory; tokens per question {ok['trl'][0]['tokens']:.0f} (TRL) vs "
+                f"{ok['jaxdm'][0]['tokens'] / ok['jaxdm'][0]['questions']:.1f} (jaxdm)")
+    print(f"RESULT train_{workload}_questions_per_s: baseline {t['questions_per_s']:.3f}, jaxdm "
           f"{j['questions_per_s']:.3f}, ratio {j['questions_per_s'] / t['questions_per_s']:.1f}x "
           f"(TRL SFTTrainer + PEFT LoRA vs train-dm, {what})")
-    print(f"RESULT train_judge_tokens_per_s: baseline {t['tokens_per_s']:.0f}, jaxdm "
+    print(f"RESULT train_{workload}_tokens_per_s: baseline {t['tokens_per_s']:.0f}, jaxdm "
           f"{j['tokens_per_s']:.0f}, ratio {j['tokens_per_s'] / t['tokens_per_s']:.2f}x "
           "(tokens run per second)")
-    print(f"RESULT train_judge_peak_rss: baseline {t['peak_rss_gb']:.2f} GiB, jaxdm "
+    print(f"RESULT train_{workload}_peak_rss: baseline {t['peak_rss_gb']:.2f} GiB, jaxdm "
           f"{j['peak_rss_gb']:.2f} GiB, ratio {t['peak_rss_gb'] / j['peak_rss_gb']:.2f}x "
           "(each side's own process)")
 

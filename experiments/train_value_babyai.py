@@ -95,7 +95,7 @@ def train(out: Path, args) -> dict:
                         lr=args.lr, lora_rank=args.rank, lora_alpha=float(args.rank),
                         save_every=args.save_every, max_steps=args.max_steps, seed=args.seed,
                         adapter_dtype="float16", q_bucket=8, min_trunk=args.min_trunk,
-                        progress=not args.no_progress)
+                        dtype=args.dtype, progress=not args.no_progress)
     return run_train(cfg)
 
 
@@ -213,6 +213,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--min-trunk", type=int, default=1024)
     ap.add_argument("--save-every", type=int, default=8)
     ap.add_argument("--seed", type=int, default=3)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="the frozen weights' precision in training (bfloat16: mixed precision, "
+                         "fp32 adapters and optimiser; ~1.6x faster on a CPU with AMX)")
     ap.add_argument("--quick", action="store_true", help="tiny smoke run")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)

@@ -120,3 +120,23 @@ def test_grpo_config_is_a_valid_trainer_config(tt):
                                                          out_dir="/tmp/x", model_path="m"))
     assert multi.max_actions == 3 and multi.env.kwargs["max_steps"] == 3
     assert multi.policy.history == 2 and multi.algo.mini_batch == 8
+
+
+def test_tool_workload_trains_the_correct_option_on_trl(tt):
+    """--workload tool: our step gets the 69-option DECISION GYM question; TRL's row is our
+    prompt + the correct option's tokens (its likelihood request), the loss mask on exactly
+    those option tokens."""
+    from jaxdm.models.smollm2 import smollm2
+    from jaxdm.train import packing
+    assert tt.parse_args(["--workload", "tool", "--quick"]).layers == 4
+    (item,), mode = tt.workload_items("tool", 30)
+    assert mode == "likelihood" and item.n_options == 69
+    (row,) = tt.trl_rows(30, "tool")
+    reqs, how = packing.Encoder(smollm2(), mode).requests(item)
+    want = reqs[item.answer[0]]
+    assert how == "likelihood" and row["input_ids"] == list(want.tokens)
+    marked = [i for i, m in enumerate(row["completion_mask"]) if m]
+    assert marked == [p + 1 for p in want.answer_positions]
+    assert marked[-1] == len(row["input_ids"]) - 1       # the option ends the sequence
+    judge = tt.trl_rows(12)
+    assert all(r["completion_mask"][-1] == 1 and sum(r["completion_mask"]) == 1 for r in judge)
