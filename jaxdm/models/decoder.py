@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdm.models.cpu import dispatch as cpu_dispatch, matmul as cpu_matmul, scan as cpu_scan
+from jaxdm.models.cpu import dispatch as cpu_dispatch, scan as cpu_scan
 from jaxdm.models.config import ModelConfig
 
 Params = dict[str, Any]
@@ -161,11 +161,7 @@ def _mm(spec: str, x: jax.Array, w: "jax.Array | cpu_scan.LayerOf | Adapted",
     computes every row (nothing reads the others)."""
     if isinstance(w, Adapted):
         return w.project(spec, x, valid)
-    x = x.astype(w.dtype)
-    if (jnp.dtype(w.dtype) != jnp.float32 and not isinstance(w, cpu_scan.LayerOf)
-            and cpu_dispatch.as_matmul(spec, x.shape, w.shape) is not None):
-        return _low_precision_project(spec, x, w, valid)
-    return _project(spec, x, w, valid)
+    return _project(spec, x.astype(w.dtype), w, valid)
 
 
 def _einsum(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
@@ -174,41 +170,6 @@ def _einsum(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
 
 
 _project = cpu_dispatch.projection(_einsum)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _low_precision_project(spec: str, x: jax.Array, w: jax.Array,
-                           valid: jax.Array | None) -> jax.Array:
-    """``_project`` of low-precision (bf16) x and w -> fp32, whose backward pass multiplies
-    in the weights' precision: the fp32 cotangent g is rounded to w's dtype before
-    dx = g·wᵀ and dw = xᵀ·g (fp32 accumulation), as mixed-precision training does (torch
-    autocast's bf16 gradients). Autodiff of the fp32-output product would multiply the fp32
-    cotangent by w upcast to fp32: on an AMX CPU 3.5x slower than the bf16 product (the
-    bf16 judge SFT step spent most of its time there). The forward is ``_project``'s (the
-    matmul kernel where it is on); rows ``valid`` leaves out get no gradient (their outputs
-    are constants there)."""
-    return _project(spec, x, w, valid)
-
-
-def _low_precision_fwd(spec, x, w, valid):
-    return _project(spec, x, w, valid), (x, w, valid)
-
-
-def _low_precision_bwd(spec, res, g):
-    x, w, valid = res
-    x_shape, (k, n), _ = cpu_dispatch.as_matmul(spec, x.shape, w.shape)
-    g = g.reshape(x_shape[:-1] + (n,))
-    if valid is not None:
-        g = cpu_matmul.zero_skipped_rows(g, valid)
-    g = g.astype(w.dtype)
-    w2, x2 = w.reshape(k, n), x.reshape(x_shape)
-    dx = jnp.einsum("...N,KN->...K", g, w2, preferred_element_type=jnp.float32)
-    dw = jnp.einsum("...K,...N->KN", x2, g, preferred_element_type=jnp.float32)
-    return (dx.astype(x.dtype).reshape(x.shape), dw.astype(w.dtype).reshape(w.shape),
-            None if valid is None else np.zeros(valid.shape, jax.dtypes.float0))
-
-
-_low_precision_project.defvjp(_low_precision_fwd, _low_precision_bwd)
 
 
 def _queries(lp: Params, config: ModelConfig, h: jax.Array, cos: jax.Array, sin: jax.Array,
@@ -660,16 +621,12 @@ class Adapted:
         if plan is None:
             raise ValueError(f"Adapted: {spec} is not one matmul over the weight's leading "
                              "axes")
-        if isinstance(self.base, cpu_scan.LayerOf) or self.a.ndim != 2:
-            x_shape, _, out_shape = plan
-            out = _mm(spec, x, self.base, valid)
-            low = jnp.matmul(x.reshape(x_shape).astype(self.a.dtype), self.a,
-                             preferred_element_type=jnp.float32)
-            low = jnp.matmul(low.astype(self.b.dtype), self.b,
-                             preferred_element_type=jnp.float32)
-            return out + self.scale * low.reshape(out_shape)
-        return _adapted_project(spec, self.scale, x.astype(self.base.dtype), self.base,
-                                self.a, self.b, valid)
+        x_shape, _, out_shape = plan
+        out = _mm(spec, x, self.base, valid)
+        low = jnp.matmul(x.reshape(x_shape).astype(self.a.dtype), self.a,
+                         preferred_element_type=jnp.float32)
+        low = jnp.matmul(low.astype(self.b.dtype), self.b, preferred_element_type=jnp.float32)
+        return out + self.scale * low.reshape(out_shape)
 
     def tree_flatten(self):
         """Pytree children (base, A, B); the scale is static."""
@@ -679,51 +636,6 @@ class Adapted:
     def tree_unflatten(cls, scale, children):
         """The inverse of ``tree_flatten``."""
         return cls(*children, scale)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _adapted_project(spec: str, scale: float, x: jax.Array, base: jax.Array, a: jax.Array,
-                     b: jax.Array, valid: jax.Array | None) -> jax.Array:
-    """``Adapted.project`` of one layer's weight (x in base's dtype): x·W + scale·(x·A)·B
-    -> fp32, with products in x's precision (A and B rounded to it, fp32 accumulation; a
-    no-op for fp32). Its own backward pass: no cotangent of the frozen W; dx = g·Wᵀ +
-    (scale·g·Bᵀ)·Aᵀ, dB = scale·(x·A)ᵀ·g, and dA computed as ((scale·g·Bᵀ)ᵀ·x)ᵀ so the
-    activations x [rows, I] are read in place (autodiff's xᵀ·(...) had XLA:CPU transpose x
-    in fp32 for every projection: ~12 % of a LoRA step), all with g rounded to x's dtype
-    (``_low_precision_project``'s reason)."""
-    return _adapted_fwd(spec, scale, x, base, a, b, valid)[0]
-
-
-def _adapted_fwd(spec, scale, x, base, a, b, valid):
-    x_shape, _, out_shape = cpu_dispatch.as_matmul(spec, x.shape, base.shape)
-    xa = jnp.matmul(x.reshape(x_shape), a.astype(x.dtype), preferred_element_type=jnp.float32)
-    low = jnp.matmul(xa.astype(x.dtype), b.astype(x.dtype), preferred_element_type=jnp.float32)
-    out = _project(spec, x, base, valid) + scale * low.reshape(out_shape)
-    return out, (x, base, a, b, xa, valid)
-
-
-def _adapted_bwd(spec, scale, res, g):
-    x, base, a, b, xa, valid = res
-    x_shape, (k, n), _ = cpu_dispatch.as_matmul(spec, x.shape, base.shape)
-    g = g.reshape(x_shape[:-1] + (n,))
-    if valid is not None:
-        g = cpu_matmul.zero_skipped_rows(g, valid)
-    g = g.astype(x.dtype)
-    x2 = x.reshape(-1, k)
-    f32 = jnp.float32
-    dxa = scale * jnp.einsum("...N,RN->...R", g, b.astype(x.dtype), preferred_element_type=f32)
-    dxa = dxa.astype(x.dtype)
-    db = scale * jnp.einsum("MR,MN->RN", xa.reshape(-1, xa.shape[-1]).astype(x.dtype),
-                            g.reshape(-1, n), preferred_element_type=f32)
-    da = jnp.einsum("MR,MK->RK", dxa.reshape(-1, dxa.shape[-1]), x2,
-                    preferred_element_type=f32).T
-    dx = (jnp.einsum("...N,KN->...K", g, base.reshape(k, n), preferred_element_type=f32)
-          + jnp.einsum("...R,KR->...K", dxa, a.astype(x.dtype), preferred_element_type=f32))
-    return (dx.astype(x.dtype).reshape(x.shape), None, da.astype(a.dtype), db.astype(b.dtype),
-            None if valid is None else np.zeros(valid.shape, jax.dtypes.float0))
-
-
-_adapted_project.defvjp(_adapted_fwd, _adapted_bwd)
 
 
 def _maybe_remat(layer: Any, config: ModelConfig) -> Any:
