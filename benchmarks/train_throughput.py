@@ -565,6 +565,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--group must be >= 2 (GRPO normalises within a group)")
     if args.warmup < 0:
         ap.error("--warmup must be >= 0")
+    args.items = "judge" if args.workload == "sft" else args.workload  # SFT items to train
     if args.quick and args.workload in ("sft", "tool"):
         args.layers, args.budget, args.steps, args.rounds = 4, 12, 5, 1
     elif args.quick:
@@ -585,8 +586,7 @@ def main(argv=None):
         print("CHILD " + json.dumps(got), flush=True)
         return
     if args.child:
-        got = (jaxdm_child(args.layers, args.budget, args.steps, args.dtype,
-                           "judge" if args.workload == "sft" else args.workload)
+        got = (jaxdm_child(args.layers, args.budget, args.steps, args.dtype, args.items)
                if args.child == "jaxdm" else
                trl_child(args.layers, args.rows, args.steps, args.dtype))
         print("CHILD " + json.dumps(got), flush=True)
@@ -594,11 +594,11 @@ def main(argv=None):
     runs: dict[str, list[dict]] = {"trl": [], "jaxdm": []}
     with tempfile.TemporaryDirectory() as tmp:
         rows_file = str(Path(tmp) / "trl_rows.json")
-        workload = "judge" if args.workload == "sft" else args.workload
-        Path(rows_file).write_text(json.dumps(trl_rows(args.budget, workload)))
+        Path(rows_file).write_text(json.dumps(trl_rows(args.budget, args.items)))
         for _ in range(args.rounds):
             for side in runs:  # alternated: the machine's load hits both alike
                 runs[side].append(run_child(args, side, rows_file))
+    workload = args.items
     ok = {s: [r for r in rs if "step_s" in r] for s, rs in runs.items()}
     if not all(ok.values()):
         print(f"RESULT train_{workload}_questions_per_s: a side failed; see the lines above")

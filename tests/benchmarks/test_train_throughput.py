@@ -128,7 +128,9 @@ def test_tool_workload_trains_the_correct_option_on_trl(tt):
     those option tokens."""
     from jaxdm.models.smollm2 import smollm2
     from jaxdm.train import packing
-    assert tt.parse_args(["--workload", "tool", "--quick"]).layers == 4
+    quick = tt.parse_args(["--workload", "tool", "--quick"])
+    assert (quick.layers, quick.items) == (4, "tool")
+    assert tt.parse_args([]).items == "judge"
     (item,), mode = tt.workload_items("tool", 30)
     assert mode == "likelihood" and item.n_options == 69
     (row,) = tt.trl_rows(30, "tool")
