@@ -38,7 +38,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdm.models.cpu import dispatch as cpu_dispatch, scan as cpu_scan
+from jaxdm.models.cpu import dispatch as cpu_dispatch, linear as cpu_linear, \
+    matmul as cpu_matmul, scan as cpu_scan
 from jaxdm.models.config import ModelConfig
 
 Params = dict[str, Any]
@@ -615,18 +616,23 @@ class Adapted:
 
     def project(self, spec: str, x: jax.Array, valid: jax.Array | None = None) -> jax.Array:
         """``einsum(spec, x, W + scale·A·B)`` without forming W + scale·A·B: the base product
-        (the CPU kernel where it applies) plus ``scale · (x A) B`` in fp32; ``spec`` must be one
-        matmul over the weight's leading axes (else ValueError)."""
+        (the CPU kernel where it applies) plus ``scale · (x A) B`` (``_low_rank``: products in
+        the weight's precision, fp32 accumulation); ``spec`` must be one matmul over the
+        weight's leading axes (else ValueError)."""
         plan = cpu_dispatch.as_matmul(spec, x.shape, self.shape)
         if plan is None:
             raise ValueError(f"Adapted: {spec} is not one matmul over the weight's leading "
                              "axes")
         x_shape, _, out_shape = plan
         out = _mm(spec, x, self.base, valid)
-        low = jnp.matmul(x.reshape(x_shape).astype(self.a.dtype), self.a,
-                         preferred_element_type=jnp.float32)
-        low = jnp.matmul(low.astype(self.b.dtype), self.b, preferred_element_type=jnp.float32)
-        return out + self.scale * low.reshape(out_shape)
+        x = x.reshape(x_shape).astype(self.base.dtype)
+        if self.a.ndim != 2:  # stacked factors (not the layer loop's slices)
+            low = jnp.matmul(x.astype(self.a.dtype), self.a, preferred_element_type=jnp.float32)
+            low = jnp.matmul(low.astype(self.b.dtype), self.b,
+                             preferred_element_type=jnp.float32)
+            return out + self.scale * low.reshape(out_shape)
+        low = _low_rank(self.scale, x, self.a, self.b, _rows(valid))
+        return out + low.reshape(out_shape)
 
     def tree_flatten(self):
         """Pytree children (base, A, B); the scale is static."""
@@ -636,6 +642,78 @@ class Adapted:
     def tree_unflatten(cls, scale, children):
         """The inverse of ``tree_flatten``."""
         return cls(*children, scale)
+
+
+def _rows(valid: jax.Array | None) -> jax.Array:
+    """valid as ``cpu_matmul.zero_skipped_rows`` takes it (empty: every row)."""
+    return jnp.zeros((0,), jnp.int32) if valid is None else jnp.asarray(valid, jnp.int32)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _low_rank(scale: float, x: jax.Array, a: jax.Array, b: jax.Array,
+              valid: jax.Array) -> jax.Array:
+    """LoRA's update scale·(x·A)·B -> fp32 for x [..., I] (a layer's activations in the
+    frozen weight's dtype), a [I, r], b [r, O]: products in x's precision (A and B rounded to
+    it, fp32 accumulation; a no-op for fp32). Its tangent's transpose (``cpu.linear``) is
+    the backward pass autodiff would not write: the cotangent rounded to x's dtype, skipped
+    rows (valid) zero, dA computed as ((s·g·Bᵀ)ᵀ·x)ᵀ so x is read in place (autodiff's xᵀ·(…)
+    had XLA:CPU transpose the activations in fp32 for every projection: ~12 % of a LoRA
+    step on the Xeon, 2026-12-07)."""
+    xa = jnp.matmul(x, a.astype(x.dtype), preferred_element_type=jnp.float32)
+    return scale * jnp.matmul(xa.astype(x.dtype), b.astype(x.dtype),
+                              preferred_element_type=jnp.float32)
+
+
+def _low_rank_jvp(scale, primals, tangents):
+    x, a, b, valid = primals
+    dx, da, db = (None if isinstance(t, jax.custom_derivatives.SymbolicZero) else t
+                  for t in tangents[:3])
+    xa = jnp.matmul(x, a.astype(x.dtype), preferred_element_type=jnp.float32)
+    out = scale * jnp.matmul(xa.astype(x.dtype), b.astype(x.dtype),
+                             preferred_element_type=jnp.float32)
+    if dx is None and da is None and db is None:
+        return out, jnp.zeros_like(out)
+    f32, dt = jnp.float32, x.dtype
+    rows, rank = math.prod(x.shape[:-1]), a.shape[-1]
+
+    def mm(u, v):
+        return jnp.matmul(u.astype(dt), v.astype(dt), preferred_element_type=f32)
+
+    def through_b(g, b, valid):
+        """s·g·Bᵀ in x's dtype, g rounded to it with skipped rows zero."""
+        g = cpu_matmul.zero_skipped_rows(g, valid).astype(dt)
+        return (scale * jnp.einsum("...N,RN->...R", g, b.astype(dt),
+                                   preferred_element_type=f32)).astype(dt)
+
+    # One linear map per linear input (``cpu_matmul._tangent``'s reason); what a map reads
+    # besides its linear input comes in as residuals (a map must not close over tracers).
+    skip = cpu_matmul.zero_skipped_rows
+    terms = []
+    if dx is not None:
+        terms.append(cpu_linear.linear_map(
+            lambda r, dx: skip(scale * mm(mm(dx, r[0]), r[1]), r[2]),
+            lambda r, g: jnp.einsum("...R,KR->...K", through_b(g, r[1], r[2]),
+                                    r[0].astype(dt), preferred_element_type=f32).astype(dt),
+            (a, b, valid), dx))
+    if da is not None:
+        terms.append(cpu_linear.linear_map(
+            lambda r, da: skip(scale * mm(mm(r[0], da), r[1]), r[2]),
+            lambda r, g: jnp.einsum("MR,MK->RK", through_b(g, r[1], r[2]).reshape(rows, rank),
+                                    r[0].reshape(rows, -1),
+                                    preferred_element_type=f32).T.astype(a.dtype),
+            (x, b, valid), da))
+    if db is not None:
+        terms.append(cpu_linear.linear_map(
+            lambda r, db: skip(scale * mm(r[0], db), r[1]),
+            lambda r, g: (scale * jnp.einsum(
+                "MR,MN->RN", r[0].reshape(rows, rank).astype(dt),
+                skip(g, r[1]).astype(dt).reshape(rows, -1),
+                preferred_element_type=f32)).astype(b.dtype),
+            (xa, valid), db))
+    return out, functools.reduce(jnp.add, terms)
+
+
+_low_rank.defjvp(_low_rank_jvp, symbolic_zeros=True)
 
 
 def _maybe_remat(layer: Any, config: ModelConfig) -> Any:
