@@ -449,7 +449,10 @@ def segment_attention_vjp(q, k, v, out, dout, slot, seg, sees, kseg, need, *,
     dk += dSᵀ·q / √H. fp32 softmax and accumulation; the products take q's precision: with
     bf16 q, k, v the operands (dout, P and dS rounded to bf16) are bf16 as in FlashAttention's
     bf16 backward (XLA:CPU's fp32 products were 3-5x slower on AMX), with fp32 q, k, v
-    everything is fp32. Pure, so it runs on every platform."""
+    everything is fp32. dk and dv sum over the query rows, a form XLA:CPU runs 4-9x slower
+    than the others: ``cpu_matmul.contract_rows`` runs them on the matmul kernel where it is on
+    (bf16 judge SFT step on the Xeon with AMX 7.6 -> 6.5 s, 2026-12-07). Pure, so it runs on
+    every platform."""
     b, sq, kh, g, hd = q.shape
     t = k.shape[1]
     scale = 1.0 / math.sqrt(hd)
@@ -483,8 +486,12 @@ def segment_attention_vjp(q, k, v, out, dout, slot, seg, sees, kseg, need, *,
             p = jax.nn.softmax(logits, axis=-1).reshape(b, g * nq, -1)   # [B, G*q, n]
             ds = op(p * (dot("BRH,BNH->BRN", op(do), vb) - delta))
             dq_heads.append(dot("BRN,BNH->BRH", ds, kb).reshape(b, g, nq, hd) * scale)
-            dk_heads.append(dot("BRN,BRH->BNH", ds, qh) * scale)
-            dv_heads.append(dot("BRN,BRH->BNH", op(p), op(do)))
+            # dk, dv sum over the query rows: XLA:CPU's slow form (``contract_rows``)
+            dk_heads.append(jnp.stack([cpu_matmul.contract_rows(ds[i], qh[i])
+                                       for i in range(b)]) * scale)
+            pb, dob = op(p), op(do)
+            dv_heads.append(jnp.stack([cpu_matmul.contract_rows(pb[i], dob[i])
+                                       for i in range(b)]))
         dq = jnp.transpose(jnp.stack(dq_heads, axis=1), (0, 3, 1, 2, 4))  # [B, q, K, G, H]
         dkb, dvb = jnp.stack(dk_heads, axis=2), jnp.stack(dv_heads, axis=2)  # [B, n, K, H]
         at = 0

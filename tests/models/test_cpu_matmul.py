@@ -171,6 +171,25 @@ def test_derivatives_are_xla_s(kernel_on):
                                    rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("r,n,h", [(96, 64, 64), (768, 416, 64), (100, 64, 64), (96, 70, 64)])
+def test_contract_rows_is_the_transposed_product(dtype, r, n, h):
+    # aᵀ·b summed over rows: on the kernel as (bᵀ·a)ᵀ where R and N are multiples of 32
+    # (the first two shapes), XLA's einsum otherwise; both the exact product to rounding
+    rng = np.random.default_rng(5)
+    a = jnp.asarray(rng.normal(size=(r, n)), dtype)
+    b = jnp.asarray(rng.normal(size=(r, h)) / np.sqrt(r), dtype)
+    got = jax.jit(cpu_matmul.contract_rows)(a, b)
+    assert got.shape == (n, h) and got.dtype == jnp.float32
+    exact = np.asarray(a, np.float64).T @ np.asarray(b, np.float64)
+    np.testing.assert_allclose(np.asarray(got), exact, rtol=1e-4, atol=1e-4)
+    if r % 32 == 0 and n % 32 == 0 and cpu_matmul.enabled(dtype):
+        text = jax.jit(cpu_matmul.contract_rows).lower(a, b).as_text()
+        assert "custom_call" in text          # the kernel ran, not XLA's slow form
+    with pytest.raises(ValueError, match="contract_rows takes"):
+        cpu_matmul.contract_rows(a, b[:-1])
+
+
 def test_supports_only_what_the_kernel_takes():
     rows = cpu_matmul.MIN_ROWS[jnp.dtype(jnp.bfloat16)]
     x, w = _operands(rows, 64, 64)
