@@ -93,7 +93,8 @@ def sft(out: Path, args, progress: bool) -> tuple[dict, Path]:
     summary = train(TrainDMConfig(data=str(out / "train_states.jsonl"), model=args.model,
                                   out_dir=str(out / "run"), mode="likelihood",
                                   epochs=args.epochs, max_steps=args.max_steps,
-                                  save_every=10, progress=progress, export=True))
+                                  save_every=10, progress=progress, export=True,
+                                  dtype=args.dtype))
     if "model" in summary:  # the run finished its epochs: train-dm merged and exported
         return summary, Path(summary["model"])
     pre = load_adapted(summary["adapter"])
@@ -157,7 +158,7 @@ def _save(out: Path, result: dict) -> None:
 # The options each stage's results depend on (SFT: also its data's; bench and CASCADE: also
 # the recorded settings of the SFT stage whose model they evaluate, see Stages.settings).
 DATA_ARGS = ("train_tasks", "train_states", "train_kinds", "whole_states", "error_rate")
-STAGE_ARGS = {"data": DATA_ARGS, "sft": DATA_ARGS + ("model", "epochs", "max_steps"),
+STAGE_ARGS = {"data": DATA_ARGS, "sft": DATA_ARGS + ("model", "epochs", "max_steps", "dtype"),
               "bench": ("model", "test_tasks", "test_states", "l1", "l3_envs", "l3_tasks",
                         "l3_max_steps"),
               "cascade": ("model", "cascade_points", "shadow_tasks", "cascade_tasks",
@@ -198,6 +199,8 @@ class Stages:
     def settings(self, stage: str) -> dict:
         kind = stage.partition("/")[0]
         now = {k: getattr(self.args, k) for k in STAGE_ARGS[kind]}
+        if now.get("dtype") == "float32":  # the default: runs recorded before --dtype match
+            del now["dtype"]
         if kind in ("bench", "cascade"):   # the trained model they evaluate
             now["sft"] = (self.records.get("sft") or {}).get("settings")
         return now
@@ -309,6 +312,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--error-rate", type=float, default=0.25)
     ap.add_argument("--max-steps", type=int, default=40)
     ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="the frozen weights' precision in training (bfloat16: mixed "
+                         "precision, fp32 adapters; pick by measurement on your CPU)")
     ap.add_argument("--test-tasks", type=int, default=6)
     ap.add_argument("--test-states", type=int, default=6)
     ap.add_argument("--l1", type=int, default=20, help="L1 tool and parameter items each")
