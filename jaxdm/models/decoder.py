@@ -632,13 +632,13 @@ class Adapted:
                              "axes")
         x_shape, _, out_shape = plan
         out = _mm(spec, x, self.base, valid)
-        x = x.reshape(x_shape).astype(self.base.dtype)
+        x = x.reshape(x_shape)
         if self.a.ndim != 2:  # stacked factors (not the layer loop's slices)
             low = jnp.matmul(x.astype(self.a.dtype), self.a, preferred_element_type=jnp.float32)
             low = jnp.matmul(low.astype(self.b.dtype), self.b,
                              preferred_element_type=jnp.float32)
             return out + self.scale * low.reshape(out_shape)
-        low = _low_rank(self.scale, x, self.a, self.b, _rows(valid))
+        low = _low_rank(self.scale, x.astype(self.base.dtype), self.a, self.b, _rows(valid))
         return out + low.reshape(out_shape)
 
     def tree_flatten(self):
