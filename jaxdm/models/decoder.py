@@ -486,7 +486,8 @@ def segment_attention_vjp(q, k, v, out, dout, slot, seg, sees, kseg, need, *,
             p = jax.nn.softmax(logits, axis=-1).reshape(b, g * nq, -1)   # [B, G*q, n]
             ds = op(p * (dot("BRH,BNH->BRN", op(do), vb) - delta))
             dq_heads.append(dot("BRN,BNH->BRH", ds, kb).reshape(b, g, nq, hd) * scale)
-            # dk, dv sum over the query rows: XLA:CPU's slow form (``contract_rows``)
+            # dk, dv sum over the query rows: XLA:CPU's slow form (``contract_rows``), one
+            # kernel call per row (the kernel takes one weight; vmap would fall back to XLA)
             dk_heads.append(jnp.stack([cpu_matmul.contract_rows(ds[i], qh[i])
                                        for i in range(b)]) * scale)
             pb, dob = op(p), op(do)
@@ -638,7 +639,8 @@ class Adapted:
             low = jnp.matmul(low.astype(self.b.dtype), self.b,
                              preferred_element_type=jnp.float32)
             return out + self.scale * low.reshape(out_shape)
-        low = _low_rank(self.scale, x.astype(self.base.dtype), self.a, self.b, _rows(valid))
+        low = _low_rank(self.scale, x.astype(self.base.dtype), self.a, self.b,
+                        cpu_matmul.valid_rows(valid))
         return out + low.reshape(out_shape)
 
     def tree_flatten(self):
@@ -651,11 +653,6 @@ class Adapted:
         return cls(*children, scale)
 
 
-def _rows(valid: jax.Array | None) -> jax.Array:
-    """valid as ``cpu_matmul.zero_skipped_rows`` takes it (empty: every row)."""
-    return jnp.zeros((0,), jnp.int32) if valid is None else jnp.asarray(valid, jnp.int32)
-
-
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
 def _low_rank(scale: float, x: jax.Array, a: jax.Array, b: jax.Array,
               valid: jax.Array) -> jax.Array:
@@ -666,18 +663,21 @@ def _low_rank(scale: float, x: jax.Array, a: jax.Array, b: jax.Array,
     rows (valid) zero, dA computed as ((s·g·Bᵀ)ᵀ·x)ᵀ so x is read in place (autodiff's xᵀ·(…)
     had XLA:CPU transpose the activations in fp32 for every projection: ~12 % of a LoRA
     step on the Xeon, 2026-12-07)."""
+    return _low_rank_products(scale, x, a, b)[1]
+
+
+def _low_rank_products(scale, x, a, b):
+    """(x·A, scale·(x·A)·B), both fp32, products in x's precision (``_low_rank``)."""
     xa = jnp.matmul(x, a.astype(x.dtype), preferred_element_type=jnp.float32)
-    return scale * jnp.matmul(xa.astype(x.dtype), b.astype(x.dtype),
-                              preferred_element_type=jnp.float32)
+    return xa, scale * jnp.matmul(xa.astype(x.dtype), b.astype(x.dtype),
+                                  preferred_element_type=jnp.float32)
 
 
 def _low_rank_jvp(scale, primals, tangents):
     x, a, b, valid = primals
     dx, da, db = (None if isinstance(t, jax.custom_derivatives.SymbolicZero) else t
                   for t in tangents[:3])
-    xa = jnp.matmul(x, a.astype(x.dtype), preferred_element_type=jnp.float32)
-    out = scale * jnp.matmul(xa.astype(x.dtype), b.astype(x.dtype),
-                             preferred_element_type=jnp.float32)
+    xa, out = _low_rank_products(scale, x, a, b)
     if dx is None and da is None and db is None:
         return out, jnp.zeros_like(out)
     f32, dt = jnp.float32, x.dtype
@@ -692,7 +692,8 @@ def _low_rank_jvp(scale, primals, tangents):
         return (scale * jnp.einsum("...N,RN->...R", g, b.astype(dt),
                                    preferred_element_type=f32)).astype(dt)
 
-    # One linear map per linear input (``cpu_matmul._tangent``'s reason); what a map reads
+    # One linear map per linear input (a ``lax.cond`` branch may pass one in as an
+    # instantiated zero: see ``cpu.matmul``); what a map reads
     # besides its linear input comes in as residuals (a map must not close over tracers).
     skip = cpu_matmul.zero_skipped_rows
     terms = []

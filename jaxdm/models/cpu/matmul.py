@@ -118,8 +118,9 @@ def _check_operands(x: jax.Array, stack: jax.Array, layer: Any, valid: jax.Array
                          f"{valid.shape} and x {x.shape}")
 
 
-def _valid(valid: Any) -> jax.Array:
-    """valid as the kernel takes it: int32 [B], or empty for every row."""
+def valid_rows(valid: Any) -> jax.Array:
+    """valid as the kernel (and ``zero_skipped_rows``) takes it: int32 [B], or empty for every
+    row (None)."""
     if valid is None:
         return jnp.zeros((0,), jnp.int32)
     valid = jnp.asarray(valid)
@@ -162,7 +163,7 @@ def matmul(x: jax.Array, w: jax.Array, valid: jax.Array | None = None) -> jax.Ar
     valid (int [B], for x [B, ..., K]): only the first valid[b] rows of x[b] (its trailing
     dims but K flattened) are computed; the others' results are zeros (a packed row's padding
     tail costs no products)."""
-    return _product(x, w, jnp.int32(0), _valid(valid))
+    return _product(x, w, jnp.int32(0), valid_rows(valid))
 
 
 def contract_rows(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -191,7 +192,7 @@ def matmul_layer(x: jax.Array, stack: jax.Array, layer: jax.Array,
     of each layer's slice (~1 % of the fp32 readout; issue 17). ``reference_layer`` elsewhere
     and under differentiation (whose transpose is a full-stack update per layer: differentiate
     a loop over sliced weights)."""
-    return _product(x, stack, layer, _valid(valid))
+    return _product(x, stack, layer, valid_rows(valid))
 
 
 @jax.custom_jvp
