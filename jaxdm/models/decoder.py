@@ -446,7 +446,8 @@ def segment_attention_vjp(q, k, v, out, dout, slot, seg, sees, kseg, need, *,
     ``VJP_QUERY_BLOCK`` queries over all keys). Per block: logits over its key ranges (the
     context cut picked at run time as in the forward), probabilities P, then with
     Δ = Σ_h dout·out:  dv += Pᵀ·dout,  dS = P ∘ (dout·vᵀ - Δ),  dq = dS·k / √H,
-    dk += dSᵀ·q / √H. fp32 softmax and accumulation; the products take q's precision: with
+    dk += dSᵀ·q / √H; dS = 0 for a query that sees no key (its output, the mean of the
+    values, does not depend on q or k). fp32 softmax and accumulation; the products take q's precision: with
     bf16 q, k, v the operands (dout, P and dS rounded to bf16) are bf16 as in FlashAttention's
     bf16 backward (XLA:CPU's fp32 products were 3-5x slower on AMX), with fp32 q, k, v
     everything is fp32. dk and dv sum over the query rows, a form XLA:CPU runs 4-9x slower
@@ -474,6 +475,10 @@ def segment_attention_vjp(q, k, v, out, dout, slot, seg, sees, kseg, need, *,
         nq = qe - qs
         mask = jnp.concatenate([mask_fn(qs, qe, a, e) for a, e in ranges], axis=-1)
         bias = jnp.where(mask, 0.0, MASK_VALUE)[:, None]                  # [B, 1, q, n]
+        # a query that sees no key gets the mean of the values, which does not depend on q
+        # or k (autodiff of the masked softmax would differentiate the finite mask bias)
+        seen = jnp.broadcast_to(jnp.any(mask, axis=-1)[:, None], (b, g, nq)).reshape(
+            b, g * nq, 1).astype(jnp.float32)
         rows = lambda a: jnp.transpose(a, (0, 2, 1, 3)).reshape(b, g * nq, hd)  # [B,q,G,H]->
         dq_heads, dk_heads, dv_heads = [], [], []
         for h in range(kh):
@@ -484,7 +489,7 @@ def segment_attention_vjp(q, k, v, out, dout, slot, seg, sees, kseg, need, *,
             delta = jnp.sum(do * rows(out[:, qs:qe, h]), axis=-1, keepdims=True)
             logits = dot("BRH,BNH->BRN", qh, kb).reshape(b, g, nq, -1) * scale + bias
             p = jax.nn.softmax(logits, axis=-1).reshape(b, g * nq, -1)   # [B, G*q, n]
-            ds = op(p * (dot("BRH,BNH->BRN", op(do), vb) - delta))
+            ds = op(p * (dot("BRH,BNH->BRN", op(do), vb) - delta) * seen)
             dq_heads.append(dot("BRN,BNH->BRH", ds, kb).reshape(b, g, nq, hd) * scale)
             # dk, dv sum over the query rows: XLA:CPU's slow form (``contract_rows``), one
             # kernel call per row (the kernel takes one weight; vmap would fall back to XLA)

@@ -67,6 +67,10 @@ def test_gradients_at_read_slots_and_in_bf16():
     q_read = jnp.take_along_axis(q, read[:, :, None, None, None], axis=1)
     w = jnp.asarray(np.random.default_rng(3).normal(size=(b, read.shape[1], 9, 64)),
                     jnp.float32)
+    # slot 111 of row 1 is padding: it sees no key, so its output (the mean of the values)
+    # does not depend on q or k, while autodiff of the reference differentiates the finite
+    # mask bias there; its cotangent is zero here (the kernel test below covers such a query)
+    w = w.at[1, 4].set(0.0).at[1, 10].set(0.0).at[1, 16].set(0.0)
     fn = lambda q, k, v: decoder.attend_segments(q, k, v, read, at(seg), at(sees), seg)  # noqa
     ref = lambda q, k, v: decoder._segment_attention_xla(  # noqa: E731
         q, k, v, read, at(seg), at(sees), seg, at(sees), plan=None)
@@ -111,3 +115,68 @@ def test_the_gradient_holds_one_blocks_probabilities():
     operands = b * s * (kh * g + 2 * kh) * hd * 4     # q, k, v (or their gradients) once
     assert ours <= 8 * block + 8 * operands, (ours, block, operands)
     assert ours < theirs / 2, (ours, theirs)
+
+
+def _grad_kernel_on():
+    if not cpu_attention.segments_grad_enabled():
+        pytest.skip("the attention backward kernel is off here (it needs AMX)")
+
+
+def test_backward_kernel_equals_the_xla_backward_in_bf16():
+    """The AMX backward kernel against ``segment_attention_vjp`` (the same roundings: bf16
+    product operands, fp32 softmax and sums) on rows with contexts, continuations, padding,
+    and a query that sees no key but gets a cotangent (the forward gave it the mean of all
+    values: its gradient goes to every value, none to q or k); at whole rows and at read
+    slots (queries fewer than keys)."""
+    _grad_kernel_on()
+    t, slot, seg, sees, q, k, v, w = _operands(jnp.bfloat16)
+    seg_q, sees_q = seg, sees   # row 1 slot 105 (padding) sees nothing: a cotangent there
+    blind = np.zeros(seg.shape, bool)
+    blind[1, 105] = True
+    w = w.at[1, 105].set(1.0)
+    out = decoder.attend_segments(q, k, v, slot, seg_q, sees_q, seg)
+    dout = w.astype(jnp.bfloat16)
+    args = (q, k, v, out, dout, slot, seg_q, sees_q, seg)
+    want = jax.jit(functools.partial(decoder.segment_attention_vjp, plan=None))(*args, sees_q)
+    got = jax.jit(cpu_attention._segments_grad_kernel)(*args)
+    for name, a, e in zip("qkv", got, want):
+        assert a.shape == e.shape and a.dtype == e.dtype == jnp.bfloat16, name
+        a, e = np.asarray(a, np.float32), np.asarray(e, np.float32)
+        scale = float(np.abs(e).max())
+        assert scale > 0.1, name
+        np.testing.assert_allclose(a, e, atol=4e-3 * scale, err_msg=f"d{name}")
+    assert np.all(np.asarray(got[0], np.float32)[blind] == 0)
+    # read slots: queries at some slots of a row against all its keys
+    read = jnp.asarray([[130, 3, 99, 130, 140, 112] * 3, [0, 119, 124, 125, 111, 50] * 3],
+                       jnp.int32)
+    at = lambda a: jnp.take_along_axis(a, read, axis=1)  # noqa: E731
+    q_read = jnp.take_along_axis(q, read[:, :, None, None, None], axis=1)
+    out = decoder.attend_segments(q_read, k, v, read, at(seg), at(sees), seg)
+    dout = jnp.asarray(np.random.default_rng(5).normal(size=out.shape), jnp.bfloat16)
+    args = (q_read, k, v, out, dout, read, at(seg), at(sees), seg)
+    want = jax.jit(functools.partial(decoder.segment_attention_vjp, plan=None))(*args, at(sees))
+    got = jax.jit(cpu_attention._segments_grad_kernel)(*args)
+    for name, a, e in zip("qkv", got, want):
+        a, e = np.asarray(a, np.float32), np.asarray(e, np.float32)
+        np.testing.assert_allclose(a, e, atol=4e-3 * float(np.abs(e).max()), err_msg=f"d{name}")
+
+
+def test_bf16_training_runs_the_backward_kernel_and_matches_fp32(monkeypatch):
+    """jax.grad of ``attend_segments`` in bf16 calls the backward kernel (not with
+    JAXDM_CPU_AMX=0), and its gradients are the fp32 ones within bf16 rounding."""
+    _grad_kernel_on()
+    t, slot, seg, sees, q, k, v, w = _operands(jnp.float32)
+    plan = decoder.trunk_suffix_plan(seg.shape[1], t, 32, 32, 4)
+    fn = lambda q, k, v: decoder.attend_segments(q, k, v, slot, seg, sees, seg,  # noqa: E731
+                                                 plan=plan)
+    low = [x.astype(jnp.bfloat16) for x in (q, k, v)]
+    loss = lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) * w)  # noqa: E731
+    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(*low).as_text()
+    assert cpu_attention.SEGMENTS_GRAD_KERNEL.target in text
+    for got, exp in zip(_grads(fn, *low, w), _grads(fn, q, k, v, w)):
+        assert got.dtype == jnp.bfloat16
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(exp),
+                                   atol=3e-2 * float(jnp.max(jnp.abs(exp))))
+    monkeypatch.setenv("JAXDM_CPU_AMX", "0")
+    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(*low).as_text()
+    assert cpu_attention.SEGMENTS_GRAD_KERNEL.target not in text

@@ -201,6 +201,15 @@ ATTENTION_SEGMENTS = Kernel("cpu_attention_segments", "JAXDM_CPU_ATTENTION",
                             ("avx512f", "avx512bw", "avx512vl"),
                             what="fused CPU attention kernel (segment masks)",
                             instead="XLA's attention")
+# The same source and switch as ATTENTION: the segment rule's backward pass (bf16, head dim
+# 64, AMX tiles only; elsewhere XLA's backward, decoder.segment_attention_vjp, runs).
+ATTENTION_SEGMENTS_GRAD = Kernel("cpu_attention_segments_grad", "JAXDM_CPU_ATTENTION",
+                                 "jaxdm_cpu_attention_segments_grad",
+                                 "JaxdmCpuAttentionSegmentsGrad",
+                                 ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_bf16",
+                                  "amx_tile"),
+                                 what="fused CPU attention backward kernel (segment masks)",
+                                 instead="XLA's attention backward")
 MATMUL = Kernel("cpu_matmul", "JAXDM_CPU_MATMUL", "jaxdm_cpu_matmul", "JaxdmCpuMatmul",
                 ("avx512f", "avx512bw", "avx512vl", "avx512_bf16"),
                 what="bf16 matmul kernel", instead="XLA's dot")
@@ -210,7 +219,8 @@ MATMUL_F32 = Kernel("cpu_matmul_f32", "JAXDM_CPU_MATMUL", "jaxdm_cpu_matmul_f32"
                     what="fp32 matmul kernel", instead="XLA's dot")
 # Every kernel by name (its status line, the programs' fingerprint).
 KERNELS: Registry[Kernel] = Registry("CPU kernel")
-for _kernel in (ATTENTION, ATTENTION_SEGMENTS, MATMUL, MATMUL_F32):
+for _kernel in (ATTENTION, ATTENTION_SEGMENTS, ATTENTION_SEGMENTS_GRAD, MATMUL,
+                MATMUL_F32):
     KERNELS.register(_kernel.name, _kernel)
 
 

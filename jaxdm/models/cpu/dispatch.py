@@ -10,7 +10,8 @@ platform, differentiable) and calls what comes back; the choice is made when tra
   it takes the operands and is on; else ``reference``.
 - ``segment_attention(reference, backward)``: ``attend(plan, q, k, v, slot, seg, sees, kseg,
   need)`` under the segment rule, the kernel's forward where it is on, differentiated by
-  ``backward`` (a custom VJP: the forward keeps q, k, v and the output only).
+  ``backward`` or, in bf16 on AMX, the backward kernel (a custom VJP: the forward keeps q, k,
+  v and the output only).
 
 On other platforms the kernels' own ``lax.platform_dependent`` runs the reference, and under
 differentiation (forward mode) their custom JVPs do.
@@ -91,8 +92,10 @@ def segment_attention(reference: Callable, backward: Callable) -> Callable:
     the segment rule as ``reference(q, k, v, slot, seg, sees, kseg, need, plan=plan)`` computes
     it (plan static), on the segment-rule kernel where ``cpu_attention.supports_segments`` the
     operands and it is on, else ``reference``. Differentiable with respect to q, k, v by
-    ``backward(q, k, v, out, dout, slot, seg, sees, kseg, need, plan=plan)`` -> (dq, dk, dv):
-    the forward keeps only q, k, v and the output (training runs the kernel's forward too)."""
+    ``backward(q, k, v, out, dout, slot, seg, sees, kseg, need, plan=plan)`` -> (dq, dk, dv),
+    or by the backward kernel where ``cpu_attention.supports_segments_grad`` the operands and
+    it is on (bf16 on AMX): the forward keeps only q, k, v and the output (training runs the
+    kernel's forward too)."""
 
     @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
     def attend(plan, q, k, v, slot, seg, sees, kseg, need):
@@ -107,7 +110,10 @@ def segment_attention(reference: Callable, backward: Callable) -> Callable:
 
     def gradients(plan, residuals, dout):
         q, k, v, slot, seg, sees, kseg, need, out = residuals
-        dq, dk, dv = backward(q, k, v, out, dout, slot, seg, sees, kseg, need, plan=plan)
+        xla = functools.partial(backward, plan=plan)
+        if cpu_attention.supports_segments_grad(q, k, v) and cpu_attention.segments_grad_enabled():
+            xla = cpu_attention.make_segments_grad(xla)
+        dq, dk, dv = xla(q, k, v, out, dout, slot, seg, sees, kseg, need)
         return dq, dk, dv, None, None, None, None, None
 
     attend.defvjp(forward, gradients)
