@@ -980,13 +980,14 @@ ffi::Error AttendSegments(ffi::ThreadPool pool, float scale, ffi::AnyBuffer q, f
 // backward rounds its product operands (decoder.segment_attention_vjp); dq = scale dS.k on
 // tiles. dk and dv sum over query rows: a work item (query rows of one (row, head)) keeps its
 // groups' dS and P in bf16 pairs of vectors, then per key block adds scale q^T.dS and
-// dout^T.P over all its groups in tile accumulators to its thread's fp32 [64][T] slabs
-// (transposed: the tile's rows are head dims), summed over threads at the end.
+// dout^T.P over all its groups in tile accumulators to its slot's fp32 [64][T] slabs
+// (transposed: the tile's rows are head dims); the slots (fixed lists of items) are summed in
+// order at the end, so the result does not depend on which thread ran what.
 #ifdef __AMX_BF16__
 constexpr int kGradRows = 64;  // query rows per work item (at most)
 
-// Per-thread accumulators of dk^T and dv^T for every (row, head) [B * K][2][64][tpad] (a
-// (row, head)'s slab is zeroed when the thread first touches it in a call), and the dout sum
+// A slot's accumulators of dk^T and dv^T for every (row, head) [B * K][2][64][tpad] (a
+// (row, head)'s slab is zeroed when the slot first touches it in a call), and the dout sum
 // of vectors that see no key (their output is the mean of all values).
 struct GradSlot {
   std::vector<float> acc, uniform;
@@ -1001,8 +1002,6 @@ struct GradProblem {
   float scale;
   Packed* packs;  // per (row, head): [2 * i] K's tile operands, [2 * i + 1] V's (and K's by key)
   GradSlot* slots;
-  std::atomic<int>* next_slot;
-  uint64_t call;
 };
 
 // A work item's buffers: per group its bf16 dS and P as pairs of vectors per 16-key block
@@ -1154,13 +1153,10 @@ inline void packed_once(Packed& pk, const Problem& shape, const Source& src, int
   }
 }
 
-void grad_item(const GradProblem& pb, int64_t item) {
+void grad_item(const GradProblem& pb, int64_t item, int slot_index) {
   constexpr int M = 16, H = 64;
   thread_local GroupScratch gs;
   thread_local GradScratch gr;
-  thread_local uint64_t slot_call = 0;
-  thread_local int slot_index = -1;
-  if (slot_call != pb.call) slot_call = pb.call, slot_index = pb.next_slot->fetch_add(1);
   GradSlot& slot = pb.slots[slot_index];
   const int64_t heads = pb.bq * pb.kh, pair = item % heads, b = pair / pb.kh,
                 head = pair % pb.kh;
@@ -1281,7 +1277,7 @@ void grad_item(const GradProblem& pb, int64_t item) {
   _tile_release();
 }
 
-// A call's packed operands and per-thread accumulators, kept for the next call (their buffers
+// A call's packed operands and per-slot accumulators, kept for the next call (their buffers
 // keep their capacity: no page faults on every layer).
 struct GradWorkspace {
   std::unique_ptr<Packed[]> packs;
@@ -1291,9 +1287,8 @@ struct GradWorkspace {
 
 std::mutex grad_mutex;
 std::vector<std::unique_ptr<GradWorkspace>> grad_pool;
-std::atomic<uint64_t> grad_calls{0};
 
-// dk, dv of every (row, head): the threads' slabs summed and transposed to [T][64].
+// dk, dv of every (row, head): the slots' slabs summed in order and transposed to [T][64].
 void grad_reduce(const GradProblem& pb, int n_slots, int64_t pair) {
   constexpr int H = 64;
   const int64_t b = pair / pb.kh, head = pair % pb.kh, slab = 2 * H * pb.tpad;
@@ -1384,21 +1379,22 @@ ffi::Error AttendSegmentsGrad(ffi::ThreadPool pool, float scale, ffi::AnyBuffer 
   if (!ws) ws = std::make_unique<GradWorkspace>();
   if (ws->n_packs < 2 * heads) ws->packs = std::make_unique<Packed[]>(2 * heads), ws->n_packs = 2 * heads;
   for (int64_t i = 0; i < 2 * heads; ++i) ws->packs[i].state.store(0, std::memory_order_relaxed);
-  const int n_slots = static_cast<int>(threads) + 1;  // the calling thread and every helper
+  // Deterministic sums: slot i takes items i, i + n_slots, ... in order (interleaved, so the
+  // slots' work is alike), whichever thread claims it, and the slots are summed in order.
+  const int n_slots = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(2 * threads, n_items)));
   if (static_cast<int>(ws->slots.size()) < n_slots) ws->slots.resize(n_slots);
-  for (GradSlot& sl : ws->slots) {
+  for (int i = 0; i < n_slots; ++i) {
+    GradSlot& sl = ws->slots[i];
     sl.acc.resize(heads * 2 * 64 * gp.tpad);
     sl.uniform.resize(heads * 64);
     sl.touched.assign(heads, 0);
   }
-  std::atomic<int> next_slot{0};
   gp.packs = ws->packs.get();
   gp.slots = ws->slots.data();
-  gp.next_slot = &next_slot;
-  gp.call = grad_calls.fetch_add(1) + 1;
-  jaxdm::run_items(pool, n_items, [&gp](int64_t i) { grad_item(gp, i); });
-  const int used_slots = std::min(next_slot.load(), n_slots);
-  jaxdm::run_items(pool, heads, [&gp, used_slots](int64_t p) { grad_reduce(gp, used_slots, p); });
+  jaxdm::run_items(pool, n_slots, [&gp, n_slots, n_items](int64_t slot) {
+    for (int64_t i = slot; i < n_items; i += n_slots) grad_item(gp, i, static_cast<int>(slot));
+  });
+  jaxdm::run_items(pool, heads, [&gp, n_slots](int64_t p) { grad_reduce(gp, n_slots, p); });
   {
     std::lock_guard<std::mutex> lock(grad_mutex);
     grad_pool.push_back(std::move(ws));
