@@ -134,11 +134,24 @@ def test_backward_kernel_equals_the_xla_backward_in_bf16():
     blind = np.zeros(seg.shape, bool)
     blind[1, 105] = True
     w = w.at[1, 105].set(1.0)
-    out = decoder.attend_segments(q, k, v, slot, seg_q, sees_q, seg)
+    out, lse = jax.jit(cpu_attention._segments_lse_kernel)(q, k, v, slot, seg_q, sees_q, seg)
+    # the training forward: the segment kernel's output, and each vector's log2-sum-exp2 of
+    # its scaled logits over the keys it sees (a bound far above any where it sees none)
+    assert np.array_equal(np.asarray(out.reshape(w.shape), np.float32), np.asarray(
+        decoder.attend_segments(q, k, v, slot, seg_q, sees_q, seg), np.float32))
+    mask = np.asarray(decoder.segment_mask(slot, seg_q, sees_q, seg, 0, seg.shape[1], 0,
+                                           seg.shape[1]))
+    logits = np.einsum("bskgh,btkh->bskgt", np.asarray(q, np.float32),
+                       np.asarray(k, np.float32)) / 8.0
+    logits = np.where(mask[:, :, None, None, :], logits, -np.inf)
+    seen = mask.any(-1)
+    want_lse = np.log2(np.sum(np.exp(logits[seen]), axis=-1))
+    np.testing.assert_allclose(np.asarray(lse)[seen], want_lse, atol=2e-4)
+    assert np.all(np.asarray(lse)[~seen] >= 1e29)
     dout = w.astype(jnp.bfloat16)
     args = (q, k, v, out, dout, slot, seg_q, sees_q, seg)
     want = jax.jit(functools.partial(decoder.segment_attention_vjp, plan=None))(*args, sees_q)
-    got = jax.jit(cpu_attention._segments_grad_kernel)(*args)
+    got = jax.jit(cpu_attention._segments_grad_kernel)(*args[:5], lse, *args[5:])
     for name, a, e in zip("qkv", got, want):
         assert a.shape == e.shape and a.dtype == e.dtype == jnp.bfloat16, name
         a, e = np.asarray(a, np.float32), np.asarray(e, np.float32)
@@ -147,18 +160,19 @@ def test_backward_kernel_equals_the_xla_backward_in_bf16():
         np.testing.assert_allclose(a, e, atol=4e-3 * scale, err_msg=f"d{name}")
     assert np.all(np.asarray(got[0], np.float32)[blind] == 0)
     # deterministic: the per-slot sums of dk and dv do not depend on which thread ran what
-    again = jax.jit(cpu_attention._segments_grad_kernel)(*args)
+    again = jax.jit(cpu_attention._segments_grad_kernel)(*args[:5], lse, *args[5:])
     assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(got, again))
     # read slots: queries at some slots of a row against all its keys
     read = jnp.asarray([[130, 3, 99, 130, 140, 112] * 3, [0, 119, 124, 125, 111, 50] * 3],
                        jnp.int32)
     at = lambda a: jnp.take_along_axis(a, read, axis=1)  # noqa: E731
     q_read = jnp.take_along_axis(q, read[:, :, None, None, None], axis=1)
-    out = decoder.attend_segments(q_read, k, v, read, at(seg), at(sees), seg)
+    out, lse = jax.jit(cpu_attention._segments_lse_kernel)(q_read, k, v, read, at(seg),
+                                                           at(sees), seg)
     dout = jnp.asarray(np.random.default_rng(5).normal(size=out.shape), jnp.bfloat16)
     args = (q_read, k, v, out, dout, read, at(seg), at(sees), seg)
     want = jax.jit(functools.partial(decoder.segment_attention_vjp, plan=None))(*args, at(sees))
-    got = jax.jit(cpu_attention._segments_grad_kernel)(*args)
+    got = jax.jit(cpu_attention._segments_grad_kernel)(*args[:5], lse, *args[5:])
     for name, a, e in zip("qkv", got, want):
         a, e = np.asarray(a, np.float32), np.asarray(e, np.float32)
         np.testing.assert_allclose(a, e, atol=4e-3 * float(np.abs(e).max()), err_msg=f"d{name}")

@@ -104,6 +104,7 @@ struct Problem {
   const void* q;
   const SegmentRule* rule = nullptr;  // set: one source, masked by the rule (mask unused)
   void* out;
+  float* lse = nullptr;  // set (pair paths): each vector's log2-sum-exp2 of its scaled logits
   bool bf16;
   int64_t bq, s, kh, g, h;
   float scale;
@@ -217,7 +218,12 @@ struct GroupScratch {
   std::vector<int32_t> live;  // global block indices some vector of the group sees
   std::vector<__mmask16> any;  // per block, the keys some vector of the group sees
   std::vector<const uint32_t*> kblock;  // AVX-512 BF16 path: each live block's packed keys
+  float top2[16];  // pair paths: each vector's scaled max logit in base-2 units (0: none)
 };
+
+// The log-sum-exp a vector that sees no key gets (base 2): its probabilities 2^(s - lse)
+// are then all zero (a finite bound: 2^(s - inf) would be a NaN in exp2_512).
+constexpr float kBlindLse = 1e30f;
 
 // Pass 1, the masks: which of the group's M vectors see each 16-key block of the sources
 // (gs.km) and which blocks any of them sees (gs.live, ascending). Each source spans its blocks
@@ -372,7 +378,8 @@ void probabilities_bf16(float scale, int64_t blocks, GroupScratch& gs, float* l)
       top = _mm512_mask_max_ps(top, km[live[n]], top, _mm512_loadu_ps(row + live[n] * kBlock));
     // max of the scaled logits = scale * max of the logits (scale > 0)
     const float m = _mm512_reduce_max_ps(_mm512_max_ps(top, top2)) * scale;
-    const __m512 mv = _mm512_set1_ps(m == -INFINITY ? 0.0f : m * kLog2e);
+    gs.top2[i] = m == -INFINITY ? 0.0f : m * kLog2e;
+    const __m512 mv = _mm512_set1_ps(gs.top2[i]);
     __m512 sum = _mm512_setzero_ps(), sum2 = sum;
     uint16_t* p16 = gs.p16.data() + i * width;
     for (n = 0; n < n_live; ++n) {
@@ -766,6 +773,10 @@ void run_item(const Problem& pb, int64_t item, std::vector<float>& scratch, Grou
     else
 #endif
       group_attend<NV, M>(qf, packed, blocks, gs, l, acc);
+    if constexpr (pairs)
+      if (pb.lse)
+        for (int i = 0; i < used; ++i)
+          pb.lse[offset[i] / H] = l[i] > 0.0f ? gs.top2[i] + std::log2(l[i]) : kBlindLse;
     for (int i = 0; i < used; ++i) {
       const float* src = acc + i * H;
       float inv = 1.0f / l[i];
@@ -948,12 +959,12 @@ SegmentRule make_rule(ffi::Buffer<ffi::S32>& slot, ffi::Buffer<ffi::S32>& seg,
   return rule;
 }
 
-ffi::Error AttendSegments(ffi::ThreadPool pool, float scale, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                          ffi::AnyBuffer v, ffi::Buffer<ffi::S32> slot, ffi::Buffer<ffi::S32> seg,
-                          ffi::Buffer<ffi::S32> sees, ffi::Buffer<ffi::S32> kseg,
-                          ffi::Result<ffi::AnyBuffer> out) {
-  Problem pb;
-  if (auto e = set_queries(q, *out, scale, pb); e.failure()) return e;
+// The segment rule's operands into pb (rule: filled, pb.rule points to it).
+ffi::Error segments_problem(float scale, ffi::AnyBuffer& q, ffi::AnyBuffer& k, ffi::AnyBuffer& v,
+                            ffi::Buffer<ffi::S32>& slot, ffi::Buffer<ffi::S32>& seg,
+                            ffi::Buffer<ffi::S32>& sees, ffi::Buffer<ffi::S32>& kseg,
+                            const ffi::AnyBuffer& out, Problem& pb, SegmentRule& rule) {
+  if (auto e = set_queries(q, out, scale, pb); e.failure()) return e;
   if (auto e = add_source(k, v, nullptr, pb); e.failure()) return e;
   const Source& src = pb.sources.back();
   if (src.bk != pb.bq) return ffi::Error::InvalidArgument("k must have q's batch");
@@ -962,8 +973,38 @@ ffi::Error AttendSegments(ffi::ThreadPool pool, float scale, ffi::AnyBuffer q, f
     return ffi::Error::InvalidArgument("slot, seg and sees must be int32 [Bq, S]");
   if (kseg.element_count() != static_cast<size_t>(pb.bq * src.t))
     return ffi::Error::InvalidArgument("kseg must be int32 [Bq, T]");
-  SegmentRule rule = make_rule(slot, seg, sees, kseg, pb.bq, src.t);
+  rule = make_rule(slot, seg, sees, kseg, pb.bq, src.t);
   pb.rule = &rule;
+  return ffi::Error::Success();
+}
+
+ffi::Error AttendSegments(ffi::ThreadPool pool, float scale, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                          ffi::AnyBuffer v, ffi::Buffer<ffi::S32> slot, ffi::Buffer<ffi::S32> seg,
+                          ffi::Buffer<ffi::S32> sees, ffi::Buffer<ffi::S32> kseg,
+                          ffi::Result<ffi::AnyBuffer> out) {
+  Problem pb;
+  SegmentRule rule;
+  if (auto e = segments_problem(scale, q, k, v, slot, seg, sees, kseg, *out, pb, rule); e.failure())
+    return e;
+  return run_problem(pool, pb);
+}
+
+// The same with each query vector's log2-sum-exp2 of its scaled logits [Bq, S, K, G] (f32)
+// for the backward kernel (training's forward): bf16 at head dim 64 on AMX tiles only.
+ffi::Error AttendSegmentsLse(ffi::ThreadPool pool, float scale, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                             ffi::AnyBuffer v, ffi::Buffer<ffi::S32> slot, ffi::Buffer<ffi::S32> seg,
+                             ffi::Buffer<ffi::S32> sees, ffi::Buffer<ffi::S32> kseg,
+                             ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::F32>> lse) {
+  Problem pb;
+  SegmentRule rule;
+  if (auto e = segments_problem(scale, q, k, v, slot, seg, sees, kseg, *out, pb, rule); e.failure())
+    return e;
+  if (!pb.bf16 || pb.h != 64 || pb.s * pb.g < 16 || !jaxdm::amx_allowed())
+    return ffi::Error::InvalidArgument(
+        "the log-sum-exp output needs bf16, head dim 64, >= 16 vectors per head and AMX");
+  if (lse->element_count() != static_cast<size_t>(pb.bq * pb.s * pb.kh * pb.g))
+    return ffi::Error::InvalidArgument("lse must be f32 [Bq, S, K, G]");
+  pb.lse = lse->typed_data();
   return run_problem(pool, pb);
 }
 
@@ -996,6 +1037,7 @@ struct GradSlot {
 
 struct GradProblem {
   const uint16_t *q, *k, *v, *out, *dout;
+  const float* lse;  // the forward's, per query vector (AttendSegmentsLse)
   uint16_t *dq, *dk, *dv;
   const SegmentRule* rule;
   int64_t bq, s, t, kh, g, tpad, blocks, rows_per_item;
@@ -1007,11 +1049,10 @@ struct GradProblem {
 // A work item's buffers: per group its bf16 dS and P as pairs of vectors per 16-key block
 // ([blocks][8 pairs][16 keys][2]: the B operand of the dk / dv products), q^T and dout^T
 // ([64][16]: their A operands), which blocks it sees; and the current group's fp32 logits
-// and dP [16][width] and row-major bf16 dS (dq's A operand).
+// row-major bf16 dS [16][width] (dq's A operand).
 struct GradScratch {
   std::vector<uint16_t> ds_pairs, p_pairs, qt, dot, ds16;
   std::vector<uint8_t> live;
-  std::vector<float> dp;
   std::vector<int32_t> any_live;
 };
 
@@ -1035,20 +1076,28 @@ inline void tile_config(int a_cols, int b_rows) {
   _tile_loadconfig(&cfg);
 }
 
-// One group: S, dP, softmax, dS; dq stored; dS and P pairs kept in the item's buffers at
-// group index gi.
+// One group: per live 16-key block S = q.k and dP = dout.v on tiles, left in a 1 KB buffer
+// each (L1), then P = 2^(scale log2(e) s - lse) (the forward's log-sum-exp: no max or sum
+// pass over the row) and dS = P (dP - delta), kept as bf16 rows (dq's A operand) and as
+// pairs of vectors at group index gi (the dk / dv products' B operands); then dq = dS.k.
 void grad_group(const GradProblem& pb, const PackedSource& kpk, const PackedSource& kpv,
-                const uint16_t* q16, const uint16_t* do16, const float* delta, int gi, GroupScratch& gs, GradScratch& gr, float* l, float* dq) {
+                const uint16_t* q16, const uint16_t* do16, const float* delta, const float* lse2,
+                int gi, GroupScratch& gs, GradScratch& gr, float* dq) {
   constexpr int M = 16, H = 64;
   const int64_t blocks = pb.blocks, width = blocks * kBlock;
-  gs.p.resize(M * width);
-  gr.dp.resize(M * width);
   gr.ds16.resize(M * width);
+  alignas(64) float sb[M * kBlock], dpb[M * kBlock];
+  const __m512 sv = _mm512_set1_ps(pb.scale * kLog2e);
+  uint16_t* dsp = gr.ds_pairs.data() + gi * blocks * 256;
+  uint16_t* pp = gr.p_pairs.data() + gi * blocks * 256;
+  uint8_t* live = gr.live.data() + gi * blocks;
+  std::memset(live, 0, blocks);
   _tile_loadd(0, q16, H * 2);
   _tile_loadd(1, q16 + 32, H * 2);
   _tile_loadd(4, do16, H * 2);
   _tile_loadd(5, do16 + 32, H * 2);
-  for (int32_t gb : gs.live) {
+  for (size_t n = 0; n < gs.live.size(); ++n) {
+    const int32_t gb = gs.live[n];
     const uint32_t* kb = kpk.kp.data() + gb * (H / 2) * kBlock;
     const uint32_t* vb = kpv.kp.data() + gb * (H / 2) * kBlock;
     _tile_zero(3);
@@ -1056,51 +1105,22 @@ void grad_group(const GradProblem& pb, const PackedSource& kpk, const PackedSour
     _tile_dpbf16ps(3, 0, 2);
     _tile_loadd(2, kb + 16 * kBlock, 64);
     _tile_dpbf16ps(3, 1, 2);
-    _tile_stored(3, gs.p.data() + gb * kBlock, width * 4);
+    _tile_stored(3, sb, 64);
     _tile_zero(6);
     _tile_loadd(2, vb, 64);
     _tile_dpbf16ps(6, 4, 2);
     _tile_loadd(2, vb + 16 * kBlock, 64);
     _tile_dpbf16ps(6, 5, 2);
-    _tile_stored(6, gr.dp.data() + gb * kBlock, width * 4);
-  }
-  // the rows' max and sum (as the forward's), then P, dS
-  const __m512 sv = _mm512_set1_ps(pb.scale * kLog2e);
-  float mv[M], inv[M];
-  for (int i = 0; i < M; ++i) {
-    const float* row = gs.p.data() + i * width;
-    const __mmask16* km = gs.km.data() + i * blocks;
-    __m512 top = _mm512_set1_ps(-INFINITY);
-    for (int32_t gb : gs.live)
-      top = _mm512_mask_max_ps(top, km[gb], top, _mm512_loadu_ps(row + gb * kBlock));
-    const float m = _mm512_reduce_max_ps(top) * pb.scale;
-    mv[i] = m == -INFINITY ? 0.0f : m * kLog2e;
-    __m512 sum = _mm512_setzero_ps();
-    float* e_row = gs.p.data() + i * width;  // the logits, overwritten by their exponentials
-    for (int32_t gb : gs.live) {
-      const __m512 e = _mm512_maskz_mov_ps(km[gb], exp2_512(_mm512_fmsub_ps(
-          _mm512_loadu_ps(row + gb * kBlock), sv, _mm512_set1_ps(mv[i]))));
-      sum = _mm512_add_ps(sum, e);
-      _mm512_storeu_ps(e_row + gb * kBlock, e);
-    }
-    l[i] = _mm512_reduce_add_ps(sum);
-    inv[i] = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-  }
-  uint16_t* dsp = gr.ds_pairs.data() + gi * blocks * 256;
-  uint16_t* pp = gr.p_pairs.data() + gi * blocks * 256;
-  uint8_t* live = gr.live.data() + gi * blocks;
-  std::memset(live, 0, blocks);
-  for (size_t n = 0; n < gs.live.size(); ++n) {
-    const int32_t gb = gs.live[n];
+    _tile_stored(6, dpb, 64);
     live[gb] = 1;
     for (int pr = 0; pr < M / 2; ++pr) {
       __m512 p2[2], ds2[2];
       for (int j = 0; j < 2; ++j) {
         const int i = 2 * pr + j;
-        const __m512 e = _mm512_loadu_ps(gs.p.data() + i * width + gb * kBlock);
-        p2[j] = _mm512_mul_ps(e, _mm512_set1_ps(inv[i]));
-        ds2[j] = _mm512_mul_ps(p2[j], _mm512_sub_ps(
-            _mm512_loadu_ps(gr.dp.data() + i * width + gb * kBlock), _mm512_set1_ps(delta[i])));
+        p2[j] = _mm512_maskz_mov_ps(gs.km[i * blocks + gb], exp2_512(_mm512_fmsub_ps(
+            _mm512_load_ps(sb + i * kBlock), sv, _mm512_set1_ps(lse2[i]))));
+        ds2[j] = _mm512_mul_ps(p2[j], _mm512_sub_ps(_mm512_load_ps(dpb + i * kBlock),
+                                                    _mm512_set1_ps(delta[i])));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(gr.ds16.data() + i * width + gb * kBlock),
                             (__m256i)_mm512_cvtneps_pbh(ds2[j]));
       }
@@ -1180,7 +1200,7 @@ void grad_item(const GradProblem& pb, int64_t item, int slot_index) {
   gr.dot.resize(groups * H * M);
   alignas(64) uint16_t q16[M * H], do16[M * H];
   alignas(64) float dq[M * H];
-  float delta[M], l[M];
+  float delta[M], lse2[M];
   int64_t row_of[M], offset[M];
   float* uniform = nullptr;
   tile_config(0, 0);
@@ -1200,6 +1220,7 @@ void grad_item(const GradProblem& pb, int64_t item, int slot_index) {
       for (int h = 0; h < H; ++h)
         d += bf16_to_f32(pb.dout[offset[i] + h]) * bf16_to_f32(pb.out[offset[i] + h]);
       delta[i] = d;
+      lse2[i] = i < used ? pb.lse[offset[i] / H] : kBlindLse;
       // vectors past `used` repeat the last one: zero operands, so they add nothing
       for (int h = 0; h < H; ++h) {
         qt[h * M + i] = i < used ? q16[i * H + h] : 0;
@@ -1207,10 +1228,11 @@ void grad_item(const GradProblem& pb, int64_t item, int slot_index) {
       }
     }
     rule_masks<M>(*pb.rule, b, pb.s, row_of, used, pk.source, blocks, gs);
-    grad_group(pb, pk.source, pv.source, q16, do16, delta, static_cast<int>(gi), gs, gr, l, dq);
+    grad_group(pb, pk.source, pv.source, q16, do16, delta, lse2, static_cast<int>(gi), gs, gr,
+               dq);
     for (int i = 0; i < used; ++i) {
       uint16_t* dst = pb.dq + offset[i];
-      if (!(l[i] > 0.0f)) {  // sees no key: the output is the mean of all values
+      if (lse2[i] >= kBlindLse) {  // sees no key: the output is the mean of all values
         std::memset(dst, 0, H * 2);
         if (!uniform) {
           if (!slot.touched[pair]) {
@@ -1322,7 +1344,8 @@ void grad_reduce(const GradProblem& pb, int n_slots, int64_t pair) {
 
 ffi::Error AttendSegmentsGrad(ffi::ThreadPool pool, float scale, ffi::AnyBuffer q,
                               ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out,
-                              ffi::AnyBuffer dout, ffi::Buffer<ffi::S32> slot,
+                              ffi::AnyBuffer dout, ffi::Buffer<ffi::F32> lse,
+                              ffi::Buffer<ffi::S32> slot,
                               ffi::Buffer<ffi::S32> seg, ffi::Buffer<ffi::S32> sees,
                               ffi::Buffer<ffi::S32> kseg, ffi::Result<ffi::AnyBuffer> dq,
                               ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv) {
@@ -1340,6 +1363,8 @@ ffi::Error AttendSegmentsGrad(ffi::ThreadPool pool, float scale, ffi::AnyBuffer 
   for (const ffi::AnyBuffer* a : {&out, &dout})
     if (a->element_type() != ffi::DataType::BF16 || a->element_count() != q.element_count())
       return ffi::Error::InvalidArgument("out and dout must be bf16 with q's shape");
+  if (lse.element_count() != static_cast<size_t>(pb.bq * pb.s * pb.kh * pb.g))
+    return ffi::Error::InvalidArgument("lse must be f32 [Bq, S, K, G]");
   for (auto* r : {&dk, &dv})
     if ((*r)->element_type() != ffi::DataType::BF16 || (*r)->element_count() != k.element_count())
       return ffi::Error::InvalidArgument("dk and dv must be bf16 with k's shape");
@@ -1355,6 +1380,7 @@ ffi::Error AttendSegmentsGrad(ffi::ThreadPool pool, float scale, ffi::AnyBuffer 
   gp.v = static_cast<const uint16_t*>(v.untyped_data());
   gp.out = static_cast<const uint16_t*>(out.untyped_data());
   gp.dout = static_cast<const uint16_t*>(dout.untyped_data());
+  gp.lse = lse.typed_data();
   gp.dq = static_cast<uint16_t*>(dq->untyped_data());
   gp.dk = static_cast<uint16_t*>(dk->untyped_data());
   gp.dv = static_cast<uint16_t*>(dv->untyped_data());
@@ -1435,6 +1461,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxdmCpuAttentionSegmentsGrad, AttendSegmentsGrad,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
@@ -1442,3 +1469,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxdmCpuAttentionSegmentsGrad, AttendSegmentsGrad,
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxdmCpuAttentionSegmentsLse, AttendSegmentsLse,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Attr<float>("scale")
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());

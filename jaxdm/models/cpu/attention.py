@@ -56,6 +56,7 @@ from jaxdm.models.cpu import build
 KERNEL = build.ATTENTION
 SEGMENTS_KERNEL = build.ATTENTION_SEGMENTS
 SEGMENTS_GRAD_KERNEL = build.ATTENTION_SEGMENTS_GRAD
+SEGMENTS_LSE_KERNEL = build.ATTENTION_SEGMENTS_LSE
 ENV_VAR = KERNEL.env_var
 TARGET = KERNEL.target
 HEAD_DIMS = (32, 64, 128, 256)
@@ -182,15 +183,52 @@ def supports_segments_grad(q: jax.Array, k: jax.Array, v: jax.Array) -> bool:
 
 
 def segments_grad_enabled() -> bool:
-    """Whether the segment-rule backward kernel is on: built and registered here on a CPU with
-    AMX, neither ``JAXDM_CPU_ATTENTION`` nor ``JAXDM_CPU_AMX`` off."""
-    return SEGMENTS_GRAD_KERNEL.enabled() and build.env_switch(build.AMX_ENV_VAR)
+    """Whether the segment-rule backward kernel (and its forward with the log-sum-exp) is on:
+    built and registered here on a CPU with AMX, neither ``JAXDM_CPU_ATTENTION`` nor
+    ``JAXDM_CPU_AMX`` off."""
+    return (SEGMENTS_GRAD_KERNEL.enabled() and SEGMENTS_LSE_KERNEL.enabled()
+            and build.env_switch(build.AMX_ENV_VAR))
 
 
-def _segments_grad_kernel(q, k, v, out, dout, slot, seg, sees, kseg):
+def _segments_lse_kernel(q, k, v, slot, seg, sees, kseg):
+    """The segment kernel's forward with each query vector's log2-sum-exp2 of its scaled
+    logits: -> (out [B, S, K, G, H] bf16, lse [B, S, K, G] fp32), for the backward kernel."""
+    on, why = SEGMENTS_LSE_KERNEL.status()
+    if not on:
+        raise RuntimeError(f"the fused CPU attention kernel is {why}")
+    call = jax.ffi.ffi_call(SEGMENTS_LSE_KERNEL.target,
+                            (jax.ShapeDtypeStruct(q.shape, q.dtype),
+                             jax.ShapeDtypeStruct(q.shape[:-1], jnp.float32)),
+                            vmap_method="broadcast_all")
+    ints = [a.astype(jnp.int32) for a in (slot, seg, sees, kseg)]
+    return call(q, k, v, *ints, scale=np.float32(1.0 / np.sqrt(q.shape[-1])))
+
+
+def make_attend_segments_lse(reference: Callable) -> Callable:
+    """``attend(q, k, v, slot, seg, sees, kseg, *extra)`` -> (out [B, S, N, H], lse): the
+    kernel's forward and log-sum-exp on CPU; elsewhere ``reference``'s output and zeros
+    (the backward then runs ``reference``'s XLA backward, which does not read them)."""
+
+    def attend(q, k, v, slot, seg, sees, kseg, *extra):
+        def on_cpu(q, k, v, slot, seg, sees, kseg, *extra):
+            b, s, kh, g, hd = q.shape
+            out, lse = _segments_lse_kernel(q, k, v, slot, seg, sees, kseg)
+            return out.reshape(b, s, kh * g, hd), lse
+
+        def elsewhere(q, k, v, slot, seg, sees, kseg, *extra):
+            return (reference(q, k, v, slot, seg, sees, kseg, *extra),
+                    jnp.zeros(q.shape[:-1], jnp.float32))
+
+        return jax.lax.platform_dependent(q, k, v, slot, seg, sees, kseg, *extra, cpu=on_cpu,
+                                          default=elsewhere)
+
+    return attend
+
+
+def _segments_grad_kernel(q, k, v, out, dout, lse, slot, seg, sees, kseg):
     """The backward custom call: q [B, S, K, G, H], k, v [B, T, K, H], the forward's output
-    and its cotangent as q [B, S, K, G, H] (bf16), the segment vectors -> (dq, dk, dv) in
-    bf16."""
+    and its cotangent as q [B, S, K, G, H] (bf16), its log-sum-exp (``_segments_lse_kernel``),
+    the segment vectors -> (dq, dk, dv) in bf16."""
     on, why = SEGMENTS_GRAD_KERNEL.status()
     if not on:
         raise RuntimeError(f"the fused CPU attention backward kernel is {why}")
@@ -201,20 +239,24 @@ def _segments_grad_kernel(q, k, v, out, dout, slot, seg, sees, kseg):
                             vmap_method="broadcast_all")
     ints = [a.astype(jnp.int32) for a in (slot, seg, sees, kseg)]
     return call(q, k, v, out.astype(q.dtype).reshape(q.shape),
-                dout.astype(q.dtype).reshape(q.shape), *ints,
+                dout.astype(q.dtype).reshape(q.shape), lse.astype(jnp.float32), *ints,
                 scale=np.float32(1.0 / np.sqrt(q.shape[-1])))
 
 
 def make_segments_grad(reference: Callable) -> Callable:
-    """``grad(q, k, v, out, dout, slot, seg, sees, kseg, *extra)`` -> (dq, dk, dv) like
-    ``reference`` (``decoder.segment_attention_vjp``, which also takes ``extra``): the
-    backward kernel on CPU, ``reference`` elsewhere."""
+    """``grad(q, k, v, out, dout, lse, slot, seg, sees, kseg, *extra)`` -> (dq, dk, dv) like
+    ``reference(q, k, v, out, dout, slot, seg, sees, kseg, *extra)``
+    (``decoder.segment_attention_vjp``, which reads no lse): the backward kernel on CPU,
+    ``reference`` elsewhere."""
 
-    def grad(q, k, v, out, dout, slot, seg, sees, kseg, *extra):
-        def on_cpu(q, k, v, out, dout, slot, seg, sees, kseg, *extra):
-            return _segments_grad_kernel(q, k, v, out, dout, slot, seg, sees, kseg)
+    def grad(q, k, v, out, dout, lse, slot, seg, sees, kseg, *extra):
+        def on_cpu(q, k, v, out, dout, lse, slot, seg, sees, kseg, *extra):
+            return _segments_grad_kernel(q, k, v, out, dout, lse, slot, seg, sees, kseg)
 
-        return jax.lax.platform_dependent(q, k, v, out, dout, slot, seg, sees, kseg, *extra,
-                                          cpu=on_cpu, default=reference)
+        def elsewhere(q, k, v, out, dout, lse, *rest):
+            return reference(q, k, v, out, dout, *rest)
+
+        return jax.lax.platform_dependent(q, k, v, out, dout, lse, slot, seg, sees, kseg,
+                                          *extra, cpu=on_cpu, default=elsewhere)
 
     return grad

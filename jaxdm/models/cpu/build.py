@@ -210,6 +210,12 @@ ATTENTION_SEGMENTS_GRAD = Kernel("cpu_attention_segments_grad", "JAXDM_CPU_ATTEN
                                   "amx_tile"),
                                  what="fused CPU attention backward kernel (segment masks)",
                                  instead="XLA's attention backward")
+# Its forward for training: the segment kernel's output and each query vector's log-sum-exp.
+ATTENTION_SEGMENTS_LSE = Kernel("cpu_attention_segments_lse", "JAXDM_CPU_ATTENTION",
+                                "jaxdm_cpu_attention_segments_lse",
+                                "JaxdmCpuAttentionSegmentsLse", ATTENTION_SEGMENTS_GRAD.needs,
+                                what="fused CPU attention kernel (segment masks, log-sum-exp)",
+                                instead="XLA's attention backward")
 MATMUL = Kernel("cpu_matmul", "JAXDM_CPU_MATMUL", "jaxdm_cpu_matmul", "JaxdmCpuMatmul",
                 ("avx512f", "avx512bw", "avx512vl", "avx512_bf16"),
                 what="bf16 matmul kernel", instead="XLA's dot")
@@ -219,8 +225,8 @@ MATMUL_F32 = Kernel("cpu_matmul_f32", "JAXDM_CPU_MATMUL", "jaxdm_cpu_matmul_f32"
                     what="fp32 matmul kernel", instead="XLA's dot")
 # Every kernel by name (its status line, the programs' fingerprint).
 KERNELS: Registry[Kernel] = Registry("CPU kernel")
-for _kernel in (ATTENTION, ATTENTION_SEGMENTS, ATTENTION_SEGMENTS_GRAD, MATMUL,
-                MATMUL_F32):
+for _kernel in (ATTENTION, ATTENTION_SEGMENTS, ATTENTION_SEGMENTS_GRAD, ATTENTION_SEGMENTS_LSE,
+                MATMUL, MATMUL_F32):
     KERNELS.register(_kernel.name, _kernel)
 
 

@@ -104,16 +104,28 @@ def segment_attention(reference: Callable, backward: Callable) -> Callable:
             return cpu_attention.make_attend_segments(xla)(q, k, v, slot, seg, sees, kseg, need)
         return xla(q, k, v, slot, seg, sees, kseg, need)
 
+    def kernel_backward(q, k, v) -> bool:
+        return (cpu_attention.supports_segments_grad(q, k, v)
+                and cpu_attention.segments_grad_enabled())
+
     def forward(plan, q, k, v, slot, seg, sees, kseg, need):
-        out = attend(plan, q, k, v, slot, seg, sees, kseg, need)
-        return out, (q, k, v, slot, seg, sees, kseg, need, out)
+        lse = None
+        if kernel_backward(q, k, v):  # the backward kernel reads the forward's log-sum-exp
+            xla = functools.partial(reference, plan=plan)
+            out, lse = cpu_attention.make_attend_segments_lse(xla)(q, k, v, slot, seg, sees,
+                                                                   kseg, need)
+        else:
+            out = attend(plan, q, k, v, slot, seg, sees, kseg, need)
+        return out, (q, k, v, slot, seg, sees, kseg, need, out, lse)
 
     def gradients(plan, residuals, dout):
-        q, k, v, slot, seg, sees, kseg, need, out = residuals
+        q, k, v, slot, seg, sees, kseg, need, out, lse = residuals
         xla = functools.partial(backward, plan=plan)
-        if cpu_attention.supports_segments_grad(q, k, v) and cpu_attention.segments_grad_enabled():
-            xla = cpu_attention.make_segments_grad(xla)
-        dq, dk, dv = xla(q, k, v, out, dout, slot, seg, sees, kseg, need)
+        if lse is not None:
+            dq, dk, dv = cpu_attention.make_segments_grad(xla)(q, k, v, out, dout, lse, slot,
+                                                               seg, sees, kseg, need)
+        else:
+            dq, dk, dv = xla(q, k, v, out, dout, slot, seg, sees, kseg, need)
         return dq, dk, dv, None, None, None, None, None
 
     attend.defvjp(forward, gradients)
