@@ -1047,10 +1047,10 @@ struct GradProblem {
   GradSlot* slots;
 };
 
-// A work item's buffers: per group its bf16 dS and P as pairs of vectors per 16-key block
-// ([blocks][8 pairs][16 keys][2]: the B operand of the dk / dv products), q^T and dout^T
-// ([64][16]: their A operands), which blocks it sees; and the current group's fp32 logits
-// row-major bf16 dS [16][width] (dq's A operand).
+// A work item's buffers: per pair of groups (32 vectors: a tile's whole depth) their bf16 dS
+// and P as pairs of vectors per 16-key block ([blocks][16 pairs][16 keys][2]: the B operand of
+// the dk / dv products) and q^T, dout^T ([64][32]: their A operands); per group which blocks
+// it sees; and the current group's row-major bf16 dS [16][width] (dq's A operand).
 struct GradScratch {
   std::vector<uint16_t> ds_pairs, p_pairs, qt, dot, ds16;
   std::vector<uint8_t> live;
@@ -1067,13 +1067,9 @@ inline __m512i interleave_bf16(__m512 a, __m512 b) {
   return _mm512_permutexvar_epi16(_mm512_load_si512(idx), both);
 }
 
-inline void tile_config(int a_cols, int b_rows) {
+inline void tile_config() {  // every tile [16 rows][64 bytes]
   TileConfig cfg;
   for (int i = 0; i < 8; ++i) cfg.colsb[i] = 64, cfg.rows[i] = 16;
-  if (a_cols) {  // the dk / dv products: A tiles 0-2 [16 dims][16 vectors], B tile 4 [8][32]
-    for (int i = 0; i < 3; ++i) cfg.colsb[i] = a_cols;
-    cfg.rows[4] = b_rows;
-  }
   _tile_loadconfig(&cfg);
 }
 
@@ -1089,8 +1085,9 @@ void grad_group(const GradProblem& pb, const PackedSource& kpk, const PackedSour
   gr.ds16.resize(M * width);
   alignas(64) float sb[M * kBlock], dpb[M * kBlock];
   const __m512 sv = _mm512_set1_ps(pb.scale * kLog2e);
-  uint16_t* dsp = gr.ds_pairs.data() + gi * blocks * 256;
-  uint16_t* pp = gr.p_pairs.data() + gi * blocks * 256;
+  // two groups share the dk / dv products' operands (32 vectors: a tile's whole depth)
+  uint16_t* dsp = gr.ds_pairs.data() + (gi / 2) * blocks * 512 + (gi % 2) * 256;
+  uint16_t* pp = gr.p_pairs.data() + (gi / 2) * blocks * 512 + (gi % 2) * 256;
   uint8_t* live = gr.live.data() + gi * blocks;
   std::memset(live, 0, blocks);
   _tile_loadd(0, q16, H * 2);
@@ -1125,8 +1122,8 @@ void grad_group(const GradProblem& pb, const PackedSource& kpk, const PackedSour
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(gr.ds16.data() + i * width + gb * kBlock),
                             (__m256i)_mm512_cvtneps_pbh(ds2[j]));
       }
-      _mm512_storeu_si512(dsp + gb * 256 + pr * 32, interleave_bf16(ds2[0], ds2[1]));
-      _mm512_storeu_si512(pp + gb * 256 + pr * 32, interleave_bf16(p2[0], p2[1]));
+      _mm512_storeu_si512(dsp + gb * 512 + pr * 32, interleave_bf16(ds2[0], ds2[1]));
+      _mm512_storeu_si512(pp + gb * 512 + pr * 32, interleave_bf16(p2[0], p2[1]));
     }
     // dq's A operand spans whole 32-key chunks: the other half of a chunk with one live
     // block is zeros
@@ -1194,22 +1191,30 @@ void grad_item(const GradProblem& pb, int64_t item, int slot_index) {
   packed_once(pv, shape, vk, b, head);
   const int64_t blocks = pb.blocks, n_vec = (r1 - r0) * pb.g;
   const int64_t groups = (n_vec + M - 1) / M;
-  gr.ds_pairs.resize(groups * blocks * 256);
-  gr.p_pairs.resize(groups * blocks * 256);
-  gr.live.resize(groups * blocks);
-  gr.qt.resize(groups * H * M);
-  gr.dot.resize(groups * H * M);
+  const int64_t duos = (groups + 1) / 2;  // pairs of groups: 32 vectors
+  gr.ds_pairs.resize(duos * blocks * 512);
+  gr.p_pairs.resize(duos * blocks * 512);
+  gr.live.assign(2 * duos * blocks, 0);  // a missing last group sees nothing
+  gr.qt.resize(duos * H * 2 * M);
+  gr.dot.resize(duos * H * 2 * M);
+  if (groups % 2) {  // the missing group's vectors: zero operands
+    for (int64_t h = 0; h < H; ++h) {
+      std::memset(gr.qt.data() + ((duos - 1) * H + h) * 2 * M + M, 0, M * 2);
+      std::memset(gr.dot.data() + ((duos - 1) * H + h) * 2 * M + M, 0, M * 2);
+    }
+  }
   alignas(64) uint16_t q16[M * H], do16[M * H];
   alignas(64) float dq[M * H];
   float delta[M], lse2[M];
   int64_t row_of[M], offset[M];
   float* uniform = nullptr;
-  tile_config(0, 0);
+  tile_config();
   for (int64_t gi = 0; gi < groups; ++gi) {
     const int64_t v0 = gi * M;
     const int used = static_cast<int>(std::min<int64_t>(M, n_vec - v0));
-    uint16_t* qt = gr.qt.data() + gi * H * M;
-    uint16_t* dt = gr.dot.data() + gi * H * M;
+    // q^T and dout^T of the group's pair [64][32], this group's 16 columns
+    uint16_t* qt = gr.qt.data() + (gi / 2) * H * 2 * M + (gi % 2) * M;
+    uint16_t* dt = gr.dot.data() + (gi / 2) * H * 2 * M + (gi % 2) * M;
     for (int i = 0; i < M; ++i) {
       const int64_t vec = v0 + std::min(i, used - 1);
       const int64_t row = r0 + vec / pb.g, gq = vec % pb.g;
@@ -1224,8 +1229,8 @@ void grad_item(const GradProblem& pb, int64_t item, int slot_index) {
       lse2[i] = i < used ? pb.lse[offset[i] / H] : kBlindLse;
       // vectors past `used` repeat the last one: zero operands, so they add nothing
       for (int h = 0; h < H; ++h) {
-        qt[h * M + i] = i < used ? q16[i * H + h] : 0;
-        dt[h * M + i] = i < used ? do16[i * H + h] : 0;
+        qt[h * 2 * M + i] = i < used ? q16[i * H + h] : 0;
+        dt[h * 2 * M + i] = i < used ? do16[i * H + h] : 0;
       }
     }
     rule_masks<M>(*pb.rule, b, pb.s, row_of, used, pk.source, blocks, gs);
@@ -1266,7 +1271,18 @@ void grad_item(const GradProblem& pb, int64_t item, int slot_index) {
     std::memset(slot.uniform.data() + pair * H, 0, H * 4);
     slot.touched[pair] = 1;
   }
-  tile_config(M * 2, M / 2);
+  // a block one group of a pair sees and the other does not: the other's half of the
+  // operands is zeros (its A columns may not be: a real group)
+  for (int64_t du = 0; du < duos; ++du)
+    for (int32_t gb : gr.any_live) {
+      const uint8_t l0 = gr.live[2 * du * blocks + gb], l1 = gr.live[(2 * du + 1) * blocks + gb];
+      if (l0 == l1) continue;
+      const int64_t half = ((du * blocks + gb) * 2 + (l0 ? 1 : 0)) * 256;
+      std::memset(gr.ds_pairs.data() + half, 0, 512);
+      std::memset(gr.p_pairs.data() + half, 0, 512);
+    }
+  // all tiles [16][64 bytes]: A = q^T or dout^T [16 dims][32 vectors], B = dS or P pairs
+  // [16 vector pairs][16 keys][2], C = dk^T or dv^T [16 dims][16 keys]
   for (int which = 0; which < 2; ++which) {
     const uint16_t* a_all = which ? gr.dot.data() : gr.qt.data();
     const uint16_t* b_all = which ? gr.p_pairs.data() : gr.ds_pairs.data();
@@ -1276,19 +1292,18 @@ void grad_item(const GradProblem& pb, int64_t item, int slot_index) {
       _tile_loadd(5, c, pb.tpad * 4);
       _tile_loadd(6, c + 16 * pb.tpad, pb.tpad * 4);
       _tile_loadd(7, c + 32 * pb.tpad, pb.tpad * 4);
-      // tile 5-7 hold dims 0-47; dims 48-63 go through tile 3 (A tiles 0-2 only)
-      _tile_loadd(3, c + 48 * pb.tpad, pb.tpad * 4);
-      for (int64_t gi = 0; gi < groups; ++gi) {
-        if (!gr.live[gi * blocks + gb]) continue;
-        const uint16_t* a = a_all + gi * H * M;
-        _tile_loadd(4, b_all + (gi * blocks + gb) * 256, 64);
-        _tile_loadd(0, a, M * 2);
+      _tile_loadd(3, c + 48 * pb.tpad, pb.tpad * 4);  // dims 48-63 (A tiles 0-2 only)
+      for (int64_t du = 0; du < duos; ++du) {
+        if (!gr.live[2 * du * blocks + gb] && !gr.live[(2 * du + 1) * blocks + gb]) continue;
+        const uint16_t* a = a_all + du * H * 2 * M;
+        _tile_loadd(4, b_all + (du * blocks + gb) * 512, 64);
+        _tile_loadd(0, a, 64);
         _tile_dpbf16ps(5, 0, 4);
-        _tile_loadd(1, a + 16 * M, M * 2);
+        _tile_loadd(1, a + 16 * 2 * M, 64);
         _tile_dpbf16ps(6, 1, 4);
-        _tile_loadd(2, a + 32 * M, M * 2);
+        _tile_loadd(2, a + 32 * 2 * M, 64);
         _tile_dpbf16ps(7, 2, 4);
-        _tile_loadd(0, a + 48 * M, M * 2);
+        _tile_loadd(0, a + 48 * 2 * M, 64);
         _tile_dpbf16ps(3, 0, 4);
       }
       _tile_stored(5, c, pb.tpad * 4);
