@@ -17,6 +17,12 @@ frozen weights, TRL's bf16 autocast).
   would mix questions of one trajectory into one causal row, so each would see the others).
   Seconds per question: median over steps 3..N of ``on_step_end`` intervals.
 
+The floor (issue 38, goal 1; ``RESULT train_<workload>_floor``): the FLOPs the jaxdm step
+must compute (``step_floor``: projections forward, remat and dx; LoRA; attention over visible
+keys only; the head at the read slots; AdamW) at the best matmul rate measured in the jaxdm
+child right after its steps at the projections' shapes (XLA's dot, jaxdm's matmul kernel and,
+where the benchmark extra installed torch, oneDNN), with the floor's parts.
+
 Peak RSS is each child's VmHWM (its own peak). Objectives differ as stated (ours reads the
 Yes/No distribution, TRL's the full vocabulary); the comparison is what each library needs
 to train these questions once.
@@ -130,10 +136,109 @@ def jaxdm_child(layers: int, budget: int, steps: int, dtype: str,
         times.append(time.perf_counter() - t0)
         losses.append(float(loss))
     step_s = statistics.median(times[1:])
+    rss = peak_rss_gb()  # before the floor's own arrays
+    scoring = batch.scoring
+    read_rows = int(jnp.sum(scoring.answer_mask))
+    floor = step_floor(pre.config, lcfg, scoring, stats["unique_tokens"], read_rows,
+                       pre.config.vocab_size if full_vocab else 2, dtype, step_s)
     return {"side": "jaxdm", "questions": len(its), "tokens": stats["unique_tokens"],
             "step_s": round(step_s, 3), "first_step_s": round(times[0], 2),
             "questions_per_s": len(its) / step_s, "tokens_per_s": stats["unique_tokens"] / step_s,
-            "losses": losses, "peak_rss_gb": peak_rss_gb()}
+            "losses": losses, "peak_rss_gb": rss, "floor": floor}
+
+
+def visible_pairs(scoring) -> int:
+    """(query, key) pairs the packed batch's attention must compute per head: each trunk's
+    causal pairs, then per suffix token the trunk tokens it sees and its own request's earlier
+    tokens and itself."""
+    import numpy as np
+    pairs = 0
+    for g in range(scoring.trunk_tokens.shape[0]):
+        t = int(scoring.trunk_len[g])
+        pairs += t * (t + 1) // 2
+        seg, vis = np.asarray(scoring.suffix_segments[g]), np.asarray(scoring.suffix_visible[g])
+        for r in np.unique(seg[seg > 0]):
+            at = np.flatnonzero(seg == r)
+            pairs += int(np.sum(vis[at])) + len(at) * (len(at) + 1) // 2
+    return pairs
+
+
+def step_floor(config, lcfg, scoring, tokens: int, read_rows: int, read_vocab: int,
+               dtype: str, step_s: float) -> dict:
+    """The LoRA SFT step's floor (issue 38 goal 1): the FLOPs it must compute, timed at the
+    best dense-matmul rate this process reaches at the projections' shapes in its precision
+    (XLA's dot and jaxdm's matmul kernel, measured right after the steps), and the step's
+    multiple of it (torch's oneDNN too where torch is installed). FLOPs: the frozen
+    projections forward, again for the remat recompute, and
+    their dx backward (6·N per token: no dW); LoRA's products (x·A, (x·A)·B forward twice,
+    their dx, dA and dB: 8·r·(I + O) per projection and token); attention over visible keys
+    only (per pair and query head 2·H per product: QK and PV forward twice, and five products
+    backward); the head at the positions the loss reads (forward and dx); AdamW (~10 per
+    trainable parameter). Attention, LoRA and the head are timed at the best projection rate
+    (one figure for "a matmul here")."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxdm.models.cpu import matmul as cpu_matmul
+    d, f, hd = config.hidden_size, config.intermediate_size, config.head_dim
+    kv = config.num_kv_heads * hd
+    shapes = {"q/o": (d, config.num_heads * hd), "k/v": (d, kv), "gate/up": (d, f),
+              "down": (f, d)}
+    per_layer = {"q/o": 2, "k/v": 2, "gate/up": 2, "down": 1}   # products of each shape
+    dt = jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
+    rng = np.random.default_rng(0)
+    rates = {}
+    for name, (k, n) in shapes.items():
+        x = jnp.asarray(rng.normal(size=(tokens, k)), dt)
+        w = jnp.asarray(rng.normal(size=(k, n)), dt)
+        xla = jax.jit(lambda x, w: jnp.matmul(x, w, preferred_element_type=jnp.float32))
+        fns = {"xla": xla}
+        if cpu_matmul.supports(x, w) and cpu_matmul.enabled(w.dtype):
+            fns["kernel"] = jax.jit(cpu_matmul.matmul)
+        best = 0.0
+        for fn in fns.values():
+            jax.block_until_ready(fn(x, w))
+            times = []
+            for _ in range(7):
+                t0 = time.perf_counter()
+                jax.block_until_ready(fn(x, w))
+                times.append(time.perf_counter() - t0)
+            best = max(best, 2 * tokens * k * n / statistics.median(times))
+        rates[name] = best
+    try:  # oneDNN through torch where the benchmark extra installed it, timed after XLA's
+        # (its threads spin a while after each call and slow XLA's)
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        tdt = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+        for name, (k, n) in shapes.items():
+            x, w = torch.randn(tokens, k, dtype=tdt), torch.randn(k, n, dtype=tdt)
+            torch.matmul(x, w)
+            times = []
+            for _ in range(7):
+                t0 = time.perf_counter()
+                torch.matmul(x, w)
+                times.append(time.perf_counter() - t0)
+            rates[name] = max(rates[name], 2 * tokens * k * n / statistics.median(times))
+    top = max(rates.values())
+    layers = config.num_layers
+    proj = {name: 3 * 2 * tokens * k * n * per_layer[name] * layers
+            for name, (k, n) in shapes.items()}
+    r = lcfg.rank
+    lora = 8 * r * tokens * layers * sum((k + n) * per_layer[name]
+                                         for name, (k, n) in shapes.items())
+    attention = visible_pairs(scoring) * config.num_heads * 2 * hd * 9 * layers
+    head = 2 * 2 * read_rows * d * read_vocab
+    trainable = r * layers * sum((k + n) * per_layer[name] for name, (k, n) in shapes.items())
+    seconds = {"matmul": sum(proj[n] / rates[n] for n in proj), "lora": lora / top,
+               "attention": attention / top, "head": head / top,
+               "optimiser": 10 * trainable / top}
+    floor = sum(seconds.values())
+    return {"floor_s": floor, "multiple": step_s / floor, "seconds": seconds,
+            "gflops": {n: round(v / 1e9, 1) for n, v in rates.items()},
+            "tflop": round((sum(proj.values()) + lora + attention + head) / 1e12, 3)}
 
 
 def trl_child(layers: int, rows_file: str, steps: int, dtype: str) -> dict:
@@ -626,6 +731,15 @@ def main(argv=None):
     print(f"RESULT train_{workload}_peak_rss: baseline {t['peak_rss_gb']:.2f} GiB, jaxdm "
           f"{j['peak_rss_gb']:.2f} GiB, ratio {t['peak_rss_gb'] / j['peak_rss_gb']:.2f}x "
           "(each side's own process)")
+    floors = [r["floor"] for r in ok["jaxdm"] if "floor" in r]
+    if floors:
+        fl = min(floors, key=lambda x: x["floor_s"])  # the best rates any round reached
+        parts = ", ".join(f"{k} {v:.3f} s" for k, v in fl["seconds"].items())
+        rates = ", ".join(f"{k} {v:.0f}" for k, v in fl["gflops"].items())
+        print(f"RESULT train_{workload}_floor: baseline {fl['floor_s']:.3f} s, jaxdm "
+              f"{j['step_s']:.3f} s, ratio {j['step_s'] / fl['floor_s']:.2f}x (the step's "
+              f"multiple of its floor, goal <= 1.5x: {fl['tflop']} TFLOP at the best matmul "
+              f"GFLOP/s here ({rates}); floor parts: {parts})")
 
 
 if __name__ == "__main__":

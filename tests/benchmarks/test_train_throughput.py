@@ -142,3 +142,17 @@ def test_tool_workload_trains_the_correct_option_on_trl(tt):
     assert marked[-1] == len(row["input_ids"]) - 1       # the option ends the sequence
     judge = tt.trl_rows(12)
     assert all(r["completion_mask"][-1] == 1 and sum(r["completion_mask"]) == 1 for r in judge)
+
+
+def test_visible_pairs_count_the_segment_rule(tt):
+    """The floor's attention pairs: a trunk's causal pairs, then per suffix token the trunk
+    tokens it sees and its own request's tokens up to itself (padding: none)."""
+    import types
+
+    import numpy as np
+    scoring = types.SimpleNamespace(
+        trunk_tokens=np.zeros((2, 4), np.int32), trunk_len=np.array([3, 1]),
+        suffix_segments=np.array([[1, 1, 2, -1], [1, -1, -1, -1]]),
+        suffix_visible=np.array([[3, 3, 2, 0], [1, 0, 0, 0]]))
+    # row 0: 3 * 4 / 2 causal + (3 + 3 + 1 + 2) + (2 + 1); row 1: 1 + (1 + 1)
+    assert tt.visible_pairs(scoring) == 6 + 9 + 3 + 1 + 2
