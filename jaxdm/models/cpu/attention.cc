@@ -406,6 +406,53 @@ void probabilities_bf16(float scale, int64_t blocks, GroupScratch& gs, float* l)
 using jaxdm::amx_allowed;
 using jaxdm::TileConfig;
 
+// Tile C = the 16 vectors in tiles A0 (dims 0-31) and A1 (dims 32-63) dotted with one 16-key
+// block's keys as a tile operand (kp: [32 dim pairs][16 keys]), stored to out (row stride
+// `stride` bytes): a block of logits (or, with dout and v, of dP). A macro: the tile
+// intrinsics take their tile numbers as literal text.
+#define JAXDM_BLOCK_DOTS(C, A0, A1, kp, out, stride) \
+  do {                                               \
+    const uint32_t* kp_ = (kp);                      \
+    _tile_zero(C);                                   \
+    _tile_loadd(2, kp_, 64);                         \
+    _tile_dpbf16ps(C, A0, 2);                        \
+    _tile_loadd(2, kp_ + 16 * kBlock, 64);           \
+    _tile_dpbf16ps(C, A1, 2);                        \
+    _tile_stored(C, (out), (stride));                \
+  } while (0)
+
+// Tiles 4-7 (16 vectors x 64 dims, fp32) += 16 bf16 rows of 32 keys at `rows` (tile 0, rows
+// `stride` bytes apart) times those 32 keys' rows by pairs of keys [16 pairs][64 dims] at
+// `pairs` (tile 2): one 32-key chunk of P.V in the forward, of dS.k in the backward.
+inline void add_chunk_product(const uint16_t* rows, int64_t stride, const uint32_t* pairs) {
+  constexpr int H = 64;
+  _tile_loadd(0, rows, stride);
+  _tile_loadd(2, pairs, H * 4);
+  _tile_dpbf16ps(4, 0, 2);
+  _tile_loadd(2, pairs + 16, H * 4);
+  _tile_dpbf16ps(5, 0, 2);
+  _tile_loadd(2, pairs + 32, H * 4);
+  _tile_dpbf16ps(6, 0, 2);
+  _tile_loadd(2, pairs + 48, H * 4);
+  _tile_dpbf16ps(7, 0, 2);
+}
+
+inline void zero_product_tiles() {
+  _tile_zero(4);
+  _tile_zero(5);
+  _tile_zero(6);
+  _tile_zero(7);
+}
+
+// Tiles 4-7 to out [16][64] fp32.
+inline void store_product_tiles(float* out) {
+  constexpr int H = 64;
+  _tile_stored(4, out, H * 4);
+  _tile_stored(5, out + 16, H * 4);
+  _tile_stored(6, out + 32, H * 4);
+  _tile_stored(7, out + 48, H * 4);
+}
+
 // 16 query vectors (bf16, unscaled [16][64]) of head dim 64 against all sources on AMX tiles.
 // Tiles 0-1: Q (dims 0-31, 32-63), then P; 2: K or V; 3: logits; 4-7: the output, 16 dims
 // each. Same passes as group_attend; probabilities are rounded to bf16 for P.V (as the XLA
@@ -428,21 +475,13 @@ void group_attend_amx(const uint16_t* q, float scale, const std::vector<const Pa
     const int64_t nb = pair_blocks(ps.t);
     for (; li < gs.live.size() && gs.live[li] < base + nb; ++li) {
       const int64_t gb = gs.live[li], bi = gb - base;
-      const uint32_t* kp = ps.kp.data() + bi * (H / 2) * kBlock;
-      _tile_zero(3);
-      _tile_loadd(2, kp, 64);
-      _tile_dpbf16ps(3, 0, 2);
-      _tile_loadd(2, kp + 16 * kBlock, 64);
-      _tile_dpbf16ps(3, 1, 2);
-      _tile_stored(3, gs.p.data() + gb * kBlock, width * 4);
+      JAXDM_BLOCK_DOTS(3, 0, 1, ps.kp.data() + bi * (H / 2) * kBlock,
+                       gs.p.data() + gb * kBlock, width * 4);
     }
     base += nb;
   }
   probabilities_bf16<M>(scale, blocks, gs, l);
-  _tile_zero(4);
-  _tile_zero(5);
-  _tile_zero(6);
-  _tile_zero(7);
+  zero_product_tiles();
   base = 0;
   li = 0;
   for (size_t si = 0; si < packed.size(); ++si) {
@@ -453,23 +492,12 @@ void group_attend_amx(const uint16_t* q, float scale, const std::vector<const Pa
       bool live = false;
       while (li < gs.live.size() && gs.live[li] < gb + 2) live = true, ++li;
       if (!live) continue;
-      const uint32_t* vp = ps.vp.data() + (bi * kBlock / 2) * H;
-      _tile_loadd(0, gs.p16.data() + gb * kBlock, width * 2);
-      _tile_loadd(2, vp, H * 4);
-      _tile_dpbf16ps(4, 0, 2);
-      _tile_loadd(2, vp + 16, H * 4);
-      _tile_dpbf16ps(5, 0, 2);
-      _tile_loadd(2, vp + 32, H * 4);
-      _tile_dpbf16ps(6, 0, 2);
-      _tile_loadd(2, vp + 48, H * 4);
-      _tile_dpbf16ps(7, 0, 2);
+      add_chunk_product(gs.p16.data() + gb * kBlock, width * 2,
+                        ps.vp.data() + (bi * kBlock / 2) * H);
     }
     base += nb;
   }
-  _tile_stored(4, acc, H * 4);
-  _tile_stored(5, acc + 16, H * 4);
-  _tile_stored(6, acc + 32, H * 4);
-  _tile_stored(7, acc + 48, H * 4);
+  store_product_tiles(acc);
   _tile_release();
 }
 #endif
@@ -1096,20 +1124,8 @@ void grad_group(const GradProblem& pb, const PackedSource& kpk, const PackedSour
   _tile_loadd(5, do16 + 32, H * 2);
   for (size_t n = 0; n < gs.live.size(); ++n) {
     const int32_t gb = gs.live[n];
-    const uint32_t* kb = kpk.kp.data() + gb * (H / 2) * kBlock;
-    const uint32_t* vb = kpv.kp.data() + gb * (H / 2) * kBlock;
-    _tile_zero(3);
-    _tile_loadd(2, kb, 64);
-    _tile_dpbf16ps(3, 0, 2);
-    _tile_loadd(2, kb + 16 * kBlock, 64);
-    _tile_dpbf16ps(3, 1, 2);
-    _tile_stored(3, sb, 64);
-    _tile_zero(6);
-    _tile_loadd(2, vb, 64);
-    _tile_dpbf16ps(6, 4, 2);
-    _tile_loadd(2, vb + 16 * kBlock, 64);
-    _tile_dpbf16ps(6, 5, 2);
-    _tile_stored(6, dpb, 64);
+    JAXDM_BLOCK_DOTS(3, 0, 1, kpk.kp.data() + gb * (H / 2) * kBlock, sb, 64);   // S
+    JAXDM_BLOCK_DOTS(6, 4, 5, kpv.kp.data() + gb * (H / 2) * kBlock, dpb, 64);  // dP
     live[gb] = 1;
     for (int pr = 0; pr < M / 2; ++pr) {
       __m512 p2[2], ds2[2];
@@ -1135,28 +1151,14 @@ void grad_group(const GradProblem& pb, const PackedSource& kpk, const PackedSour
         std::memset(gr.ds16.data() + i * width + other * kBlock, 0, kBlock * sizeof(uint16_t));
   }
   // dq = dS.k (k by pairs of keys: kpv's vp)
-  _tile_zero(4);
-  _tile_zero(5);
-  _tile_zero(6);
-  _tile_zero(7);
+  zero_product_tiles();
   for (size_t n = 0; n < gs.live.size(); ++n) {
     const int32_t gb = gs.live[n] & ~1;
     if (n > 0 && (gs.live[n - 1] & ~1) == gb) continue;  // the chunk was done
-    const uint32_t* kv = kpv.vp.data() + (gb * kBlock / 2) * H;
-    _tile_loadd(0, gr.ds16.data() + gb * kBlock, width * 2);
-    _tile_loadd(2, kv, H * 4);
-    _tile_dpbf16ps(4, 0, 2);
-    _tile_loadd(2, kv + 16, H * 4);
-    _tile_dpbf16ps(5, 0, 2);
-    _tile_loadd(2, kv + 32, H * 4);
-    _tile_dpbf16ps(6, 0, 2);
-    _tile_loadd(2, kv + 48, H * 4);
-    _tile_dpbf16ps(7, 0, 2);
+    add_chunk_product(gr.ds16.data() + gb * kBlock, width * 2,
+                      kpv.vp.data() + (gb * kBlock / 2) * H);
   }
-  _tile_stored(4, dq, H * 4);
-  _tile_stored(5, dq + 16, H * 4);
-  _tile_stored(6, dq + 32, H * 4);
-  _tile_stored(7, dq + 48, H * 4);
+  store_product_tiles(dq);
 }
 
 inline void packed_once(Packed& pk, const Problem& shape, const Source& src, int64_t b,
@@ -1455,47 +1457,40 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxdmCpuAttention, Attend,
                                   .RemainingArgs()
                                   .Ret<ffi::AnyBuffer>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxdmCpuAttentionSegments, AttendSegments,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Attr<float>("scale")
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::AnyBuffer>());
+// The segment rule's four int32 operands (slot, seg, sees, kseg), appended to a binding.
+template <typename Binding>
+auto with_segment_rule(Binding binding) {
+  return std::move(binding)
+      .template Arg<ffi::Buffer<ffi::S32>>()
+      .template Arg<ffi::Buffer<ffi::S32>>()
+      .template Arg<ffi::Buffer<ffi::S32>>()
+      .template Arg<ffi::Buffer<ffi::S32>>();
+}
 
+// The segment kernels' leading operands: the thread pool, the scale, q, k and v.
+inline auto qkv_binding() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()
+      .Attr<float>("scale")
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>();
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxdmCpuAttentionSegments, AttendSegments,
+                              with_segment_rule(qkv_binding()).Ret<ffi::AnyBuffer>());
+
+// q, k, v, then the forward's output, its cotangent and its log-sum-exp, then the rule.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxdmCpuAttentionSegmentsGrad, AttendSegmentsGrad,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Attr<float>("scale")
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
+                              with_segment_rule(qkv_binding()
+                                                    .Arg<ffi::AnyBuffer>()
+                                                    .Arg<ffi::AnyBuffer>()
+                                                    .Arg<ffi::Buffer<ffi::F32>>())
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxdmCpuAttentionSegmentsLse, AttendSegmentsLse,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Attr<float>("scale")
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
+                              with_segment_rule(qkv_binding())
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
