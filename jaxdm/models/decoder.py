@@ -447,13 +447,14 @@ def segment_attention_vjp(q, k, v, out, dout, slot, seg, sees, kseg, need, *,
     context cut picked at run time as in the forward), probabilities P, then with
     Δ = Σ_h dout·out:  dv += Pᵀ·dout,  dS = P ∘ (dout·vᵀ - Δ),  dq = dS·k / √H,
     dk += dSᵀ·q / √H; dS = 0 for a query that sees no key (its output, the mean of the
-    values, does not depend on q or k). fp32 softmax and accumulation; the products take q's precision: with
-    bf16 q, k, v the operands (dout, P and dS rounded to bf16) are bf16 as in FlashAttention's
-    bf16 backward (XLA:CPU's fp32 products were 3-5x slower on AMX), with fp32 q, k, v
-    everything is fp32. dk and dv sum over the query rows, a form XLA:CPU runs 4-9x slower
-    than the others: ``cpu_matmul.contract_rows`` runs them on the matmul kernel where it is on
-    (bf16 judge SFT step on the Xeon with AMX 7.6 -> 6.5 s, 2026-12-07). Pure, so it runs on
-    every platform."""
+    values, does not depend on q or k). fp32 softmax and accumulation; the products take q's
+    precision: with bf16 q, k, v the operands (dout, P and dS rounded to bf16) are bf16 as in
+    FlashAttention's bf16 backward (XLA:CPU's fp32 products were 3-5x slower on AMX), with
+    fp32 q, k, v everything is fp32. dk and dv sum over the query rows, a form XLA:CPU runs
+    4-9x slower than the others: ``cpu_matmul.contract_rows`` runs them on the matmul kernel
+    where it is on (bf16 judge SFT step on the Xeon with AMX 7.6 -> 6.5 s, 2026-12-07). Pure,
+    so it runs on every platform; in bf16 on AMX the backward kernel
+    (``cpu.attention.make_segments_grad``) runs instead, with the same roundings."""
     b, sq, kh, g, hd = q.shape
     t = k.shape[1]
     scale = 1.0 / math.sqrt(hd)

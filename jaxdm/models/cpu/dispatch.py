@@ -11,7 +11,7 @@ platform, differentiable) and calls what comes back; the choice is made when tra
 - ``segment_attention(reference, backward)``: ``attend(plan, q, k, v, slot, seg, sees, kseg,
   need)`` under the segment rule, the kernel's forward where it is on, differentiated by
   ``backward`` or, in bf16 on AMX, the backward kernel (a custom VJP: the forward keeps q, k,
-  v and the output only).
+  v and the output, and for the kernel each query vector's log-sum-exp).
 
 On other platforms the kernels' own ``lax.platform_dependent`` runs the reference, and under
 differentiation (forward mode) their custom JVPs do.
@@ -95,7 +95,8 @@ def segment_attention(reference: Callable, backward: Callable) -> Callable:
     ``backward(q, k, v, out, dout, slot, seg, sees, kseg, need, plan=plan)`` -> (dq, dk, dv),
     or by the backward kernel where ``cpu_attention.supports_segments_grad`` the operands and
     it is on (bf16 on AMX): the forward keeps only q, k, v and the output (training runs the
-    kernel's forward too)."""
+    kernel's forward too), and for the backward kernel each query vector's log-sum-exp (the
+    forward is then the kernel's variant that returns it)."""
 
     @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
     def attend(plan, q, k, v, slot, seg, sees, kseg, need):
