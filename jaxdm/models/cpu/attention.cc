@@ -209,6 +209,26 @@ struct Packed {
   PackedSource source;
 };
 
+// pk's source packed by pack(pk.source) once: the first caller packs, the others wait.
+template <typename Pack>
+inline void packed_once(Packed& pk, Pack pack) {
+  int expected = 0;
+  if (pk.state.load(std::memory_order_acquire) == 2) return;
+  if (pk.state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+    pack(pk.source);
+    pk.state.store(2, std::memory_order_release);
+  } else {
+    while (pk.state.load(std::memory_order_acquire) != 2) _mm_pause();
+  }
+}
+
+// Whether the live block at gs.live-style index n (ascending) has its 32-key chunk's other
+// half live too (else a pair path zeroes that half: it reads whole chunks).
+inline bool chunk_partner_live(const std::vector<int32_t>& live, size_t n) {
+  const int32_t gb = live[n], other = gb ^ 1;
+  return gb % 2 ? n > 0 && live[n - 1] == other : n + 1 < live.size() && live[n + 1] == other;
+}
+
 // Per-thread working memory of one group of query vectors: logits then probabilities
 // [M][blocks * 16], each block's 16-key masks per vector, and which blocks any vector sees.
 struct GroupScratch {
@@ -391,10 +411,8 @@ void probabilities_bf16(float scale, int64_t blocks, GroupScratch& gs, float* l)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(p16 + gb * kBlock),
                           (__m256i)_mm512_cvtneps_pbh(e));
       // P.V reads whole 32-key chunks: the other half of a chunk with one live block is zeros
-      const int64_t other = gb ^ 1;
-      const bool other_live = gb % 2 ? n > 0 && live[n - 1] == other
-                                     : n + 1 < n_live && live[n + 1] == other;
-      if (!other_live) std::memset(p16 + other * kBlock, 0, kBlock * sizeof(uint16_t));
+      if (!chunk_partner_live(gs.live, n))
+        std::memset(p16 + (gb ^ 1) * kBlock, 0, kBlock * sizeof(uint16_t));
     }
     l[i] = _mm512_reduce_add_ps(_mm512_add_ps(sum, sum2));
   }
@@ -731,19 +749,13 @@ void run_item(const Problem& pb, int64_t item, std::vector<float>& scratch, Grou
     const Source& src = pb.sources[i];
     const int64_t krow = b / (pb.bq / src.bk);
     Packed& pk = pb.packs[pb.pack_offset[i] + krow * pb.kh + head];
-    int expected = 0;
-    if (pk.state.load(std::memory_order_acquire) != 2) {
-      if (pk.state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+    packed_once(pk, [&](PackedSource& out) {
 #ifdef JAXDM_PAIRS
-        if constexpr (pairs) pack_source_pairs(pb, src, krow, head, pk.source);
-        else
+      if constexpr (pairs) pack_source_pairs(pb, src, krow, head, out);
+      else
 #endif
-          pack_source<T>(pb, src, krow, head, pk.source);
-        pk.state.store(2, std::memory_order_release);
-      } else {
-        while (pk.state.load(std::memory_order_acquire) != 2) _mm_pause();
-      }
-    }
+        pack_source<T>(pb, src, krow, head, out);
+    });
     packed.push_back(&pk.source);
 #ifdef JAXDM_PAIRS
     if constexpr (pairs) {
@@ -851,11 +863,32 @@ ItemRunner pick(int64_t h, int64_t vectors) {
   }
 }
 
-// Packed keys of earlier calls, reused (their buffers keep their capacity: no page faults
-// on every call). A call takes one workspace and gives it back when all its items are done.
+// A slot's accumulators of dk^T and dv^T for every (row, head) [B * K][2][64][tpad] (a
+// (row, head)'s slab is zeroed when the slot first touches it in a call), and the dout sum
+// of vectors that see no key (their output is the mean of all values).
+struct GradSlot {
+  std::vector<float> acc, uniform;
+  std::vector<uint8_t> touched;
+
+  // (row, head) `pair`'s dk^T / dv^T slab (2 * 64 * tpad floats), zeroed on first use.
+  float* slab(int64_t pair, int64_t tpad) {
+    constexpr int H = 64;
+    if (!touched[pair]) {
+      std::memset(acc.data() + pair * 2 * H * tpad, 0, 2 * H * tpad * sizeof(float));
+      std::memset(uniform.data() + pair * H, 0, H * sizeof(float));
+      touched[pair] = 1;
+    }
+    return acc.data() + pair * 2 * H * tpad;
+  }
+};
+
+// Packed keys of earlier calls (and the backward's slots), reused: their buffers keep their
+// capacity, no page faults on every call. A call takes one workspace and gives it back when
+// all its items are done.
 struct Workspace {
   std::unique_ptr<Packed[]> packs;
   int64_t size = 0;
+  std::vector<GradSlot> slots;  // the backward kernel's (AttendSegmentsGrad)
 };
 
 std::mutex workspace_mutex;
@@ -1056,14 +1089,6 @@ ffi::Error AttendSegmentsLse(ffi::ThreadPool pool, float scale, ffi::AnyBuffer q
 #ifdef __AMX_BF16__
 constexpr int kGradRows = 64;  // query rows per work item (at most)
 
-// A slot's accumulators of dk^T and dv^T for every (row, head) [B * K][2][64][tpad] (a
-// (row, head)'s slab is zeroed when the slot first touches it in a call), and the dout sum
-// of vectors that see no key (their output is the mean of all values).
-struct GradSlot {
-  std::vector<float> acc, uniform;
-  std::vector<uint8_t> touched;
-};
-
 struct GradProblem {
   const uint16_t *q, *k, *v, *out, *dout;
   const float* lse;  // the forward's, per query vector (AttendSegmentsLse)
@@ -1143,12 +1168,9 @@ void grad_group(const GradProblem& pb, const PackedSource& kpk, const PackedSour
     }
     // dq's A operand spans whole 32-key chunks: the other half of a chunk with one live
     // block is zeros
-    const int32_t other = gb ^ 1;
-    const bool other_live = gb % 2 ? n > 0 && gs.live[n - 1] == other
-                                   : n + 1 < gs.live.size() && gs.live[n + 1] == other;
-    if (!other_live)
+    if (!chunk_partner_live(gs.live, n))
       for (int i = 0; i < M; ++i)
-        std::memset(gr.ds16.data() + i * width + other * kBlock, 0, kBlock * sizeof(uint16_t));
+        std::memset(gr.ds16.data() + i * width + (gb ^ 1) * kBlock, 0, kBlock * sizeof(uint16_t));
   }
   // dq = dS.k (k by pairs of keys: kpv's vp)
   zero_product_tiles();
@@ -1159,18 +1181,6 @@ void grad_group(const GradProblem& pb, const PackedSource& kpk, const PackedSour
                       kpv.vp.data() + (gb * kBlock / 2) * H);
   }
   store_product_tiles(dq);
-}
-
-inline void packed_once(Packed& pk, const Problem& shape, const Source& src, int64_t b,
-                        int64_t head) {
-  int expected = 0;
-  if (pk.state.load(std::memory_order_acquire) == 2) return;
-  if (pk.state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
-    pack_source_pairs(shape, src, b, head, pk.source);
-    pk.state.store(2, std::memory_order_release);
-  } else {
-    while (pk.state.load(std::memory_order_acquire) != 2) _mm_pause();
-  }
 }
 
 void grad_item(const GradProblem& pb, int64_t item, int slot_index) {
@@ -1189,8 +1199,8 @@ void grad_item(const GradProblem& pb, int64_t item, int slot_index) {
   const Source kv{pb.k, pb.v, nullptr, pb.bq, pb.t}, vk{pb.v, pb.k, nullptr, pb.bq, pb.t};
   Packed& pk = pb.packs[2 * pair];
   Packed& pv = pb.packs[2 * pair + 1];
-  packed_once(pk, shape, kv, b, head);
-  packed_once(pv, shape, vk, b, head);
+  packed_once(pk, [&](PackedSource& out) { pack_source_pairs(shape, kv, b, head, out); });
+  packed_once(pv, [&](PackedSource& out) { pack_source_pairs(shape, vk, b, head, out); });
   const int64_t blocks = pb.blocks, n_vec = (r1 - r0) * pb.g;
   const int64_t groups = (n_vec + M - 1) / M;
   const int64_t duos = (groups + 1) / 2;  // pairs of groups: 32 vectors
@@ -1243,11 +1253,7 @@ void grad_item(const GradProblem& pb, int64_t item, int slot_index) {
       if (lse2[i] >= kBlindLse) {  // sees no key: the output is the mean of all values
         std::memset(dst, 0, H * 2);
         if (!uniform) {
-          if (!slot.touched[pair]) {
-            std::memset(slot.acc.data() + pair * 2 * H * pb.tpad, 0, 2 * H * pb.tpad * 4);
-            std::memset(slot.uniform.data() + pair * H, 0, H * 4);
-            slot.touched[pair] = 1;
-          }
+          slot.slab(pair, pb.tpad);
           uniform = slot.uniform.data() + pair * H;
         }
         for (int h = 0; h < H; ++h) uniform[h] += bf16_to_f32(do16[i * H + h]);
@@ -1268,11 +1274,7 @@ void grad_item(const GradProblem& pb, int64_t item, int slot_index) {
     _tile_release();
     return;
   }
-  if (!slot.touched[pair]) {
-    std::memset(slot.acc.data() + pair * 2 * H * pb.tpad, 0, 2 * H * pb.tpad * 4);
-    std::memset(slot.uniform.data() + pair * H, 0, H * 4);
-    slot.touched[pair] = 1;
-  }
+  float* slab = slot.slab(pair, pb.tpad);
   // a block one group of a pair sees and the other does not: the other's half of the
   // operands is zeros (its A columns may not be: a real group)
   for (int64_t du = 0; du < duos; ++du)
@@ -1288,7 +1290,7 @@ void grad_item(const GradProblem& pb, int64_t item, int slot_index) {
   for (int which = 0; which < 2; ++which) {
     const uint16_t* a_all = which ? gr.dot.data() : gr.qt.data();
     const uint16_t* b_all = which ? gr.p_pairs.data() : gr.ds_pairs.data();
-    float* acc = slot.acc.data() + (pair * 2 + which) * H * pb.tpad;
+    float* acc = slab + which * H * pb.tpad;
     for (int32_t gb : gr.any_live) {
       float* c = acc + gb * kBlock;
       _tile_loadd(5, c, pb.tpad * 4);
@@ -1316,17 +1318,6 @@ void grad_item(const GradProblem& pb, int64_t item, int slot_index) {
   }
   _tile_release();
 }
-
-// A call's packed operands and per-slot accumulators, kept for the next call (their buffers
-// keep their capacity: no page faults on every layer).
-struct GradWorkspace {
-  std::unique_ptr<Packed[]> packs;
-  int64_t n_packs = 0;
-  std::vector<GradSlot> slots;
-};
-
-std::mutex grad_mutex;
-std::vector<std::unique_ptr<GradWorkspace>> grad_pool;
 
 // dk, dv of every (row, head): the slots' slabs summed in order and transposed to [T][64].
 void grad_reduce(const GradProblem& pb, int n_slots, int64_t pair) {
@@ -1415,14 +1406,7 @@ ffi::Error AttendSegmentsGrad(ffi::ThreadPool pool, float scale, ffi::AnyBuffer 
   const int64_t chunks = std::max<int64_t>(1, (8 * threads + heads - 1) / heads);
   gp.rows_per_item = std::clamp<int64_t>((pb.s + chunks - 1) / chunks, 8, kGradRows);
   const int64_t n_items = pb.s == 0 ? 0 : heads * ((pb.s + gp.rows_per_item - 1) / gp.rows_per_item);
-  std::unique_ptr<GradWorkspace> ws;
-  {
-    std::lock_guard<std::mutex> lock(grad_mutex);
-    if (!grad_pool.empty()) ws = std::move(grad_pool.back()), grad_pool.pop_back();
-  }
-  if (!ws) ws = std::make_unique<GradWorkspace>();
-  if (ws->n_packs < 2 * heads) ws->packs = std::make_unique<Packed[]>(2 * heads), ws->n_packs = 2 * heads;
-  for (int64_t i = 0; i < 2 * heads; ++i) ws->packs[i].state.store(0, std::memory_order_relaxed);
+  std::unique_ptr<Workspace> ws = take_workspace(2 * heads);
   // Deterministic sums: slot i takes items i, i + n_slots, ... in order (interleaved, so the
   // slots' work is alike), whichever thread claims it, and the slots are summed in order.
   const int n_slots = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(2 * threads, n_items)));
@@ -1439,10 +1423,7 @@ ffi::Error AttendSegmentsGrad(ffi::ThreadPool pool, float scale, ffi::AnyBuffer 
     for (int64_t i = slot; i < n_items; i += n_slots) grad_item(gp, i, static_cast<int>(slot));
   });
   jaxdm::run_items(pool, heads, [&gp, n_slots](int64_t p) { grad_reduce(gp, n_slots, p); });
-  {
-    std::lock_guard<std::mutex> lock(grad_mutex);
-    grad_pool.push_back(std::move(ws));
-  }
+  give_workspace(std::move(ws));  // every item is done: no task touches it any more
   return ffi::Error::Success();
 #endif
 }
