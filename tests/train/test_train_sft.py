@@ -235,3 +235,46 @@ def test_malformed_line_names_file_and_line(tmp_path):
     p.write_text(json.dumps(test_row) + "\n")
     with pytest.raises(ValueError, match=r"bad.jsonl:1: split 'test'"):
         read_states(p, require_split="train")
+
+
+def _restore_full(out, model, dtype):
+    """(trained weights, step) of a full fine-tune's latest checkpoint."""
+    import optax
+
+    from jaxdm.rl.checkpoint import Checkpointer
+    tr = sft.master_weights(lora.load_model(str(model), dtype).params)
+    ck = Checkpointer(out / "checkpoints")
+    state, _, step = ck.restore({"trainable": tr, "opt": optax.adamw(1e-5).init(tr)})
+    ck.close()
+    return state["trainable"], step
+
+
+def test_a_bf16_full_fine_tune_keeps_fp32_master_weights(setup):
+    """lora_rank 0 with dtype bfloat16: the step runs in bf16 but AdamW updates an fp32 copy.
+    One step at lr 1e-5 moves nearly every weight by about lr (Adam's first step is lr times
+    the gradient's sign) in the same direction as the fp32 run; updating the bf16 weights
+    themselves would have kept nearly all of them (1e-5 is below half a bf16 ulp from a
+    magnitude of about 0.0026 up). The checkpoint holds the fp32 copy; the settings name it."""
+    root, model, data = setup
+    moved = {}
+    for dtype in ("float32", "bfloat16"):
+        base = lora.load_model(str(model), dtype).params
+        out = f"full_{dtype}"
+        sft.train(_cfg(root, model, data, out, lora_rank=0, lr=1e-5, max_steps=1,
+                       dtype=dtype))
+        trained, step = _restore_full(root / out, model, dtype)
+        assert step == 1
+        assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(trained))
+        moved[dtype] = np.concatenate([
+            (np.asarray(t) - np.asarray(b, np.float32)).ravel()
+            for t, b in zip(jax.tree.leaves(trained["layers"]), jax.tree.leaves(base["layers"]))])
+    changed = {d: np.abs(m) > 0.5e-5 for d, m in moved.items()}
+    assert changed["float32"].mean() > 0.8  # (weights with a zero gradient stay)
+    assert changed["bfloat16"].mean() > 0.95 * changed["float32"].mean()
+    assert np.abs(moved["bfloat16"]).max() < 2e-5
+    assert np.mean(np.sign(moved["bfloat16"]) == np.sign(moved["float32"])) > 0.8
+    keys = sft._settings(_cfg(root, model, data, "x", lora_rank=0, dtype="bfloat16"), 5)
+    assert keys["master_weights"] == "float32"
+    assert "master_weights" not in sft._settings(_cfg(root, model, data, "x", lora_rank=0), 5)
+    assert "master_weights" not in sft._settings(_cfg(root, model, data, "x",
+                                                      dtype="bfloat16"), 5)
