@@ -113,7 +113,7 @@ def trl_rows(budget: int, workload: str = "judge") -> list[dict]:
 
 
 def jaxdm_child(layers: int, budget: int, steps: int, dtype: str,
-                workload: str = "judge") -> dict:
+                workload: str = "judge", full: bool = False) -> dict:
     import jax
     import jax.numpy as jnp
 
@@ -124,9 +124,11 @@ def jaxdm_child(layers: int, budget: int, steps: int, dtype: str,
     its, mode = workload_items(workload, budget)
     batch, window, full_vocab, stats = packing.pack_items(packing.Encoder(pre, mode), its)
     batch = jax.tree.map(jnp.asarray, batch)
-    lcfg = lora.LoraConfig(32, 32.0)
-    step, opt = sft.train_step_fn(pre.config.replace(remat=True), lcfg, 0.5, 1e-4, 0.0)
-    tr = lora.init_adapters(pre.params, lcfg, jax.random.key(0))
+    lcfg = None if full else lora.LoraConfig(32, 32.0)
+    step, opt = sft.train_step_fn(pre.config.replace(remat=True), lcfg, 0.5, 1e-4, 0.0,
+                                  donate=True)  # as train-dm runs it
+    tr = (sft.master_weights(pre.params) if full  # train-dm's own full fine-tune state
+          else lora.init_adapters(pre.params, lcfg, jax.random.key(0)))
     ost = opt.init(tr)
     times, losses = [], []
     for _ in range(steps):
@@ -140,7 +142,8 @@ def jaxdm_child(layers: int, budget: int, steps: int, dtype: str,
     scoring = batch.scoring
     read_rows = int(jnp.sum(scoring.answer_mask))
     floor = step_floor(pre.config, lcfg, scoring, stats["unique_tokens"], read_rows,
-                       pre.config.vocab_size if full_vocab else 2, dtype, step_s)
+                       pre.config.vocab_size if full_vocab else 2, dtype, step_s,
+                       all_params=sum(int(x.size) for x in jax.tree.leaves(pre.params)))
     return {"side": "jaxdm", "questions": len(its), "tokens": stats["unique_tokens"],
             "step_s": round(step_s, 3), "first_step_s": round(times[0], 2),
             "questions_per_s": len(its) / step_s, "tokens_per_s": stats["unique_tokens"] / step_s,
@@ -164,7 +167,7 @@ def visible_pairs(scoring) -> int:
 
 
 def step_floor(config, lcfg, scoring, tokens: int, read_rows: int, read_vocab: int,
-               dtype: str, step_s: float) -> dict:
+               dtype: str, step_s: float, all_params: int = 0) -> dict:
     """The LoRA SFT step's floor (issue 38 goal 1): the FLOPs it must compute, timed at the
     best dense-matmul rate this process reaches at the projections' shapes in its precision
     (XLA's dot and jaxdm's matmul kernel, measured right after the steps), and the step's
@@ -175,7 +178,8 @@ def step_floor(config, lcfg, scoring, tokens: int, read_rows: int, read_vocab: i
     only (per pair and query head 2·H per product: QK and PV forward twice, and five products
     backward); the head at the positions the loss reads (forward and dx); AdamW (~10 per
     trainable parameter). Attention, LoRA and the head are timed at the best projection rate
-    (one figure for "a matmul here")."""
+    (one figure for "a matmul here"). A full fine-tune (lcfg None) adds the projections' dW
+    (8·N per token in all), has no LoRA term and AdamW over ``all_params``."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -224,14 +228,16 @@ def step_floor(config, lcfg, scoring, tokens: int, read_rows: int, read_vocab: i
             rates[name] = max(rates[name], 2 * tokens * k * n / statistics.median(times))
     top = max(rates.values())
     layers = config.num_layers
-    proj = {name: 3 * 2 * tokens * k * n * per_layer[name] * layers
+    products = 3 if lcfg else 4  # forward, remat recompute, dx (and a full fine-tune's dW)
+    proj = {name: products * 2 * tokens * k * n * per_layer[name] * layers
             for name, (k, n) in shapes.items()}
-    r = lcfg.rank
+    r = lcfg.rank if lcfg else 0
     lora = 8 * r * tokens * layers * sum((k + n) * per_layer[name]
                                          for name, (k, n) in shapes.items())
     attention = visible_pairs(scoring) * config.num_heads * 2 * hd * 9 * layers
     head = 2 * 2 * read_rows * d * read_vocab
-    trainable = r * layers * sum((k + n) * per_layer[name] for name, (k, n) in shapes.items())
+    trainable = (r * layers * sum((k + n) * per_layer[name] for name, (k, n) in shapes.items())
+                 if lcfg else all_params)
     seconds = {"matmul": sum(proj[n] / rates[n] for n in proj), "lora": lora / top,
                "attention": attention / top, "head": head / top,
                "optimiser": 10 * trainable / top}
@@ -241,7 +247,7 @@ def step_floor(config, lcfg, scoring, tokens: int, read_rows: int, read_vocab: i
             "tflop": round((sum(proj.values()) + lora + attention + head) / 1e12, 3)}
 
 
-def trl_child(layers: int, rows_file: str, steps: int, dtype: str) -> dict:
+def trl_child(layers: int, rows_file: str, steps: int, dtype: str, full: bool = False) -> dict:
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -273,7 +279,8 @@ def trl_child(layers: int, rows_file: str, steps: int, dtype: str) -> dict:
                       target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                       "up_proj", "down_proj"])
     trainer = SFTTrainer(model=model, args=cfg, train_dataset=Dataset.from_list(rows),
-                         processing_class=tok, peft_config=peft, callbacks=[Clock()])
+                         processing_class=tok, peft_config=None if full else peft,
+                         callbacks=[Clock()])
     t0 = time.perf_counter()
     try:
         trainer.train()
@@ -621,7 +628,8 @@ def run_child(args, side: str, rows_file: str) -> dict:
     return child_result(side, [sys.executable, __file__, "--workload", args.workload,
                                "--child", side, "--layers",
                                str(args.layers), "--budget", str(args.budget), "--steps",
-                               str(args.steps), "--dtype", args.dtype, "--rows", rows_file])
+                               str(args.steps), "--dtype", args.dtype, "--rows", rows_file]
+                       + (["--full"] if args.full else []))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -652,6 +660,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--sides", default="trl,jaxdm,jaxdm_multiturn",
                     help="GRPO: which sides to run, comma-separated (RESULT lines need trl and "
                          "jaxdm; each child prints its own JSON line)")
+    ap.add_argument("--full", action="store_true",
+                    help="sft / tool: a full fine-tune on both sides (every weight trained; "
+                         "train-dm in bf16 with fp32 master weights, TRL without PEFT)")
     ap.add_argument("--rows", help=argparse.SUPPRESS)
     ap.add_argument("--model-path", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -691,9 +702,10 @@ def main(argv=None):
         print("CHILD " + json.dumps(got), flush=True)
         return
     if args.child:
-        got = (jaxdm_child(args.layers, args.budget, args.steps, args.dtype, args.items)
+        got = (jaxdm_child(args.layers, args.budget, args.steps, args.dtype, args.items,
+                           args.full)
                if args.child == "jaxdm" else
-               trl_child(args.layers, args.rows, args.steps, args.dtype))
+               trl_child(args.layers, args.rows, args.steps, args.dtype, args.full))
         print("CHILD " + json.dumps(got), flush=True)
         return
     runs: dict[str, list[dict]] = {"trl": [], "jaxdm": []}
@@ -724,7 +736,8 @@ def main(argv=None):
                 f"{ok['jaxdm'][0]['tokens'] / ok['jaxdm'][0]['questions']:.1f} (jaxdm)")
     print(f"RESULT train_{workload}_questions_per_s: baseline {t['questions_per_s']:.3f}, jaxdm "
           f"{j['questions_per_s']:.3f}, ratio {j['questions_per_s'] / t['questions_per_s']:.1f}x "
-          f"(TRL SFTTrainer + PEFT LoRA vs train-dm, {what})")
+          f"(TRL SFTTrainer {'full fine-tune' if args.full else '+ PEFT LoRA'} vs train-dm"
+          f"{' full fine-tune' if args.full else ''}, {what})")
     print(f"RESULT train_{workload}_tokens_per_s: baseline {t['tokens_per_s']:.0f}, jaxdm "
           f"{j['tokens_per_s']:.0f}, ratio {j['tokens_per_s'] / t['tokens_per_s']:.2f}x "
           "(tokens run per second)")

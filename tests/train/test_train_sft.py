@@ -278,3 +278,24 @@ def test_a_bf16_full_fine_tune_keeps_fp32_master_weights(setup):
     assert "master_weights" not in sft._settings(_cfg(root, model, data, "x", lora_rank=0), 5)
     assert "master_weights" not in sft._settings(_cfg(root, model, data, "x",
                                                       dtype="bfloat16"), 5)
+
+
+def test_a_donating_step_writes_over_its_state_and_gives_the_same_update(setup):
+    """train-dm's step donates its trainable and optimiser-state buffers (no fresh pages per
+    step); the update is the non-donating step's, and the donated inputs are gone."""
+    root, model, data = setup
+    pre = load_pretrained(model)
+    states = read_states(str(data))
+    batch, window, full_vocab, _ = packing.pack_items(packing.Encoder(pre, mode="readout"),
+                                                      [it for s in states[:2] for it in s])
+    batch = jax.tree.map(jnp.asarray, batch)
+    got = {}
+    for donate in (False, True):
+        fn, opt = sft.train_step_fn(pre.config, None, 0.2, 1e-3, 0.0, donate=donate)
+        tr = sft.master_weights(pre.params)
+        ost = opt.init(tr)
+        got[donate] = fn(tr, ost, pre.params, batch, window, full_vocab)
+        assert all(x.is_deleted() for x in jax.tree.leaves(tr)) == donate
+    for a, b in zip(jax.tree.leaves(got[False][:3]), jax.tree.leaves(got[True][:3])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert not any(x.is_deleted() for x in jax.tree.leaves(pre.params))

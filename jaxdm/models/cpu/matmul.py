@@ -246,8 +246,7 @@ def _tangent(x: jax.Array, w: jax.Array, valid: jax.Array, dx: jax.Array | None,
     if dw is not None:
         terms.append(linear.linear_map(
             lambda res, dw: zero_skipped_rows(reference(res[0], dw), res[1]),
-            lambda res, g: jnp.einsum("MK,MN->KN", res[0].reshape(-1, k),
-                                      rounded(g, res[1]).reshape(-1, n),
-                                      preferred_element_type=f32).astype(w.dtype),
+            lambda res, g: contract_rows(res[0].reshape(-1, k),
+                                         rounded(g, res[1]).reshape(-1, n)).astype(w.dtype),
             (x, valid), dw))
     return terms[0] if len(terms) == 1 else terms[0] + terms[1]
