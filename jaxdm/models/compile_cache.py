@@ -39,6 +39,7 @@ code. The folder is bounded to ``PROGRAMS_MAX_BYTES`` (least recently used remov
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import inspect
@@ -117,6 +118,27 @@ def enable() -> Path | None:
         jax.config.update("jax_compilation_cache_dir", str(path))
         _enabled = path
         return path
+
+
+def release_freed_memory() -> bool:
+    """Hands the C heap's free pages back to the OS (glibc's ``malloc_trim``); False where
+    there is no glibc. Call it after compiling a large program: XLA's compiler frees hundreds
+    of MB in small blocks that glibc keeps, so the program's first run would add its buffers
+    on top of them (the 69-option fp32 LoRA step: peak RSS 3.23 -> 2.27 GB)."""
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL("libc.so.6")
+            _libc.malloc_trim
+        except (OSError, AttributeError):
+            _libc = False
+    if not _libc:
+        return False
+    _libc.malloc_trim(0)
+    return True
+
+
+_libc: Any = None
 
 
 def enabled_dir() -> Path | None:

@@ -34,6 +34,7 @@ import optax
 from jaxdm.decision import make_backend
 from jaxdm.decision.types import YesNo
 from jaxdm.models import lora as lora_lib
+from jaxdm.models import compile_cache
 from jaxdm.models.loading import save_pretrained
 from jaxdm.models.lora import load_model
 from jaxdm.jsonl import write_json
@@ -195,6 +196,31 @@ def train_step_fn(config, lcfg: "lora_lib.LoraConfig | None", mu: float, lr: flo
                     donate_argnums=(0, 1) if donate else ()), optimizer)
 
 
+class StepPrograms:
+    """``step_fn`` (``train_step_fn``'s) compiled ahead once per batch shape, called like it.
+    After each compile the compiler's freed heap goes back to the OS
+    (``compile_cache.release_freed_memory``) before the program's first run adds its buffers:
+    the peak RSS of a run's first step is then the step's own (69-option fp32 LoRA step:
+    3.23 -> 2.27 GB). ``len()`` is the number of programs compiled."""
+
+    def __init__(self, step_fn):
+        self._step_fn = step_fn
+        self._programs: dict[Any, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self._programs)
+
+    def __call__(self, trainable, opt_state, base, batch, window, full_vocab):
+        shape = (window, full_vocab, jax.tree.structure(batch),
+                 tuple((x.shape, x.dtype) for x in jax.tree.leaves(batch)))
+        program = self._programs.get(shape)
+        if program is None:
+            program = self._programs[shape] = self._step_fn.lower(
+                trainable, opt_state, base, batch, window, full_vocab).compile()
+            compile_cache.release_freed_memory()
+        return program(trainable, opt_state, base, batch)
+
+
 def master_weights(params: Any) -> Any:
     """A full fine-tune's trained copy of ``params``: every floating leaf in float32 (mixed
     precision: bf16 weights would lose every AdamW update below half their ulp, ~2e-4 of a
@@ -269,6 +295,7 @@ def train(cfg: TrainDMConfig) -> dict[str, Any]:
                    keys=("sft/loss", "sft/accuracy"))
     t_start = time.perf_counter()
     trained_q = 0
+    programs = StepPrograms(step_fn)
     try:
         for s in range(start, stop):
             idx = batch_order(len(states), cfg.states_per_step, cfg.seed, s)
@@ -281,8 +308,8 @@ def train(cfg: TrainDMConfig) -> dict[str, Any]:
                                                                   min_trunk=cfg.min_trunk,
                                                                   o_bucket=cfg.o_bucket)
             batch = jax.tree.map(jnp.asarray, batch)
-            new_tr, new_opt, loss, gnorm, m = step_fn(trainable, opt_state, base, batch,
-                                                      window, full_vocab)
+            new_tr, new_opt, loss, gnorm, m = programs(trainable, opt_state, base, batch,
+                                                       window, full_vocab)
             loss, gnorm = float(loss), float(gnorm)
             if not (math.isfinite(loss) and math.isfinite(gnorm)):
                 last = ckpt.latest_step()
@@ -311,6 +338,7 @@ def train(cfg: TrainDMConfig) -> dict[str, Any]:
         writer.close()
     summary: dict[str, Any] = {
         "steps_done": stop, "steps_total": total, "resumed_from": start, "states": len(states),
+        "compiled_steps": len(programs),
         "questions": n_q, "epochs": cfg.epochs, "mode": cfg.mode,
         "lora": None if not lcfg else {"rank": lcfg.rank, "alpha": lcfg.alpha,
                                        "targets": list(lcfg.targets),

@@ -299,3 +299,22 @@ def test_a_donating_step_writes_over_its_state_and_gives_the_same_update(setup):
     for a, b in zip(jax.tree.leaves(got[False][:3]), jax.tree.leaves(got[True][:3])):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert not any(x.is_deleted() for x in jax.tree.leaves(pre.params))
+
+
+def test_each_batch_shape_compiles_once_and_frees_the_compilers_heap(setup, monkeypatch):
+    """train-dm compiles one step program per batch shape (the summary counts them) and hands
+    the compiler's freed heap back to the OS before each program's first run."""
+    from jaxdm.models import compile_cache
+    assert compile_cache.release_freed_memory() is True  # glibc (this project's Linux)
+    root, model, data = setup
+    calls = []
+    monkeypatch.setattr(compile_cache, "release_freed_memory", lambda: calls.append(1) or True)
+    summary = sft.train(_cfg(root, model, data, "programs", max_steps=6, save_every=100))
+    states = read_states(str(data))
+    enc = packing.Encoder(load_pretrained(model), mode="readout")
+    shapes = set()
+    for s in range(6):
+        its = [it for i in sft.batch_order(len(states), 1, 0, s) for it in states[i]]
+        b, w, fv, _ = packing.pack_items(enc, its)
+        shapes.add((w, fv, tuple(np.shape(x) for x in jax.tree.leaves(b))))
+    assert summary["compiled_steps"] == len(shapes) == len(calls) >= 1
