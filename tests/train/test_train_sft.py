@@ -309,11 +309,11 @@ def test_each_batch_shape_compiles_once_and_frees_the_compilers_heap(setup, monk
     root, model, data = setup
     calls = []
     monkeypatch.setattr(compile_cache, "release_freed_memory", lambda: calls.append(1) or True)
-    summary = sft.train(_cfg(root, model, data, "programs", max_steps=6, save_every=100))
+    summary = sft.train(_cfg(root, model, data, "programs", max_steps=3, save_every=100))
     states = read_states(str(data))
     enc = packing.Encoder(load_pretrained(model), mode="readout")
     shapes = set()
-    for s in range(6):
+    for s in range(3):
         its = [it for i in sft.batch_order(len(states), 1, 0, s) for it in states[i]]
         b, w, fv, _ = packing.pack_items(enc, its)
         shapes.add((w, fv, tuple(np.shape(x) for x in jax.tree.leaves(b))))
