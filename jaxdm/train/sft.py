@@ -23,6 +23,7 @@ import json
 import math
 import sys
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Literal
 
@@ -201,14 +202,19 @@ class StepPrograms:
     After each compile the compiler's freed heap goes back to the OS
     (``compile_cache.release_freed_memory``) before the program's first run adds its buffers:
     the peak RSS of a run's first step is then the step's own (69-option fp32 LoRA step:
-    3.23 -> 2.27 GB). ``len()`` is the number of programs compiled."""
+    3.23 -> 2.27 GB). The programs are kept per ``step_fn`` (``train_step_fn`` caches it), so
+    a resumed or repeated run in one process reuses them. ``len()`` is the number of distinct
+    programs this instance has run (a run's compiled step shapes)."""
+
+    _compiled: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 
     def __init__(self, step_fn):
         self._step_fn = step_fn
-        self._programs: dict[Any, Any] = {}
+        self._programs = self._compiled.setdefault(step_fn, {})
+        self._used: set = set()
 
     def __len__(self) -> int:
-        return len(self._programs)
+        return len(self._used)
 
     def __call__(self, trainable, opt_state, base, batch, window, full_vocab):
         shape = (window, full_vocab, jax.tree.structure(batch),
@@ -218,6 +224,7 @@ class StepPrograms:
             program = self._programs[shape] = self._step_fn.lower(
                 trainable, opt_state, base, batch, window, full_vocab).compile()
             compile_cache.release_freed_memory()
+        self._used.add(shape)
         return program(trainable, opt_state, base, batch)
 
 

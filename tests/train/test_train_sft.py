@@ -303,10 +303,12 @@ def test_a_donating_step_writes_over_its_state_and_gives_the_same_update(setup):
 
 def test_each_batch_shape_compiles_once_and_frees_the_compilers_heap(setup, monkeypatch):
     """train-dm compiles one step program per batch shape (the summary counts them) and hands
-    the compiler's freed heap back to the OS before each program's first run."""
+    the compiler's freed heap back to the OS before each program's first run; a second run in
+    the same process reuses the programs."""
     from jaxdm.models import compile_cache
     assert compile_cache.release_freed_memory() is True  # glibc (this project's Linux)
     root, model, data = setup
+    sft.train_step_fn.cache_clear()  # programs compiled by the tests above are not reused
     calls = []
     monkeypatch.setattr(compile_cache, "release_freed_memory", lambda: calls.append(1) or True)
     summary = sft.train(_cfg(root, model, data, "programs", max_steps=3, save_every=100))
@@ -318,3 +320,6 @@ def test_each_batch_shape_compiles_once_and_frees_the_compilers_heap(setup, monk
         b, w, fv, _ = packing.pack_items(enc, its)
         shapes.add((w, fv, tuple(np.shape(x) for x in jax.tree.leaves(b))))
     assert summary["compiled_steps"] == len(shapes) == len(calls) >= 1
+    calls.clear()
+    again = sft.train(_cfg(root, model, data, "programs_again", max_steps=3, save_every=100))
+    assert again["compiled_steps"] == len(shapes) and not calls
