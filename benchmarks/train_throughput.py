@@ -169,19 +169,19 @@ def visible_pairs(scoring) -> int:
 
 def step_floor(config, lcfg, scoring, tokens: int, read_rows: int, read_vocab: int,
                dtype: str, step_s: float, all_params: int = 0) -> dict:
-    """The LoRA SFT step's floor (issue 38 goal 1): the FLOPs it must compute, timed at the
-    best dense-matmul rate this process reaches at the projections' shapes in its precision
-    (XLA's dot and jaxdm's matmul kernel, measured right after the steps), and the step's
-    multiple of it (torch's oneDNN too where torch is installed). FLOPs: the frozen
-    projections forward, again for the remat recompute, and
-    their dx backward (6·N per token: no dW); LoRA's products (x·A, (x·A)·B forward twice,
-    their dx, dA and dB: 8·r·(I + O) per projection and token); attention over visible keys
-    only (per pair and query head 2·H per product: QK and PV forward twice, and five products
-    backward); the head at the positions the loss reads (forward and dx). Attention, LoRA and
-    the head are timed at the best projection rate (one figure for "a matmul here"). AdamW is
-    memory-bound: 28 bytes per trainable parameter (fp32 weight, gradient and two moments
-    read, three written) at the bandwidth of a streaming add measured here. A full fine-tune (lcfg None) adds the projections' dW
-    (8·N per token in all), has no LoRA term and AdamW over ``all_params``."""
+    """The SFT step's floor (issue 38 goal 1): the FLOPs it must compute, timed at the best
+    dense-matmul rate this process reaches at the projections' shapes in its precision (XLA's
+    dot and jaxdm's matmul kernel, measured right after the steps; torch's oneDNN too where
+    torch is installed), and the step's multiple of it. FLOPs: the projections forward, again
+    for the remat recompute, and their dx backward (6·N per token; a full fine-tune, lcfg
+    None, adds dW: 8·N); LoRA's products (x·A, (x·A)·B forward twice, their dx, dA and dB:
+    8·r·(I + O) per projection and token); attention over visible keys only (per pair and
+    query head 2·H per product: QK and PV forward twice, and five products backward); the head
+    at the positions the loss reads (forward and dx). Attention, LoRA and the head are timed
+    at the best projection rate (one figure for "a matmul here"). AdamW is memory-bound: 28
+    bytes per trainable parameter (LoRA's factors, or ``all_params`` for a full fine-tune:
+    fp32 weight, gradient and two moments read, three written) at the bandwidth of a
+    streaming add measured here."""
     import jax
     import jax.numpy as jnp
     import numpy as np
