@@ -81,10 +81,15 @@ class DecideClient:
             raise DecideError(f.status, None, str(f)) from None
 
     def decide(self, context: str, question: str, options: Sequence[str], *, id: Any = None,
-               meta: Mapping | None = None) -> Decision:
-        """One question; ``DecideError`` when the server refuses or fails it."""
+               meta: Mapping | None = None, option_names: Sequence[str] | None = None
+               ) -> Decision:
+        """One question; ``DecideError`` when the server refuses or fails it. ``option_names``:
+        each option's leading name, the reply option likelihood scores
+        (``MultipleChoice.option_names``)."""
         body: dict[str, Any] = {"context": context, "question": question,
                                 "options": list(options)}
+        if option_names is not None:
+            body["option_names"] = list(option_names)
         if id is not None:
             body["id"] = id
         if meta is not None:

@@ -295,6 +295,8 @@ class RecordedState:
             "context": qs[0].context if qs else "",
             "questions": [{"kind": q.meta["kind"], "question": q.question,
                            "options": list(q.options), "answer": list(q.meta["answer"]),
+                           **({"option_names": list(q.option_names)}
+                              if q.option_names is not None else {}),
                            **{k: q.meta[k] for k in ("tool", "param") if k in q.meta}}
                           for q in qs],
             "action": self.action, "expert_action": self.expert_action,

@@ -41,11 +41,12 @@ def _shift(state: GymState, params: GymParams) -> bool:
     return params.variant == SHIFT or state.task.variant == SHIFT
 
 
-def _question(context: str, question: str, options: tuple[str, ...], meta: dict[str, Any]
-              ) -> MultipleChoice:
+def _question(context: str, question: str, options: tuple[str, ...], meta: dict[str, Any],
+              option_names: tuple[str, ...] | None = None) -> MultipleChoice:
     if meta["answer"]:
         meta["oracle_answer"] = options[meta["answer"][0]]
-    return MultipleChoice(context=context, question=question, options=options, meta=meta)
+    return MultipleChoice(context=context, question=question, options=options, meta=meta,
+                          option_names=option_names)
 
 
 def _meta(state: GymState, kind: str, answer: list[int], **extra: Any) -> dict[str, Any]:
@@ -74,14 +75,18 @@ def tool_question(state: GymState, params: GymParams, context: str | None = None
     shift = _shift(state, params)
     names = _ENV.tool_names(state, params, shuffled=True, salt="tool-question")
     tools = [tool_named(n, shift) for n in names]
-    options = tuple(f"{t.display_name(shift)}: {t.display_description(shift)}" for t in tools)
+    shown = tuple(t.display_name(shift) for t in tools)
+    options = tuple(f"{n}: {t.display_description(shift)}" for n, t in zip(shown, tools))
     answer = [] if key is None else [i for i, t in enumerate(tools) if key.accepts_tool(t.name)]
     return _question(
         render_context(state) if context is None else context,
         "Which tool should the agent call next?", options,
         _meta(state, "tool", answer, tools=names, answer_tools=tuple(names[i] for i in answer),
               # The paper's hard case: the only right move is to ask the customer.
-              must_ask=key is not None and key.tools == ("ask_customer",)))
+              must_ask=key is not None and key.tools == ("ask_customer",)),
+        # A model answers with the tool's name: the likelihood interface reads each
+        # description once, in the list, not again in every option's continuation.
+        option_names=shown)
 
 
 def candidates(param: Param, context: str) -> list[str]:

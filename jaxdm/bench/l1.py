@@ -98,7 +98,9 @@ def tool_items(categories: Iterable[str] = TOOL_CATEGORIES,
                 question="Which function should the assistant call to answer the user?",
                 options=options,
                 meta={"kind": "l1_tool", "category": cat, "id": q["id"], "answer": tuple(answer),
-                      "oracle_answer": options[answer[0]]}))
+                      "oracle_answer": options[answer[0]]},
+                # the reply option likelihood scores: the function's name
+                option_names=tuple(f["name"] for f in funcs)))
             kept += 1
         if stats is not None:
             stats[f"tool/{cat}"] = kept

@@ -4,6 +4,9 @@ stdin/stdout), backed by any decision backend of ``jaxdm.decision.make_backend``
 Request (one JSON object)::
 
     {"context": str, "question": str, "options": [str, ...],   # required, options non-empty
+     "option_names": [str, ...],                                # optional, each the start of
+                                                                # its option: the reply that
+                                                                # option likelihood scores
      "id": any JSON value,                                      # optional, echoed back
      "meta": {...}}                                             # optional, out-of-band data for
                                                                 # the backend, never shown to a

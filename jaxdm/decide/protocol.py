@@ -14,7 +14,7 @@ from typing import Any
 
 from jaxdm.decision.types import MultipleChoice
 
-REQUEST_KEYS = ("context", "question", "options", "id", "meta")
+REQUEST_KEYS = ("context", "question", "options", "option_names", "id", "meta")
 MAX_DEPTH = 32          # JSON nesting: a request needs 4 ({"requests": [{"meta": {...}}]})
 MAX_INT_DIGITS = 64     # Python refuses over 4,300 digits with a ValueError json does not name
 
@@ -161,8 +161,17 @@ def _parse_one(obj: Any, where: str, limits: Limits) -> Request:
     meta = obj.get("meta", {})
     if not isinstance(meta, dict):
         raise RequestError(field("meta"), f"must be an object, got {type(meta).__name__}")
-    mc = MultipleChoice(context=obj["context"], question=obj["question"], options=tuple(options),
-                        meta=meta)
+    names = obj.get("option_names")
+    if names is not None:
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise RequestError(field("option_names"), "must be a list of strings (each the start "
+                                                      "of its option), one per option")
+    try:
+        mc = MultipleChoice(context=obj["context"], question=obj["question"],
+                            options=tuple(options), meta=meta,
+                            option_names=None if names is None else tuple(names))
+    except ValueError as e:
+        raise RequestError(field("option_names"), str(e)) from None
     return Request(mc, obj.get("id"), "id" in obj)
 
 

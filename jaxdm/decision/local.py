@@ -393,10 +393,11 @@ class LocalLikelihood(_LocalBase):
 
     def option_requests(self, q: MultipleChoice, where: str = "question"
                         ) -> list[shared_prefix.Request]:
-        """One request per option: the shared prompt followed by the option's tokens."""
+        """One request per option: the shared prompt followed by the option's reply tokens (its
+        name when the question has ``option_names``, else its text)."""
         prompt = encode_messages(self.tokenizer, render.render_messages(q, "likelihood"))
         reqs = []
-        for j, opt in enumerate(q.options):
+        for j, opt in enumerate(render.likelihood_replies(q)):
             opt_ids = text_ids(self.tokenizer, opt)
             if not opt_ids:
                 raise ValueError(f"{where}: option {j} ({opt!r}) has no tokens")

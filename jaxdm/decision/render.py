@@ -31,6 +31,11 @@ SYSTEM_PROMPTS: Mapping[tuple[str, str], str] = {
     ("choice", "likelihood"): (
         "You are a decision model. Read the context and the question, then reply with the "
         "chosen action exactly as written among the candidates."),
+    # Likelihood over option names (``MultipleChoice.option_names``): the list shows each
+    # option in full, the reply scored is its leading name.
+    ("choice", "likelihood_named"): (
+        "You are a decision model. Read the context and the question, then reply with the "
+        "name of the chosen action, as it starts the action's line among the candidates."),
     ("yesno", "constrained"): (
         "You are a decision model. Read the context and the question, then answer with a "
         "single word, Yes or No."),
@@ -77,8 +82,17 @@ def user_message(q: MultipleChoice | YesNo, interface: str) -> str:
 def render_messages(q: MultipleChoice | YesNo, interface: str = "constrained") -> list[dict]:
     """Chat messages [system, user] for ``q`` under ``interface``."""
     kind = "choice" if isinstance(q, MultipleChoice) else "yesno"
-    return [{"role": "system", "content": SYSTEM_PROMPTS[(kind, interface)]},
+    prompt = (SYSTEM_PROMPTS[(kind, "likelihood_named")]
+              if interface == "likelihood" and kind == "choice" and q.option_names is not None
+              else SYSTEM_PROMPTS[(kind, interface)])
+    return [{"role": "system", "content": prompt},
             {"role": "user", "content": user_message(q, interface)}]
+
+
+def likelihood_replies(q: MultipleChoice) -> tuple[str, ...]:
+    """The reply the likelihood interface scores for each option: its name when the question
+    has ``option_names``, else the option's whole text."""
+    return q.option_names if q.option_names is not None else q.options
 
 
 def render_plain(messages: Sequence[Mapping[str, str]]) -> str:
@@ -91,4 +105,4 @@ def render_plain(messages: Sequence[Mapping[str, str]]) -> str:
 
 
 __all__ = ["INTERFACES", "SYSTEM_PROMPTS", "LABELS", "YES_NO", "labels_for", "user_message",
-           "render_messages", "render_plain"]
+           "render_messages", "likelihood_replies", "render_plain"]

@@ -72,11 +72,13 @@ def _meta(point: str, answer: Sequence[int] | None, options: Sequence[str],
 def tool_question(context: str, tools: Sequence[tuple[str, str]], *,
                   answer: Sequence[int] | None = None,
                   meta: Mapping[str, Any] | None = None) -> MultipleChoice:
-    """Which tool next, over ``tools`` = (name, description) pairs in the harness's order."""
+    """Which tool next, over ``tools`` = (name, description) pairs in the harness's order; a model
+    replies with the tool's name (``MultipleChoice.option_names``)."""
     options = tuple(f"{name}: {desc}" for name, desc in tools)
+    names = tuple(n for n, _ in tools)
     return MultipleChoice(context, QUESTION_TEXT["tool"], options,
-                          _meta("tool", answer, options,
-                                {"tools": tuple(n for n, _ in tools), **(meta or {})}))
+                          _meta("tool", answer, options, {"tools": names, **(meta or {})}),
+                          option_names=names)
 
 
 def param_question(context: str, tool: str, param: str, values: Sequence[str], *,

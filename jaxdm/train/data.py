@@ -19,7 +19,9 @@ a graded label that is the target P(Yes) itself: a value model's label from retu
 ``jaxdm.train.value_data``). A question may carry its own ``context`` (the states of one
 trajectory, each asked about over its own prefix: they still pack into one shared row, as
 prefixes of one another). ``weight`` (optional, a finite number > 0, default 1) is the
-question's weight in the batch loss. A malformed line raises ``ValueError`` naming the file and line (and the question index).
+question's weight in the batch loss. ``option_names`` (optional, one per option, each the start
+of its option: DECISION GYM's tool names) makes option likelihood score the names as the reply
+(``MultipleChoice.option_names``). A malformed line raises ``ValueError`` naming the file and line (and the question index).
 """
 from __future__ import annotations
 
@@ -44,8 +46,8 @@ def _item(q: Any, context: str, where: str, extra: dict[str, Any]) -> SFTItem:
         context = q["context"]
         if not isinstance(context, str) or not context:
             raise ValueError(f"{where}: a question's own 'context' must be a non-empty string")
-    meta = dict(extra) | {k: v for k, v in q.items() if k not in ("question", "options",
-                                                                  "teacher", "context", "weight")}
+    meta = dict(extra) | {k: v for k, v in q.items() if k not in (
+        "question", "options", "option_names", "teacher", "context", "weight")}
     weight = q.get("weight", 1.0)
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or \
             not math.isfinite(weight) or weight <= 0:
@@ -97,7 +99,15 @@ def _item(q: Any, context: str, where: str, extra: dict[str, Any]) -> SFTItem:
     if all(0 <= a < len(options) for a in answer):
         # For a privileged teacher (jaxdm.decision.Oracle); meta is never shown to a model.
         meta["oracle_answer"] = options[answer[0]]
-    mc = MultipleChoice(context=context, question=text, options=tuple(options), meta=meta)
+    names = q.get("option_names")
+    if names is not None and (not isinstance(names, list) or not all(
+            isinstance(n, str) for n in names)):
+        raise ValueError(f"{where}: 'option_names' must be a list of strings, got {names!r}")
+    try:
+        mc = MultipleChoice(context=context, question=text, options=tuple(options), meta=meta,
+                            option_names=None if names is None else tuple(names))
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
     return SFTItem(mc, tuple(answer), teacher, where, weight=weight)
 
 

@@ -37,6 +37,7 @@ import numpy as np
 from jaxdm import roles
 from jaxdm.decision import shared_prefix
 from jaxdm.decision.local import LocalLikelihood, encode_messages, single_token_id
+from jaxdm.decision.render import likelihood_replies
 from jaxdm.decision.types import MultipleChoice, YesNo
 from jaxdm.models.config import ModelConfig
 from jaxdm.models.tokenizer import text_ids
@@ -186,12 +187,14 @@ class Encoder:
             if isinstance(q, YesNo):
                 continue
             seen: dict[tuple[int, ...], list[int]] = {}
-            for j, opt in enumerate(q.options):
+            # Likelihood scores each option's reply (its name when the question has names).
+            texts = likelihood_replies(q) if self.mode == "likelihood" else q.options
+            for j, opt in enumerate(texts):
                 ids = tuple(text_ids(self.tokenizer, opt))
                 seen.setdefault(ids, []).append(j)
             for idx in seen.values():
                 if len(idx) > 1:
-                    problems.append((it.source, tuple(idx), tuple(q.options[j] for j in idx)))
+                    problems.append((it.source, tuple(idx), tuple(texts[j] for j in idx)))
         return problems
 
 
