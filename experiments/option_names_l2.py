@@ -5,8 +5,9 @@ descriptions, and option likelihood then scored each full ``name: description`` 
 reply (~3,000 tokens, 1,170 answer slots). With ``MultipleChoice.option_names`` the reply
 scored is the tool's name (~2,200 tokens, 373 slots). This script asks the same bench L2
 questions (``jaxdm.bench.run``'s L2 set: the same tasks, states and seed) both ways, for each
-model given, and writes per-kind accuracy with Wilson intervals and an exact McNemar test on the
-paired tool questions (parameter and stop questions have no names: they are asked once).
+model given, and writes per-kind accuracy with Wilson intervals and the exact McNemar test of
+each pair (``bench_compare.summary``). Parameter and stop questions have no names, so both
+renderings ask them the same way (bf16 packing may still flip a near-tie).
 
     python experiments/option_names_l2.py --out runs/option_names_l2 \\
         --model smollm2 --model trained=runs/dm_gym/run/model --dtype bfloat16

@@ -162,15 +162,10 @@ def _parse_one(obj: Any, where: str, limits: Limits) -> Request:
     if not isinstance(meta, dict):
         raise RequestError(field("meta"), f"must be an object, got {type(meta).__name__}")
     names = obj.get("option_names")
-    if names is not None:
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            raise RequestError(field("option_names"), "must be a list of strings (each the start "
-                                                      "of its option), one per option")
-    try:
+    try:  # MultipleChoice checks the names (the options passed the checks above)
         mc = MultipleChoice(context=obj["context"], question=obj["question"],
-                            options=tuple(options), meta=meta,
-                            option_names=None if names is None else tuple(names))
-    except ValueError as e:
+                            options=tuple(options), meta=meta, option_names=names)
+    except (TypeError, ValueError) as e:
         raise RequestError(field("option_names"), str(e)) from None
     return Request(mc, obj.get("id"), "id" in obj)
 

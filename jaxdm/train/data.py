@@ -99,14 +99,10 @@ def _item(q: Any, context: str, where: str, extra: dict[str, Any]) -> SFTItem:
     if all(0 <= a < len(options) for a in answer):
         # For a privileged teacher (jaxdm.decision.Oracle); meta is never shown to a model.
         meta["oracle_answer"] = options[answer[0]]
-    names = q.get("option_names")
-    if names is not None and (not isinstance(names, list) or not all(
-            isinstance(n, str) for n in names)):
-        raise ValueError(f"{where}: 'option_names' must be a list of strings, got {names!r}")
-    try:
+    try:  # MultipleChoice checks the names
         mc = MultipleChoice(context=context, question=text, options=tuple(options), meta=meta,
-                            option_names=None if names is None else tuple(names))
-    except ValueError as e:
+                            option_names=q.get("option_names"))
+    except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: {e}") from None
     return SFTItem(mc, tuple(answer), teacher, where, weight=weight)
 

@@ -91,7 +91,7 @@ def test_train_data_reads_option_names(tmp_path):
         read_states(p)
     line["questions"][0]["option_names"] = "find_customer"
     p.write_text(json.dumps(line) + "\n")
-    with pytest.raises(ValueError, match="'option_names' must be a list of strings"):
+    with pytest.raises(ValueError, match="s.jsonl.*option_names must be a sequence of strings"):
         read_states(p)
 
 
@@ -103,8 +103,10 @@ def test_service_request_carries_option_names():
     with pytest.raises(RequestError) as e:
         parse_payload(body | {"option_names": ["x", "y", "z"]})
     assert e.value.field == "option_names" and "not the start" in str(e.value)
-    with pytest.raises(RequestError, match="list of strings"):
+    with pytest.raises(RequestError, match=r"option_names\[0\] must be a non-empty string"):
         parse_payload(body | {"option_names": [1, 2, 3]})
+    with pytest.raises(RequestError, match="sequence of strings"):
+        parse_payload(body | {"option_names": {"a": 1}})
 
 
 def test_decision_gym_tool_questions_name_their_tools(tmp_path):
