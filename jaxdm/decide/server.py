@@ -330,15 +330,21 @@ class DecideServer(ThreadingHTTPServer):
         return f"http://{host}:{port}"
 
     def stats(self) -> dict:
-        """Batching counters, connection counters and, when the backend keeps one, its
-        prefix cache's (``cache_stats()``) under "prefix_cache"."""
+        """Batching counters, connection counters, when the backend keeps one its prefix
+        cache's (``cache_stats()``) under "prefix_cache", and when it counts its scoring work
+        (a local backend's ``stats``: unique_tokens actually run, request_tokens a one-by-one
+        scorer would run, cached_tokens read from the prefix cache, calls) under "scoring"."""
         out = self.batcher.stats()
         with self._lock:
             out.update(self._counts, open_connections=self._open,
                        max_connections=self.max_connections)
-        cache_stats = getattr(self.batcher.backend, "cache_stats", None)
+        backend = self.batcher.backend
+        cache_stats = getattr(backend, "cache_stats", None)
         if callable(cache_stats):
             out["prefix_cache"] = cache_stats()
+        scoring = getattr(backend, "stats", None)
+        if isinstance(scoring, dict):
+            out["scoring"] = dict(scoring)  # a copy: the batcher's thread adds to it
         return out
 
     def count(self, name: str, n: int = 1) -> None:

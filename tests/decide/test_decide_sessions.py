@@ -75,6 +75,14 @@ def test_eight_sessions_score_in_one_cached_call_per_step():
         st = backend.cache_stats()
         # from step 2 on every session reuses its own cached prefix
         assert st["hits"] >= SESSIONS * (STEPS - 1) and st["tokens_reused"] > 0, st
+        # /stats reports the scoring work: the tokens run, and those the cache saved
+        conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=60)
+        conn.request("GET", "/stats")
+        scoring = json.loads(conn.getresponse().read())["scoring"]
+        conn.close()
+        assert scoring == backend.stats, (scoring, backend.stats)
+        assert scoring["calls"] == STEPS and scoring["cached_tokens"] > 0
+        assert 0 < scoring["unique_tokens"] < scoring["request_tokens"]
         for (s, t), probs in got.items():
             ref = plain.choose([MultipleChoice(q["context"], q["question"], tuple(q["options"]))
                                 for q in _questions(_context(s, t))])
