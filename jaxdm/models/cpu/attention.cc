@@ -48,6 +48,11 @@ namespace ffi = xla::ffi;
 namespace {
 
 constexpr int kBlock = 16;  // keys per block: one zmm of fp32 logits
+// Query vectors per group on the fp32 FMA path: 12 at head dim 64 (pass 3 in two register
+// blocks of 6 over 64-key chunks), so each key and value is read from L2/L3 once per 12
+// vectors; else as many as 24 accumulators hold.
+template <int NV>
+constexpr int kFmaGroup = NV == 4 ? 12 : (24 / NV < 8 ? 24 / NV : 8);
 
 inline float bf16_to_f32(uint16_t x) {
   uint32_t bits = static_cast<uint32_t>(x) << 16;
@@ -679,9 +684,16 @@ void group_attend(const float* q, const std::vector<const PackedSource*>& packed
     }
     l[i] = _mm512_reduce_add_ps(sum);
   }
-  __m512 o[M][NV];
-  for (int i = 0; i < M; ++i)
-    for (int c = 0; c < NV; ++c) o[i][c] = _mm512_setzero_ps();
+  // Pass 3 in register blocks of R vectors (R x NV accumulators); with more than one block
+  // the keys go in chunks of kPvChunk blocks, each chunk's values (L1) read by every block
+  // of vectors in turn, the accumulators kept in acc between chunks: the values are read
+  // from L2/L3 once per M vectors, not once per R.
+  constexpr int R = M * NV <= 24 ? M : 24 / NV;
+  static_assert(M % R == 0, "the group splits into whole register blocks");
+  constexpr int kPvChunk = 4;  // 64 keys: 16 KB of fp32 values at H = 64
+  struct Live { const float* v; const float* p; int nk; };
+  thread_local std::vector<Live> lives;
+  lives.clear();
   base = 0;
   li = 0;
   for (size_t si = 0; si < packed.size(); ++si) {
@@ -689,21 +701,34 @@ void group_attend(const float* q, const std::vector<const PackedSource*>& packed
     const int64_t nb = (ps.t + kBlock - 1) / kBlock;
     for (; li < gs.live.size() && gs.live[li] < base + nb; ++li) {
       const int64_t gb = gs.live[li], t0 = (gb - base) * kBlock;
-      const int nk = static_cast<int>(std::min<int64_t>(kBlock, ps.t - t0));
-      const float* v = ps.v.data() + t0 * H;
-      const float* pb = gs.p.data() + gb * kBlock;
-      for (int j = 0; j < nk; ++j) {
-        for (int c = 0; c < NV; ++c) {
-          const __m512 vj = _mm512_loadu_ps(v + j * H + 16 * c);
-          for (int i = 0; i < M; ++i)
-            o[i][c] = _mm512_fmadd_ps(_mm512_set1_ps(pb[i * width + j]), vj, o[i][c]);
-        }
-      }
+      lives.push_back({ps.v.data() + t0 * H, gs.p.data() + gb * kBlock,
+                       static_cast<int>(std::min<int64_t>(kBlock, ps.t - t0))});
     }
     base += nb;
   }
-  for (int i = 0; i < M; ++i)
-    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(acc + i * H + 16 * c, o[i][c]);
+  const size_t chunk = R == M ? std::max<size_t>(lives.size(), 1) : kPvChunk;
+  for (size_t c0 = 0; c0 < std::max<size_t>(lives.size(), 1); c0 += chunk) {
+    const size_t c1 = std::min(lives.size(), c0 + chunk);
+    for (int r0 = 0; r0 < M; r0 += R) {
+      __m512 o[R][NV];
+      for (int i = 0; i < R; ++i)
+        for (int c = 0; c < NV; ++c)
+          o[i][c] = c0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + (r0 + i) * H + 16 * c);
+      for (size_t n = c0; n < c1; ++n) {
+        const float* v = lives[n].v;
+        const float* pb = lives[n].p + r0 * width;
+        for (int j = 0; j < lives[n].nk; ++j) {
+          for (int c = 0; c < NV; ++c) {
+            const __m512 vj = _mm512_loadu_ps(v + j * H + 16 * c);
+            for (int i = 0; i < R; ++i)
+              o[i][c] = _mm512_fmadd_ps(_mm512_set1_ps(pb[i * width + j]), vj, o[i][c]);
+          }
+        }
+      }
+      for (int i = 0; i < R; ++i)
+        for (int c = 0; c < NV; ++c) _mm512_storeu_ps(acc + (r0 + i) * H + 16 * c, o[i][c]);
+    }
+  }
 }
 
 // The mean of all values a (key row, head) offers (a query vector that sees no key gets it).
@@ -734,7 +759,7 @@ template <typename T, int NV, Path P>
 void run_item(const Problem& pb, int64_t item, std::vector<float>& scratch, GroupScratch& gs) {
   constexpr int H = NV * 16;
   constexpr bool pairs = P != Path::kFma;
-  constexpr int M = pairs ? 16 : std::min(8, 24 / NV);
+  constexpr int M = pairs ? 16 : kFmaGroup<NV>;
   // chunk-major order: the first bq * kh items each start a different (b, head); the last
   // rows first (causal rows see the most keys there): the cheap items come last, so the
   // threads run out of work at nearly the same time
