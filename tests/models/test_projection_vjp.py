@@ -75,6 +75,45 @@ def test_a_frozen_weight_costs_no_product():
     assert str(jaxpr).count("dot_general") <= 2
 
 
+def _dots(jaxpr) -> list:
+    """The dot_general equations of a jaxpr and of every jaxpr inside it."""
+    out = []
+    for e in jaxpr.eqns:
+        if e.primitive.name == "dot_general":
+            out.append(e)
+        for p in e.params.values():
+            for sub in p if isinstance(p, (list, tuple)) else [p]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    out += _dots(inner)
+    return out
+
+
+def test_few_rows_take_xla_s_dot_with_the_mixed_precision_backward():
+    """The rows the kernel does not take (the last layer's read slots) run XLA's dot, and its
+    backward is the kernel path's: the cotangent rounded to bf16, then g·wᵀ with fp32
+    accumulation. Plain autodiff's fp32 cotangent times the bf16 weight is a mixed dot, which
+    JAX lowers with the weight converted to fp32."""
+    x, w = _operands((1, 64, 64), (64, 128), jnp.bfloat16)
+    project = lambda x, w: decoder._mm("BSD,DF->BSF", x, w)  # noqa: E731
+    assert not cpu_matmul.supports(x.reshape(64, 64), w)  # 64 rows: not the kernel's
+    jaxpr = jax.make_jaxpr(jax.grad(lambda x: jnp.sum(jnp.sin(project(x, w)))))(x)
+    dots = _dots(jaxpr.jaxpr)
+    assert dots and all(len({v.aval.dtype for v in e.invars}) == 1 for e in dots), dots
+    out, vjp = jax.vjp(project, x, w)
+    g = jax.random.normal(jax.random.key(5), out.shape, jnp.float32)
+    dx, dw = vjp(g)
+    gb = g.astype(jnp.bfloat16)
+    want_dx = jnp.einsum("BSF,DF->BSD", gb, w, preferred_element_type=jnp.float32)
+    want_dw = jnp.einsum("BSD,BSF->DF", x, gb, preferred_element_type=jnp.float32)
+    np.testing.assert_allclose(np.asarray(dx, np.float32),
+                               np.asarray(want_dx.astype(jnp.bfloat16), np.float32),
+                               rtol=1e-2, atol=1e-2)
+    np.testing.assert_allclose(np.asarray(dw, np.float32),
+                               np.asarray(want_dw.astype(jnp.bfloat16), np.float32),
+                               rtol=1e-2, atol=1e-2)
+
+
 @pytest.mark.parametrize("dtype,tol", [(jnp.float32, 2e-6), (jnp.bfloat16, 1.5e-2)])
 @pytest.mark.parametrize("spec,xs,ws", SPECS)
 def test_adapted_gradients_match_the_merged_weight(spec, xs, ws, dtype, tol):

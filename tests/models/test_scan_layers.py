@@ -215,3 +215,35 @@ def test_inference_layers_leave_sharded_stacks_sliced():
     q = jax.device_put(params["layers"]["q"], NamedSharding(mesh, P(None, None, "model")))
     got = cpu_scan.inference_layers({**params, "layers": {**params["layers"], "q": q}})
     assert got["layers"]["q"] is q
+
+
+def test_a_lora_step_carries_its_frozen_bf16_weights_as_bits(monkeypatch):
+    """Under differentiation the frozen bf16 weights (no tangent) still cross the
+    rematerialised loop as their bits: the compiled gradient holds no fp32 copy of a weight
+    stack (the plain scan's XLA:CPU converts each one), and the gradients are the plain
+    scan's."""
+    params, tokens, positions = _inputs(jnp.bfloat16)
+    cfg = lora.LoraConfig(rank=3, alpha=4.0)  # (3: no weight dim, so no factor matches below)
+    adapters = jax.tree.map(lambda a: a + 0.01, lora.init_adapters(params, cfg,
+                                                                  jax.random.key(2)))
+    remat = CONFIG.replace(remat=True)
+
+    def loss(adapters):
+        h = decoder.forward(lora.adapt(params, adapters, cfg), remat, tokens, positions)
+        return jnp.mean(jnp.square(h.astype(jnp.float32)))
+
+    grad = jax.jit(jax.grad(loss))
+    got = grad(adapters)
+    text = grad.lower(adapters).compile().as_text()
+    # a weight stack [L, D | F, D | F | heads | kv heads, ...] in fp32
+    stack = rf"f32\[{CONFIG.num_layers},(32|64),(32|64|4|2)[,\]]"
+    assert not re.search(stack, text)
+    _plain_scan(monkeypatch)
+    plain = jax.jit(jax.grad(lambda a: loss(a)))
+    ref = plain(adapters)
+    for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
+        assert g.dtype == r.dtype == jnp.float32
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-6, atol=1e-9)
+    assert any(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(got))
+    if jax.default_backend() == "cpu":  # what the bits avoid
+        assert re.search(stack, plain.lower(adapters).compile().as_text())

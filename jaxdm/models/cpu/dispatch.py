@@ -4,8 +4,9 @@ platform, differentiable) and calls what comes back; the choice is made when tra
 
 - ``projection(reference)``: ``project(spec, x, w, valid)`` -> fp32, the matmul kernel
   (``cpu.matmul``) where ``spec`` is one matmul (``as_matmul``), the kernel takes the operands
-  and is on for their dtype; else ``reference(spec, x, w)`` (``w`` a ``LayerOf`` taken as its
-  slice).
+  and is on for their dtype; else, for bf16 operands, XLA's dot with the kernel path's
+  mixed-precision derivatives (``cpu.matmul.xla_matmul``), else ``reference(spec, x, w)``
+  (``w`` a ``LayerOf`` taken as its slice).
 - ``attention(reference)``: ``attend(q, sources)``, the fused kernel (``cpu.attention``) where
   it takes the operands and is on; else ``reference``.
 - ``segment_attention(reference, backward)``: ``attend(plan, q, k, v, slot, seg, sees, kseg,
@@ -23,6 +24,7 @@ import math
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 
 from jaxdm.models.cpu import attention as cpu_attention, matmul as cpu_matmul
 from jaxdm.models.cpu.scan import LayerOf
@@ -49,7 +51,9 @@ def projection(reference: Callable) -> Callable:
 
     The matmul kernel (``cpu_matmul.matmul``; ``matmul_layer`` for a ``LayerOf``, reading the
     stack in place) where ``spec`` is one matmul, ``cpu_matmul.supports`` the operands and the
-    kernel is on for their dtype; else ``reference(spec, x, w)`` with w as an array.
+    kernel is on for their dtype; else, for bf16 operands and a ``spec`` that is one matmul,
+    XLA's dot differentiated as the kernel path is (``cpu_matmul.xla_matmul``), else
+    ``reference(spec, x, w)``, w as an array.
     valid (int [B], x [B, S, ...]): only x[b, :valid[b]] is wanted; the kernel computes no
     other row (their results are zeros), the reference every row."""
 
@@ -66,7 +70,12 @@ def projection(reference: Callable) -> Callable:
                                                valid).reshape(out_shape)
             return cpu_matmul.matmul(x.reshape(x_shape), w.reshape(k, n),
                                      valid).reshape(out_shape)
-        return reference(spec, x, w.value() if isinstance(w, LayerOf) else w)
+        w = w.value() if isinstance(w, LayerOf) else w
+        if plan is not None and x.dtype == w.dtype == jnp.bfloat16:
+            # XLA's dot, with the kernel path's mixed-precision derivatives (no fp32 weights)
+            x_shape, (k, n), out_shape = plan
+            return cpu_matmul.xla_matmul(x.reshape(x_shape), w.reshape(k, n)).reshape(out_shape)
+        return reference(spec, x, w)
 
     return project
 

@@ -166,6 +166,18 @@ def matmul(x: jax.Array, w: jax.Array, valid: jax.Array | None = None) -> jax.Ar
     return _product(x, w, jnp.int32(0), valid_rows(valid))
 
 
+def xla_matmul(x: jax.Array, w: jax.Array, valid: jax.Array | None = None) -> jax.Array:
+    """x [..., K] @ w [K, N] -> [..., N] fp32 by XLA's dot (``reference``, every platform),
+    differentiated as ``matmul`` is: the cotangent rounded to the operands' dtype before the
+    products. For operands the kernel does not take (e.g. the last layer's few read rows).
+    Plain autodiff of a bf16 dot with fp32 results multiplies the fp32 cotangent by the weight
+    upcast to fp32: on CPU JAX lowers that mixed dot with the weight converted to fp32, and
+    XLA hoisted the convert out of the layer loop onto every whole weight stack (8 stacks,
+    ~424 MB written per bf16 LoRA step, and every layer then sliced fp32 weights and rounded
+    them back to bf16)."""
+    return _product_xla(x, w, jnp.int32(0), valid_rows(valid))
+
+
 def contract_rows(a: jax.Array, b: jax.Array) -> jax.Array:
     """aᵀ·b for a [R, N] and b [R, H] of one dtype -> [N, H] fp32: products summed over the
     rows R (an attention backward's dK = dSᵀ·Q and dV = Pᵀ·dO). XLA:CPU runs this form 4-9x
@@ -220,6 +232,15 @@ def _jvp(primals, tangents):
 
 
 _product.defjvp(_jvp, symbolic_zeros=True)
+
+
+@jax.custom_jvp
+def _product_xla(x, w, layer, valid):
+    """``xla_matmul``: XLA's product on every platform, with ``_product``'s derivatives."""
+    return _reference_any(x, w, layer, valid)
+
+
+_product_xla.defjvp(_jvp, symbolic_zeros=True)
 
 
 def _tangent(x: jax.Array, w: jax.Array, valid: jax.Array, dx: jax.Array | None,

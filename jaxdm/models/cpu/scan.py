@@ -21,6 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import SymbolicZero
 
 from jaxdm.models.cpu import matmul as cpu_matmul
 
@@ -188,6 +189,20 @@ def _from_bits(tree: Any, dtypes: Any) -> Any:
                         if dt in _BIT_VIEWS else a, tree, dtypes)
 
 
+def _is_zero(t: Any) -> bool:
+    return isinstance(t, SymbolicZero)
+
+
+def _instantiate(t: Any, primal: Any) -> Any:
+    """A tangent as ``jax.jvp`` takes it: a symbolic zero as zeros (float0 for integers)."""
+    if not isinstance(t, SymbolicZero):
+        return t
+    dtype = jnp.dtype(t.aval.dtype)
+    if not jnp.issubdtype(jnp.result_type(primal), jnp.inexact):
+        return np.zeros(t.aval.shape, jax.dtypes.float0)
+    return jnp.zeros(t.aval.shape, dtype)
+
+
 def _unview(tree: Any) -> Any:
     """BitViews back to their float arrays (a copy: the differentiated path only)."""
     return jax.tree.map(lambda a: jax.lax.bitcast_convert_type(a.bits, a.dtype)
@@ -253,6 +268,10 @@ def scan_layers(layer: Any, x: jax.Array, xs: Any) -> tuple[jax.Array, Any]:
                             unroll=SCAN_UNROLL)
 
     ys_dtypes = jax.tree.map(lambda a: jnp.dtype(a.dtype), out_shape[1])
+    # the layer is one rematerialised call (``jax.checkpoint``, nothing saved but its inputs)
+    rematerialised = (len(plain_jaxpr.jaxpr.eqns) == 1
+                      and plain_jaxpr.jaxpr.eqns[0].primitive.name in ("remat2", "checkpoint")
+                      and plain_jaxpr.jaxpr.eqns[0].params.get("policy") is None)
     n_layers = (stacks[0] if stacks else scanned[0]).shape[0]
 
     @jax.custom_jvp
@@ -272,5 +291,46 @@ def scan_layers(layer: Any, x: jax.Array, xs: Any) -> tuple[jax.Array, Any]:
                              unroll=SCAN_UNROLL)
         return x, _from_bits(ys, ys_dtypes)
 
-    as_bits.defjvp(lambda primals, tangents: jax.jvp(plain, primals, tangents))
+    def differentiated(primals, tangents):
+        """The plain scan's JVP. bf16 scanned leaves without a tangent (a LoRA step's frozen
+        weights) still cross the loop as their bits: sliced as bf16 arrays, XLA:CPU converted
+        each whole stack to fp32 on every step (see above; a 30-layer bf16 LoRA step wrote
+        ~424 MB of fp32 weights and then rounded every layer's slice back)."""
+        x, scanned_in, stacks_in, consts, plain_consts = primals
+        frozen = [isinstance(t, SymbolicZero) and (_is_view(a) or a.dtype in _BIT_VIEWS)
+                  for a, t in zip(scanned_in, tangents[1])]
+        if not any(frozen) or not rematerialised:
+            return jax.jvp(plain, primals, jax.tree.map(_instantiate, tangents, primals,
+                                                        is_leaf=_is_zero))
+        frozen_bits, frozen_dtypes = _to_bits([a for a, f in zip(scanned_in, frozen) if f])
+
+        def merged(live):
+            """The scanned leaves in order: the live ones as given, the frozen ones' bits."""
+            live, bits = iter(live), iter(frozen_bits)
+            return [next(bits) if f else next(live) for f in frozen]
+
+        def body_inputs(sliced):
+            """A layer's slices, the frozen ones bit-cast back to their floats."""
+            dts = iter(frozen_dtypes)
+            return [jax.lax.bitcast_convert_type(a, next(dts)) if f else a
+                    for a, f in zip(sliced, frozen)]
+
+        def plain_live(x, live, stacks_in, plain_consts):
+            """``plain`` over the live leaves, the frozen ones' bits closed over. The layer
+            is rematerialised anyway; the bit casts join it, so the backward pass keeps the
+            loop's own slices of the bits, not every layer's bf16 weights stacked again."""
+            body = jax.checkpoint(
+                lambda c, sl: run(plain_jaxpr, plain_consts, c,
+                                  layer_inputs(sl[0], body_inputs(sl[1]))), prevent_cse=False)
+            return jax.lax.scan(body, x, (_unview(list(stacks_in)), merged(_unview(live))),
+                                unroll=SCAN_UNROLL)
+
+        live = [a for a, f in zip(scanned_in, frozen) if not f]
+        t_live = [t for t, f in zip(tangents[1], frozen) if not f]
+        args = (x, live, stacks_in, plain_consts)
+        t_args = (tangents[0], t_live, tangents[2], tangents[4])
+        return jax.jvp(plain_live, args, jax.tree.map(_instantiate, t_args, args,
+                                                       is_leaf=_is_zero))
+
+    as_bits.defjvp(differentiated, symbolic_zeros=True)
     return as_bits(x, scanned, stacks, tuple(fast.consts), tuple(plain_jaxpr.consts))
