@@ -265,12 +265,6 @@ def scan_layers(layer: Any, x: jax.Array, xs: Any) -> tuple[jax.Array, Any]:
         out = jax.core.eval_jaxpr(closed.jaxpr, consts, *jax.tree.leaves((x, layer_xs)))
         return jax.tree.unflatten(out_tree, out)
 
-    def plain(x, scanned, stacks_in, consts, plain_consts):
-        del consts
-        full = layer_inputs(_unview(stacks_in), _unview(scanned))
-        return jax.lax.scan(lambda c, s: run(plain_jaxpr, plain_consts, c, s), x, full,
-                            unroll=SCAN_UNROLL)
-
     ys_dtypes = jax.tree.map(lambda a: jnp.dtype(a.dtype), out_shape[1])
     # the layer is one rematerialised call (``jax.checkpoint``, nothing saved but its inputs)
     rematerialised = (len(plain_jaxpr.jaxpr.eqns) == 1
@@ -296,16 +290,15 @@ def scan_layers(layer: Any, x: jax.Array, xs: Any) -> tuple[jax.Array, Any]:
         return x, _from_bits(ys, ys_dtypes)
 
     def differentiated(primals, tangents):
-        """The plain scan's JVP. bf16 scanned leaves without a tangent (a LoRA step's frozen
-        weights) still cross the loop as their bits: sliced as bf16 arrays, XLA:CPU converted
-        each whole stack to fp32 on every step (see above; a 30-layer bf16 LoRA step wrote
-        ~424 MB of fp32 weights and then rounded every layer's slice back)."""
-        x, scanned_in, stacks_in, consts, plain_consts = primals
-        frozen = [isinstance(t, SymbolicZero) and (_is_view(a) or a.dtype in _BIT_VIEWS)
+        """The JVP of the plain scan over sliced arrays. bf16 scanned leaves without a
+        tangent (a LoRA step's frozen weights) still cross a rematerialised loop as their
+        bits: sliced as bf16 arrays, XLA:CPU converted each whole stack to fp32 on every step
+        (see above; a 30-layer bf16 LoRA step wrote ~424 MB of fp32 weights and then rounded
+        every layer's slice back)."""
+        x, scanned_in, stacks_in, _, plain_consts = primals  # (consts: the fast path's)
+        frozen = [rematerialised and isinstance(t, SymbolicZero)
+                  and (_is_view(a) or a.dtype in _BIT_VIEWS)
                   for a, t in zip(scanned_in, tangents[1])]
-        if not any(frozen) or not rematerialised:
-            return jax.jvp(plain, primals, jax.tree.map(_instantiate, tangents, primals,
-                                                        is_leaf=_is_zero))
         frozen_bits, frozen_dtypes = _to_bits([a for a, f in zip(scanned_in, frozen) if f])
 
         def merged(live):
@@ -319,22 +312,23 @@ def scan_layers(layer: Any, x: jax.Array, xs: Any) -> tuple[jax.Array, Any]:
             return [jax.lax.bitcast_convert_type(a, next(dts)) if f else a
                     for a, f in zip(sliced, frozen)]
 
-        def plain_live(x, live, stacks_in, plain_consts):
-            """``plain`` over the live leaves, the frozen ones' bits closed over. The layer
-            is rematerialised anyway; the bit casts join it, so the backward pass keeps the
-            loop's own slices of the bits, not every layer's bf16 weights stacked again."""
-            body = jax.checkpoint(
-                lambda c, sl: run(plain_jaxpr, plain_consts, c,
-                                  layer_inputs(sl[0], body_inputs(sl[1]))), prevent_cse=False)
-            return jax.lax.scan(body, x, (_unview(list(stacks_in)), merged(_unview(live))),
+        def plain(x, live, stacks_in, plain_consts):
+            """The plain scan over the live leaves, the frozen ones' bits closed over. With
+            frozen leaves the bit casts join the layer's remat, so the backward pass keeps
+            the loop's own slices of the bits, not every layer's bf16 weights stacked again."""
+            def step(c, sl):
+                return run(plain_jaxpr, plain_consts, c, layer_inputs(sl[0], body_inputs(sl[1])))
+
+            if any(frozen):
+                step = jax.checkpoint(step, prevent_cse=False)
+            return jax.lax.scan(step, x, (_unview(list(stacks_in)), merged(_unview(live))),
                                 unroll=SCAN_UNROLL)
 
         live = [a for a, f in zip(scanned_in, frozen) if not f]
         t_live = [t for t, f in zip(tangents[1], frozen) if not f]
         args = (x, live, stacks_in, plain_consts)
         t_args = (tangents[0], t_live, tangents[2], tangents[4])
-        return jax.jvp(plain_live, args, jax.tree.map(_instantiate, t_args, args,
-                                                       is_leaf=_is_zero))
+        return jax.jvp(plain, args, jax.tree.map(_instantiate, t_args, args, is_leaf=_is_zero))
 
     as_bits.defjvp(differentiated, symbolic_zeros=True)
     return as_bits(x, scanned, stacks, tuple(fast.consts), tuple(plain_jaxpr.consts))
